@@ -1,0 +1,232 @@
+"""Load a :class:`KelpConfig` from YAML plus ``KELP_...`` environment overrides.
+
+Environment overrides use ``__`` between levels, the way Kubernetes users
+expect from twelve-factor apps::
+
+    KELP_STORE__BACKEND=redis
+    KELP_STORE__URLS=redis://10.0.0.1:6379,redis://10.0.0.2:6379
+    KELP_STORE__PASSWORD=...            # secrets belong in env, not in the file
+    KELP_FEATURES__SPARSE__0__MAX_IDS=8 # list items by index
+    KELP_DEPLOYMENT=prod                # top-level fields need no "__"
+
+A value that starts with ``[`` or ``{`` is parsed as YAML; anything else stays
+a string and pydantic converts it to the field's type. Variables without
+``__`` that are not top-level fields (``KELP_CONFIG``...) are not overrides.
+
+Every failure becomes one :class:`~kelp.errors.ConfigError` whose lines name
+the field, the value that was given (and where it came from), and what was
+expected.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kelp.config.schema import KelpConfig
+from pydantic import BaseModel, ValidationError
+
+from kelp.errors import ConfigError
+
+__all__ = ["ENV_PREFIX", "apply_env_overrides", "format_validation_error", "load_config", "parse_config"]
+
+ENV_PREFIX = "KELP_"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}:{where}: invalid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _env_value(raw: str) -> Any:
+    stripped = raw.strip()
+    if stripped.startswith(("[", "{")):
+        try:
+            return yaml.safe_load(stripped)
+        except yaml.YAMLError:
+            return raw
+    return raw
+
+
+def apply_env_overrides(
+    data: dict[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[tuple[str | int, ...], str]]:
+    """Return a copy of ``data`` with ``KELP_...`` variables applied, and where each came from.
+
+    The second value maps a field location to the variable that set it, so
+    errors can say "from env KELP_STORE__BACKEND".
+    """
+    result: dict[str, Any] = _deep_copy(data)
+    sources: dict[tuple[str | int, ...], str] = {}
+    top_level = set(KelpConfig.model_fields)
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX) :]
+        if "__" not in rest and rest.lower() not in top_level:
+            continue
+        path = [p.lower() for p in rest.split("__")]
+        if any(not p for p in path):
+            raise ConfigError(f"env {name}: empty path segment (use single '__' between levels)")
+        loc = _set_path(result, path, _env_value(environ[name]), name)
+        sources[loc] = name
+    return result, sources
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def _set_path(root: dict[str, Any], path: list[str], value: Any, var: str) -> tuple[str | int, ...]:
+    node: Any = root
+    loc: list[str | int] = []
+    for i, segment in enumerate(path):
+        last = i == len(path) - 1
+        key: str | int = segment
+        if isinstance(node, list):
+            if not segment.isdigit() or int(segment) >= len(node):
+                raise ConfigError(
+                    f"env {var}: '{segment}' is not an index of the {len(node)}-item list at "
+                    f"{'.'.join(map(str, loc)) or 'top level'}"
+                )
+            key = int(segment)
+        elif not isinstance(node, dict):
+            raise ConfigError(f"env {var}: {'.'.join(map(str, loc))} is a value, not a section")
+        loc.append(key)
+        if last:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and (key not in node or node[key] is None):
+                node[key] = {}
+            node = node[key]
+    return tuple(loc)
+
+
+def _allowed_fields(loc: tuple[int | str, ...]) -> list[str] | None:
+    """Field names of the model that owns ``loc``'s parent, for 'unknown field' hints."""
+    model: type[BaseModel] | None = KelpConfig
+    for part in loc[:-1]:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = _model_in(field.annotation)
+    return sorted(model.model_fields) if model is not None else None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def format_validation_error(
+    exc: ValidationError, origin: str, sources: Mapping[tuple[str | int, ...], str] | None = None
+) -> str:
+    """One line per problem: ``origin: field: got VALUE (from env X): expected ...``."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(
+            p for p in err["loc"] if not (isinstance(p, str) and p in {"log1p", "clip", "standardize"})
+        )
+        field = _dotted(loc)
+        given = err.get("input")
+        origin_note = _env_note(loc, sources or {})
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_fields(loc)
+            hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+            lines.append(f"{origin}: {field}: unknown field{origin_note}{hint}")
+            continue
+        if err["type"] == "missing":
+            lines.append(f"{origin}: {field}: required field is missing")
+            continue
+        msg = err["msg"]
+        msg = msg.removeprefix("Value error, ")
+        shown = "" if isinstance(given, dict) else f"got {given!r}{origin_note}: "
+        lines.append(f"{origin}: {field}: {shown}{_expected(msg)}")
+    return "\n".join(lines)
+
+
+def _env_note(loc: tuple[int | str, ...], sources: Mapping[tuple[str | int, ...], str]) -> str:
+    """Name the env variable that set ``loc`` (or a field below it), if any."""
+    names = sorted(var for where, var in sources.items() if where[: len(loc)] == loc)
+    return f" (from env {', '.join(names)})" if names else ""
+
+
+def _expected(msg: str) -> str:
+    if msg.startswith("Input should be "):
+        return "expected " + msg.removeprefix("Input should be ")
+    return msg
+
+
+def parse_config(
+    data: Mapping[str, Any], origin: str = "<config>", environ: Mapping[str, str] | None = None
+) -> KelpConfig:
+    """Validate a mapping (already read from YAML) with optional env overrides."""
+    merged, sources = apply_env_overrides(dict(data), environ if environ is not None else {})
+    try:
+        return KelpConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, origin, sources)) from None
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> KelpConfig:
+    """Read, override from the environment (``os.environ`` by default) and validate a config file.
+
+    Relative paths inside the file (data files, checkpoint dirs) are resolved
+    against the file's directory, so a config works from any working directory.
+    """
+    path = Path(path)
+    data = _read_yaml(path)
+    cfg = parse_config(data, str(path), os.environ if environ is None else environ)
+    return _resolve_paths(cfg, path.parent.resolve())
+
+
+def _resolve_paths(cfg: KelpConfig, base: Path) -> KelpConfig:
+    if cfg.source.file is not None and not cfg.source.file.path.is_absolute():
+        cfg.source.file.path = base / cfg.source.file.path
+    if not cfg.trainer.checkpoint_dir.is_absolute():
+        cfg.trainer.checkpoint_dir = base / cfg.trainer.checkpoint_dir
+    if cfg.publisher.path is not None and not cfg.publisher.path.is_absolute():
+        cfg.publisher.path = base / cfg.publisher.path
+    return cfg

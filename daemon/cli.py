@@ -1,0 +1,74 @@
+"""The ``kelp`` command line.
+
+Each sub-command lives in its own module under :mod:`kelp.daemon.commands`
+and exposes ``register(subparsers)``; this module only wires them up, sets up
+logging, and turns :class:`~kelp.errors.UserError` into a one-line message
+with exit status 2 (no traceback for mistakes a person can fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from kelp import __version__
+from kelp.errors import UserError
+from kelp.logs import configure_logging
+
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
+# Order is the order in `kelp --help`.
+COMMAND_MODULES: tuple[str, ...] = (
+    "kelp.daemon.commands.config_cmd",
+    "kelp.daemon.commands.demo_cmd",
+    "kelp.daemon.commands.produce_cmd",
+    "kelp.daemon.commands.store_cmd",
+    "kelp.daemon.commands.bench_cmd",
+)
+
+EXIT_USER_ERROR = 2
+log = logging.getLogger("kelp")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kelp",
+        description="Kelp: streaming online learning for recommendation models.",
+    )
+    parser.add_argument("--version", action="version", version=f"kelp {__version__}")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-format", default="text", choices=["text", "json"], help="json: one object per line"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue  # a command not built yet in this checkout
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    try:
+        return int(args.handler(args) or 0)
+    except UserError as exc:
+        print(f"kelp: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("kelp: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""``kelp bench <suite> [--quick] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kelp.bench import SUITES, run_suite
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    lines = "\n".join(f"  {name:<10} {doc}" for name, doc in SUITES.items())
+    parser = sub.add_parser(
+        "bench",
+        help="run a benchmark suite (prints one JSON object as the last stdout line)",
+        description=f"suites:\n{lines}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("suite", choices=sorted(SUITES))
+    parser.add_argument("--quick", action="store_true", help="finish in under 60 s on 2 cores")
+    parser.add_argument(
+        "--json", action="store_true", help="compact JSON (default: indented, still last line)"
+    )
+    parser.set_defaults(handler=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    result = run_suite(args.suite, quick=args.quick)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(json.dumps(result, sort_keys=True, indent=None))
+    return 0

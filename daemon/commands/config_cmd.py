@@ -1,0 +1,45 @@
+"""``kelp config validate FILE`` and ``kelp config show FILE``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import yaml
+from kelp.config import effective_config, load_config
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("config", help="validate or show a config file")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+
+    validate = verbs.add_parser("validate", help="check a config file (with KELP_... env overrides)")
+    validate.add_argument("file")
+    validate.set_defaults(handler=_validate)
+
+    show = verbs.add_parser("show", help="print the effective config, secrets redacted")
+    show.add_argument("file")
+    show.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    show.set_defaults(handler=_show)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    cfg = load_config(args.file)
+    tables = len(cfg.features.tables)
+    print(
+        f"{args.file}: ok (deployment={cfg.deployment}, source={cfg.source.kind}, store={cfg.store.backend}, "
+        f"{len(cfg.features.dense)} dense, {len(cfg.features.sparse)} sparse features over {tables} tables)"
+    )
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    data = effective_config(load_config(args.file))
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    return 0

@@ -1,0 +1,21 @@
+"""``kelp demo``: run the main job end to end on the shipped sample."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kelp.daemon.demo import run_demo
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("demo", help="run Kelp end to end on the Criteo sample (starts its own services)")
+    parser.add_argument("--config", type=Path, default=None, help="default: examples/criteo-kaggle.yaml")
+    parser.set_defaults(handler=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    run_demo(args.config)
+    return 0

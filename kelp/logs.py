@@ -1,0 +1,68 @@
+"""Logging set-up: human-readable by default, JSON lines with ``--log-format json``.
+
+Call :func:`configure_logging` once, at process start (the CLI does). Modules
+log through ``logging.getLogger(__name__)``; structured fields go in
+``extra={...}`` and appear as keys in JSON output and as ``k=v`` in text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Literal, TextIO
+
+__all__ = ["LogFormat", "configure_logging"]
+
+LogFormat = Literal["text", "json"]
+
+# Attributes every LogRecord has; anything else came from `extra=` and is a field.
+_STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+def _extra_fields(record: logging.LogRecord) -> dict[str, object]:
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS}
+
+
+class JsonLineFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, extra fields, exc."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, object] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        doc.update(_extra_fields(record))
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-11-21T13:00:00Z info  kelp.store: message k=v``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        fields = " ".join(f"{k}={v}" for k, v in _extra_fields(record).items())
+        line = f"{ts}Z {record.levelname.lower():<5} {record.name}: {record.getMessage()}"
+        if fields:
+            line = f"{line} {fields}"
+        if record.exc_info:
+            line = f"{line}\n{self.formatException(record.exc_info)}"
+        return line
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "text", stream: TextIO | None = None) -> None:
+    """Install one handler on the root logger, replacing any earlier one."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonLineFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    # kafka-python is chatty at INFO about every metadata refresh.
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
