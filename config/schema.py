@@ -102,6 +102,12 @@ class AdmissionSpec(StrictModel):
         description="Seconds a not-yet-admitted id's sighting counter lives (bounds counter memory).",
     )
 
+    @model_validator(mode="after")
+    def _one_rule(self) -> Self:
+        if self.min_count > 1 and self.probability < 1:
+            raise ValueError("admission: set min_count > 1 or probability < 1, not both")
+        return self
+
 
 class EvictionSpec(StrictModel):
     """When stored rows go away. Evicted rows read as not admitted again."""
@@ -423,7 +429,16 @@ class StoreConfig(StrictModel):
     socket_timeout_s: float = Field(2.0, gt=0)
     connect_timeout_s: float = Field(2.0, gt=0)
     retry: RetrySpec = Field(default_factory=RetrySpec)
-    max_rows_per_command: int = Field(2048, ge=1, description="Rows per pipelined command chunk.")
+    max_rows_per_command: int = Field(
+        2048, ge=1, le=100_000, description="Rows per MGET/MSET chunk inside one pipelined round trip."
+    )
+    cluster_buckets_per_table: int = Field(
+        64,
+        ge=1,
+        le=16_384,
+        description="redis-cluster: hash-tag buckets per table; each bucket's rows travel in one command to "
+        "one slot. Hazard: changing it changes every key (rows written before become invisible).",
+    )
     hot_cache: HotCacheConfig = Field(default_factory=HotCacheConfig)
 
     _split = field_validator("urls", mode="before")(_split_csv)

@@ -15,7 +15,8 @@ saying how to install it: integration tests are never skipped silently.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 from kelp.harness import RedisCluster, RedisServer, TansuBroker
@@ -23,21 +24,22 @@ from prometheus_client import CollectorRegistry
 
 from kelp.errors import MissingBinaryError
 
+S = TypeVar("S", RedisServer, RedisCluster, TansuBroker)
 
-def _start_or_fail(service):  # type: ignore[no-untyped-def]
+
+def _started(factory: Callable[[], S]) -> S:
+    """Construct and start a service; a missing binary fails with its one-line install hint."""
     try:
-        return service.start()
+        service = factory()
+        service.start()
     except MissingBinaryError as exc:
         pytest.fail(str(exc), pytrace=False)
+    return service
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    try:
-        server = RedisServer()
-    except MissingBinaryError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    _start_or_fail(server)
+    server = _started(RedisServer)
     yield server
     server.cleanup()
 
@@ -51,11 +53,7 @@ def redis_url(redis_server: RedisServer) -> str:
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisCluster]:
-    try:
-        cluster = RedisCluster()
-    except MissingBinaryError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    _start_or_fail(cluster)
+    cluster = _started(RedisCluster)
     yield cluster
     cluster.cleanup()
 
@@ -70,11 +68,7 @@ def clean_redis_cluster(redis_cluster: RedisCluster) -> RedisCluster:
 
 @pytest.fixture(scope="session")
 def tansu() -> Iterator[TansuBroker]:
-    try:
-        broker = TansuBroker()
-    except MissingBinaryError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    _start_or_fail(broker)
+    broker = _started(TansuBroker)
     yield broker
     broker.stop()
 

@@ -1,0 +1,238 @@
+"""``kelp bench store``: batched pull/push through Kelp's Redis store vs raw MGET/MSET and a naive loop.
+
+Workload: criteo-synth batches of 4096 samples, 26 tables of dim 16, deduplicated
+per table (unique ids only), admission off, no TTL. Every measurement runs on
+the same redis-server(s) started here, on the same keys, 1 shard and 3 shards:
+
+* Kelp push: ``push_many`` over all 26 tables per step (encode + MSET per shard,
+  one pipelined round trip per shard, shards in parallel).
+* raw MSET: the same keys (prebuilt, untimed) and the same rows turned into
+  bytes by a numpy view, MSET in the same chunking, one pipeline per shard,
+  shards in parallel threads: the floor Kelp's encoding and routing sit on.
+* Kelp pull: ``pull_many(count=True)``; raw MGET: the same keys and chunking,
+  decoded with one ``numpy.frombuffer``.
+* naive: a per-id GET loop (and SET loop) with redis-py, on a sample of ids.
+* ``redis_bytes_per_row``: ``used_memory`` growth / rows on a flushed server
+  (state, header and key included); ``redis_bytes_per_row_ttl`` with a TTL.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import redis
+from kelp.bench.runner import progress
+from kelp.config.schema import StoreConfig, TableSpec
+from kelp.harness import RedisServer
+from kelp.store.redis import RedisStore
+
+__all__ = ["run"]
+
+DIM = 16
+N_TABLES = 26
+BATCH = 4096
+
+
+def _batches(steps: int) -> list[dict[str, np.ndarray]]:
+    try:
+        from kelp.consumers.synth import CriteoSynth
+
+        gen = CriteoSynth(seed=0)
+        out = []
+        for _ in range(steps):
+            sparse = gen.batch(BATCH).sparse
+            out.append({f"C{j + 1}": np.unique(sparse[:, j]) for j in range(N_TABLES)})
+        return out
+    except ImportError:  # the consumers package is optional for this suite
+        rng = np.random.default_rng(0)
+        ranks = np.arange(1, 1_000_001, dtype=np.float64)
+        cdf = np.cumsum(ranks**-1.1)
+        cdf /= cdf[-1]
+        return [
+            {
+                f"C{j + 1}": np.unique(np.searchsorted(cdf, rng.random(BATCH)).astype(np.uint64) * 131 + j)
+                for j in range(N_TABLES)
+            }
+            for _ in range(steps)
+        ]
+
+
+class _Raw:
+    """The baseline client: plain redis-py pipelines on the same keys, same chunking, same parallelism."""
+
+    def __init__(self, store: RedisStore, servers: list[RedisServer]) -> None:
+        self.store = store
+        self.clients = [redis.Redis(host=s.host, port=s.port) for s in servers]
+        self.pool = ThreadPoolExecutor(len(servers)) if len(servers) > 1 else None
+        self.chunk = store.chunk
+
+    def keys(self, batch: dict[str, np.ndarray]) -> list[list[list[bytes]]]:
+        """Per shard, per chunk, the keys (built untimed; order = table order, shard-major)."""
+        per_shard: list[list[list[bytes]]] = [[] for _ in self.clients]
+        for name, ids in batch.items():
+            for g in self.store._groups(name, ids):
+                for i in range(0, len(g.pos), self.chunk):
+                    pos = g.pos[i : i + self.chunk]
+                    per_shard[g.shard].append(self.store.layouts[name].row_keys(ids[pos]))
+        return per_shard
+
+    def _run(self, fn: Any, work: list[Any]) -> list[Any]:
+        if self.pool is None:
+            return [fn(0, work[0])]
+        return list(self.pool.map(fn, range(len(work)), work))
+
+    def mget(self, per_shard: list[list[list[bytes]]]) -> int:
+        def one(s: int, chunks: list[list[bytes]]) -> np.ndarray:
+            pipe = self.clients[s].pipeline(transaction=False)
+            for keys in chunks:
+                pipe.execute_command("MGET", *keys)
+            values = [v for reply in pipe.execute() for v in reply]
+            return np.frombuffer(b"".join(values), dtype=np.float32).reshape(len(values), -1)
+
+        return sum(len(a) for a in self._run(one, per_shard))
+
+    def mset(self, per_shard: list[list[list[bytes]]], rows_by_shard: list[list[np.ndarray]]) -> None:
+        def one(s: int, work: tuple[list[list[bytes]], list[np.ndarray]]) -> None:
+            chunks, rows = work
+            pipe = self.clients[s].pipeline(transaction=False)
+            for keys, r in zip(chunks, rows, strict=True):
+                values = r.view(np.dtype(f"V{r.shape[1] * 4}")).ravel().tolist()
+                flat: list[bytes] = [b""] * (2 * len(keys))
+                flat[0::2] = keys
+                flat[1::2] = values
+                pipe.execute_command("MSET", *flat)
+            pipe.execute()
+
+        self._run(one, list(zip(per_shard, rows_by_shard, strict=True)))
+
+    def close(self) -> None:
+        if self.pool:
+            self.pool.shutdown()
+        for c in self.clients:
+            c.close()
+
+
+def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, float]:
+    for s in servers:
+        s.client().flushall()
+    tables = [TableSpec(name=f"C{j + 1}", dim=DIM) for j in range(N_TABLES)]
+    cfg = StoreConfig(backend="redis", urls=[s.url for s in servers])
+    store = RedisStore(cfg, tables, deployment="bench")
+    raw = _Raw(store, servers)
+    batches = _batches(steps)
+    rng = np.random.default_rng(1)
+    updates = [
+        {
+            n: (ids, rng.normal(size=(len(ids), DIM)).astype(np.float32), np.ones(len(ids), np.float32))
+            for n, ids in b.items()
+        }
+        for b in batches
+    ]
+    rows_per_step = [sum(len(ids) for ids in b.values()) for b in batches]
+    total = sum(rows_per_step) * reps
+    progress(
+        f"{len(servers)} shard(s): {steps} steps x {reps} reps, {total / (steps * reps):.0f} unique rows/step"
+    )
+
+    keys = [raw.keys(b) for b in batches]
+    # Baseline rows arranged like the keys (Kelp's header is part of its value; the raw rows carry 16+dim
+    # floats so both write the same bytes per row).
+    raw_rows = []
+    for b, u in zip(batches, updates, strict=True):
+        per_shard: list[list[np.ndarray]] = [[] for _ in servers]
+        for name, ids in b.items():
+            full = np.concatenate([np.zeros((len(ids), 4), np.float32), u[name][1]], axis=1)
+            for g in store._groups(name, ids):
+                for i in range(0, len(g.pos), store.chunk):
+                    per_shard[g.shard].append(np.ascontiguousarray(full[g.pos[i : i + store.chunk]]))
+        raw_rows.append(per_shard)
+
+    def timed(fn: Any) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for i in range(steps):
+                fn(i)
+            best = min(best, time.perf_counter() - t0)
+        return sum(rows_per_step) / best
+
+    out: dict[str, float] = {}
+    for _round in range(2):  # interleaved, best of both rounds, so warm-up order favours neither side
+        for key, fn in (
+            ("raw_mset_rows_per_s", lambda i: raw.mset(keys[i], raw_rows[i])),
+            ("push_rows_per_s", lambda i: store.push_many(updates[i])),
+            ("raw_mget_rows_per_s", lambda i: raw.mget(keys[i])),
+            ("pull_rows_per_s", lambda i: store.pull_many(batches[i])),
+        ):
+            out[key] = max(out.get(key, 0.0), timed(fn))
+    check = store.pull_many(batches[0], count=False)
+    assert all(r.admitted.all() for r in check.values()), "bench rows missing after push"
+
+    # naive: one GET / SET per id on a sample, same keys
+    sample_keys = [k for chunk in keys[0][0] for k in chunk][:3000]
+    client = raw.clients[0]
+    t0 = time.perf_counter()
+    for k in sample_keys:
+        v = client.get(k)
+        np.frombuffer(v, dtype=np.float32)
+    out["naive_rows_per_s"] = len(sample_keys) / (time.perf_counter() - t0)
+    value = b"\x00" * store.tables["C1"].codec.nbytes
+    t0 = time.perf_counter()
+    for k in sample_keys:
+        client.set(k, value)
+    out["naive_set_rows_per_s"] = len(sample_keys) / (time.perf_counter() - t0)
+    raw.close()
+    store.close()
+    out["pull_ratio"] = out["pull_rows_per_s"] / out["raw_mget_rows_per_s"]
+    out["push_ratio"] = out["push_rows_per_s"] / out["raw_mset_rows_per_s"]
+    out["speedup_vs_naive"] = out["pull_rows_per_s"] / out["naive_rows_per_s"]
+    out["rows_per_step"] = sum(rows_per_step) / steps
+    return out
+
+
+def _bytes_per_row(server: RedisServer, rows: int, ttl_s: float | None) -> float:
+    client = server.client()
+    client.flushall()
+    time.sleep(0.05)
+    before = int(client.info("memory")["used_memory"])
+    table = TableSpec(name="C1", dim=DIM, eviction={"ttl_s": ttl_s})
+    store = RedisStore(StoreConfig(backend="redis", urls=[server.url]), [table], deployment="bench")
+    rng = np.random.default_rng(2)
+    for start in range(0, rows, 50_000):
+        ids = (
+            np.arange(start, min(rows, start + 50_000), dtype=np.uint64) * np.uint64(2654435761)
+        ) + np.uint64(1)
+        store.push(
+            "C1", ids, rng.normal(size=(len(ids), DIM)).astype(np.float32), np.ones(len(ids), np.float32)
+        )
+    after = int(client.info("memory")["used_memory"])
+    store.close()
+    client.flushall()
+    return (after - before) / rows
+
+
+def run(quick: bool) -> dict[str, Any]:
+    steps, reps = (4, 2) if quick else (20, 3)
+    mem_rows = 200_000 if quick else 1_000_000
+    result: dict[str, Any] = {"dim": DIM, "tables": N_TABLES, "batch_samples": BATCH}
+    servers = [RedisServer() for _ in range(3)]
+    try:
+        for s in servers:
+            s.start()
+        progress("1 shard")
+        one = _measure(servers[:1], steps, reps)
+        result.update({k: round(v, 3) for k, v in one.items()})
+        progress("3 shards")
+        three = _measure(servers, steps, reps)
+        result.update({f"{k}_3shards": round(v, 3) for k, v in three.items()})
+        progress(f"memory per row ({mem_rows} rows)")
+        result["redis_bytes_per_row"] = round(_bytes_per_row(servers[0], mem_rows, None), 1)
+        result["redis_bytes_per_row_ttl"] = round(_bytes_per_row(servers[0], mem_rows, 3600.0), 1)
+        result["redis_version"] = servers[0].client().info("server")["redis_version"]
+    finally:
+        for s in servers:
+            s.cleanup()
+    return result

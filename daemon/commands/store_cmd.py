@@ -1,0 +1,70 @@
+"""``kelp store stats --config F`` and ``kelp store inspect --config F TABLE ID...``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import numpy as np
+from kelp.config import load_config
+
+from kelp.errors import UserError
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("store", help="look at the embedding store")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+
+    stats = verbs.add_parser("stats", help="rows, bytes and per-shard Redis info as JSON")
+    stats.add_argument("--config", required=True)
+    stats.set_defaults(handler=_stats)
+
+    inspect = verbs.add_parser("inspect", help="print stored rows of some ids (never counts or admits)")
+    inspect.add_argument("--config", required=True)
+    inspect.add_argument("table")
+    inspect.add_argument("ids", nargs="+", help="uint64 ids")
+    inspect.set_defaults(handler=_inspect)
+
+
+def _open(path: str):  # type: ignore[no-untyped-def]
+    from kelp.store.factory import build_store
+
+    cfg = load_config(path)
+    store_cfg = cfg.store.model_copy(
+        update={"hot_cache": cfg.store.hot_cache.model_copy(update={"enabled": False})}
+    )
+    return build_store(store_cfg, list(cfg.features.tables), cfg.deployment)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    with _open(args.config) as store:
+        print(json.dumps(dataclasses.asdict(store.stats()), indent=2, default=str))
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    try:
+        ids = np.array([int(i) for i in args.ids], dtype=np.uint64)
+    except (ValueError, OverflowError):
+        raise UserError(f"ids must be unsigned 64-bit integers, got {' '.join(args.ids)}") from None
+    with _open(args.config) as store:
+        got = store.pull(args.table, ids, count=False)
+        meta = None
+        if hasattr(store, "raw_values"):
+            decoded = store.table(args.table).codec.decode(store.raw_values(args.table, ids))
+            meta = decoded
+        for i, row_id in enumerate(ids.tolist()):
+            entry = {
+                "id": row_id,
+                "stored": bool(got.admitted[i]),
+                "state": float(got.state[i]),
+                "row": [round(float(x), 6) for x in got.rows[i]],
+            }
+            if meta is not None and meta.present[i]:
+                entry["updated_s"] = int(meta.updated_s[i])
+            print(json.dumps(entry))
+    return 0

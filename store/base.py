@@ -1,0 +1,192 @@
+"""The embedding-store interface every backend implements, and its result types.
+
+A store holds, per table, rows of ``dim`` floats plus one float of row-wise
+Adagrad state, keyed by uint64 id. The API is batch-only (no per-id network
+call anywhere) and the multi-table forms :meth:`EmbeddingStore.pull_many` /
+:meth:`EmbeddingStore.push_many` are primary: a trainer step touches every table
+(26 in criteo-synth) and a backend sends them in one round trip per shard.
+
+Admission (see :mod:`kelp.store.policies`): with admission off (``min_count=1``
+and ``probability=1``) every id is admitted; a missing row reads as its init row
+and the first push stores it. With admission on, ``pull(count=True)`` records a
+sighting and admits an id (stores its init row) once it qualifies; pushes for
+ids without a stored row are discarded. The serving path uses ``count=False``,
+which never writes.
+
+Concurrency: whole rows, last writer wins; see docs/store.md.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from kelp.config.schema import TableSpec
+from kelp.store.codec import RowCodec
+from kelp.store.init import init_rows
+from kelp.store.policies import AdmissionPolicy
+
+from kelp.errors import UserError
+
+__all__ = ["EmbeddingStore", "PullResult", "StoreStats", "Table", "UnknownTableError"]
+
+
+class UnknownTableError(UserError, KeyError):
+    """A table name that the store was not configured with."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass
+class PullResult:
+    """What :meth:`EmbeddingStore.pull` returns for ``n`` unique ids, in the order given.
+
+    * ``rows``: float32[n, dim]. Stored rows; for ids without a stored row, the
+      init row if the id is admitted (or ``default_row='init'``), else zeros.
+    * ``state``: float32[n], the row-wise Adagrad accumulator (``initial_state``
+      where nothing is stored).
+    * ``admitted``: bool[n]. True where the id has (or, admission off, may get) a
+      stored row, i.e. where a push will be kept.
+    """
+
+    rows: np.ndarray
+    state: np.ndarray
+    admitted: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class StoreStats:
+    """A cheap snapshot for ``kelp store stats`` and health pages."""
+
+    backend: str
+    rows: dict[str, int | None] = field(default_factory=dict)  # per table; None where counting is not cheap
+    bytes: int | None = None  # memory used by the store (arenas, or Redis used_memory summed over shards)
+    counters: dict[str, float] = field(default_factory=dict)
+    shards: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Table:
+    """A table's spec plus what every backend derives from it (codec, policy, defaults)."""
+
+    def __init__(self, spec: TableSpec, initial_state: float = 0.0) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.dim = spec.dim
+        self.codec = RowCodec(spec.dim, spec.dtype)
+        self.admission = AdmissionPolicy.from_spec(spec.admission)
+        self.initial_state = np.float32(initial_state)
+        self.ttl_s = spec.eviction.ttl_s
+        self.max_rows = spec.eviction.max_rows
+
+    def init_rows(self, ids: np.ndarray) -> np.ndarray:
+        return init_rows(self.spec.init, self.name, ids, self.dim)
+
+    def default_rows(self, ids: np.ndarray) -> np.ndarray:
+        """What a not-admitted id reads."""
+        if self.spec.default_row == "init":
+            return self.init_rows(ids)
+        return np.zeros((len(ids), self.dim), dtype=np.float32)
+
+    def check_ids(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.ndim != 1:
+            raise ValueError(f"table {self.name}: ids must be 1-d, got shape {ids.shape}")
+        if ids.dtype != np.uint64:
+            if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0):
+                raise ValueError(f"table {self.name}: ids must be non-negative integers (uint64)")
+            ids = ids.astype(np.uint64)
+        return ids
+
+    def check_push(
+        self, ids: np.ndarray, rows: np.ndarray, state: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ids = self.check_ids(ids)
+        rows = np.asarray(rows, dtype=np.float32)
+        state = np.asarray(state, dtype=np.float32)
+        if rows.shape != (len(ids), self.dim):
+            raise ValueError(f"table {self.name}: rows must be [{len(ids)}, {self.dim}], got {rows.shape}")
+        if state.shape != (len(ids),):
+            raise ValueError(f"table {self.name}: state must be [{len(ids)}], got {state.shape}")
+        return ids, rows, state
+
+
+class EmbeddingStore(abc.ABC):
+    """Batch-first embedding store. Subclasses implement the ``*_many`` forms.
+
+    Inputs are *unique* ids per table (the consumer deduplicates); results keep
+    the order of the ids given. Every method either takes effect and returns, or
+    raises a :class:`~kelp.errors.StoreError` (``retriable`` when trying again can
+    help): ``push`` never returns before the store acknowledged every row.
+    """
+
+    backend: str = "abstract"
+
+    def __init__(self, tables: list[TableSpec], initial_state: float = 0.0) -> None:
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate table names: {names}")
+        self.tables: dict[str, Table] = {t.name: Table(t, initial_state) for t in tables}
+
+    def table(self, name: str) -> Table:
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise UnknownTableError(f"unknown table {name!r}; configured: {', '.join(self.tables)}") from None
+
+    # -- the verbs -----------------------------------------------------------------------------
+
+    def pull(self, table: str, ids: np.ndarray, *, count: bool = True) -> PullResult:
+        """Rows for uint64[n] unique ``ids``: a :class:`PullResult` of length n.
+
+        ``count=True`` (trainer reads) records a sighting for admission and may
+        admit ids; ``count=False`` (serving) only reads.
+        """
+        return self.pull_many({table: ids}, count=count)[table]
+
+    @abc.abstractmethod
+    def pull_many(
+        self, ids_by_table: Mapping[str, np.ndarray], *, count: bool = True
+    ) -> dict[str, PullResult]:
+        """:meth:`pull` for several tables at once, one round trip per shard where the backend can."""
+
+    def push(self, table: str, ids: np.ndarray, rows: np.ndarray, state: np.ndarray) -> None:
+        """Store float32[n, dim] ``rows`` and float32[n] ``state`` for uint64[n] unique ``ids``.
+
+        Rows of ids that are not admitted (admission on and no stored row, e.g.
+        evicted) are discarded and counted. Returns once acknowledged.
+        """
+        self.push_many({table: (ids, rows, state)})
+
+    @abc.abstractmethod
+    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """:meth:`push` for several tables: ``{table: (ids, rows, state)}``."""
+
+    @abc.abstractmethod
+    def delete(self, table: str, ids: np.ndarray) -> int:
+        """Remove stored rows (and admission counters); returns how many rows existed."""
+
+    @abc.abstractmethod
+    def stats(self) -> StoreStats:
+        """Rows per table where cheap, bytes used, and counters."""
+
+    def flush(self) -> None:  # noqa: B027 - optional hook, a no-op for write-through backends
+        """Make buffered writes durable. Backends here write through, so a no-op; the hot cache overrides."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and buffers."""
+
+    def __enter__(self) -> EmbeddingStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,218 @@
+"""Contract checks every :class:`~kelp.store.base.EmbeddingStore` backend must pass.
+
+They live in the package (as River's ``river.checks`` do) so a new backend is
+checked by one parametrized test: ``for check in ALL_CHECKS: check(make_store)``
+where ``make_store(tables)`` returns a fresh, empty store for those tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from kelp.config.schema import TableSpec
+from kelp.store.base import EmbeddingStore
+from kelp.store.init import init_rows
+
+__all__ = ["ALL_CHECKS", "MakeStore"]
+
+MakeStore = Callable[[list[TableSpec]], EmbeddingStore]
+
+
+def _rows(n: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, dim)).astype(np.float32), rng.random(n).astype(np.float32)
+
+
+def check_push_then_pull_roundtrip(make_store: MakeStore) -> None:
+    """Pushed rows and state read back exactly (float32), in the order the ids are given."""
+    with make_store([TableSpec(name="t", dim=8)]) as store:
+        ids = np.arange(100, 300, dtype=np.uint64) * np.uint64(7919)
+        rows, state = _rows(len(ids), 8)
+        store.push("t", ids, rows, state)
+        perm = np.random.default_rng(1).permutation(len(ids))
+        got = store.pull("t", ids[perm], count=False)
+        assert got.rows.dtype == np.float32 and got.rows.shape == (len(ids), 8)
+        np.testing.assert_array_equal(got.rows, rows[perm])
+        np.testing.assert_array_equal(got.state, state[perm])
+        assert got.admitted.all()
+
+
+def check_large_ids_and_batches(make_store: MakeStore) -> None:
+    """Ids up to 2**64-1 and batches larger than one command chunk."""
+    with make_store([TableSpec(name="t", dim=2)]) as store:
+        ids = np.concatenate(
+            [np.array([0, 2**63, 2**64 - 1], np.uint64), np.arange(1, 5001, dtype=np.uint64)]
+        )
+        rows, state = _rows(len(ids), 2, seed=2)
+        store.push("t", ids, rows, state)
+        got = store.pull("t", ids, count=False)
+        np.testing.assert_array_equal(got.rows, rows)
+        assert got.admitted.all()
+
+
+def check_admission_off_reads_init_row(make_store: MakeStore) -> None:
+    """Admission off: an unseen id is admitted with its init row on count=True; count=False reads default."""
+    spec = TableSpec(name="t", dim=6, init={"kind": "normal", "std": 0.1, "seed": 3})
+    with make_store([spec]) as store:
+        ids = np.array([5, 6, 7], np.uint64)
+        serving = store.pull("t", ids, count=False)
+        assert not serving.admitted.any()
+        np.testing.assert_array_equal(serving.rows, np.zeros((3, 6), np.float32))
+        got = store.pull("t", ids)
+        assert got.admitted.all()
+        np.testing.assert_allclose(got.rows, init_rows(spec.init, "t", ids, 6))
+        np.testing.assert_array_equal(got.state, np.zeros(3, np.float32))
+
+
+def check_admission_min_count(make_store: MakeStore) -> None:
+    """min_count=3: sightings 1 and 2 read the default and discard pushes; sighting 3 admits."""
+    spec = TableSpec(name="t", dim=4, admission={"min_count": 3}, init={"kind": "uniform", "scale": 0.5})
+    with make_store([spec]) as store:
+        ids = np.array([11, 12], np.uint64)
+        rows, state = _rows(2, 4)
+        for sighting in (1, 2):  # min_count - 1 sightings: not admitted
+            got = store.pull("t", ids)
+            assert not got.admitted.any(), f"admitted after {sighting} sightings"
+            np.testing.assert_array_equal(got.rows, np.zeros((2, 4), np.float32))
+            store.push("t", ids, rows, state)  # discarded
+            assert not store.pull("t", ids, count=False).admitted.any()
+        got = store.pull("t", ids)  # the min_count-th sighting admits, with the init row
+        assert got.admitted.all()
+        np.testing.assert_allclose(got.rows, init_rows(spec.init, "t", ids, 4))
+        store.push("t", ids, rows, state)
+        again = store.pull("t", ids, count=False)
+        assert again.admitted.all()
+        np.testing.assert_array_equal(again.rows, rows)
+
+
+def check_count_false_never_counts(make_store: MakeStore) -> None:
+    """Serving reads (count=False) never record sightings nor admit."""
+    with make_store([TableSpec(name="t", dim=2, admission={"min_count": 2})]) as store:
+        ids = np.array([1, 2, 3], np.uint64)
+        for _ in range(5):
+            assert not store.pull("t", ids, count=False).admitted.any()
+        assert not store.pull("t", ids).admitted.any()  # first real sighting
+        assert store.pull("t", ids).admitted.all()  # second
+
+
+def check_default_row_init(make_store: MakeStore) -> None:
+    """default_row='init': a not-admitted id reads its deterministic init row."""
+    spec = TableSpec(name="t", dim=5, default_row="init", admission={"min_count": 10})
+    with make_store([spec]) as store:
+        ids = np.array([42, 43], np.uint64)
+        got = store.pull("t", ids)
+        assert not got.admitted.any()
+        np.testing.assert_allclose(got.rows, init_rows(spec.init, "t", ids, 5))
+
+
+def check_probability_admission(make_store: MakeStore) -> None:
+    """probability=0.5 admits roughly half the new ids on their first sighting."""
+    with make_store([TableSpec(name="t", dim=2, admission={"probability": 0.5})]) as store:
+        ids = np.arange(2000, dtype=np.uint64)
+        frac = store.pull("t", ids).admitted.mean()
+        assert 0.35 < frac < 0.65, frac
+        # admitted ones are stored: a serving read sees exactly them
+        assert store.pull("t", ids, count=False).admitted.mean() == frac
+
+
+def check_multi_table(make_store: MakeStore) -> None:
+    """pull_many / push_many over tables with different dims and dtypes keep tables apart."""
+    tables = [TableSpec(name="a", dim=3), TableSpec(name="b", dim=7, dtype="float16")]
+    with make_store(tables) as store:
+        ids = np.arange(50, dtype=np.uint64)
+        ra, sa = _rows(50, 3, 1)
+        rb, sb = _rows(50, 7, 2)
+        store.push_many({"a": (ids, ra, sa), "b": (ids, rb, sb)})
+        got = store.pull_many({"a": ids, "b": ids[::-1].copy()}, count=False)
+        np.testing.assert_array_equal(got["a"].rows, ra)
+        np.testing.assert_allclose(got["b"].rows, rb[::-1], rtol=1e-3, atol=1e-4)
+        np.testing.assert_array_equal(got["b"].state, sb[::-1])
+
+
+def check_float16_error_bound(make_store: MakeStore) -> None:
+    """float16 storage: relative error <= 2**-11 for normal-range values; state stays float32."""
+    with make_store([TableSpec(name="h", dim=16, dtype="float16")]) as store:
+        ids = np.arange(500, dtype=np.uint64)
+        rows, state = _rows(500, 16, 5)
+        store.push("h", ids, rows, state)
+        got = store.pull("h", ids, count=False)
+        big = np.abs(rows) > 1e-3
+        rel = np.abs(got.rows[big] - rows[big]) / np.abs(rows[big])
+        assert rel.max() <= 2.0**-11 + 1e-7, rel.max()
+        np.testing.assert_array_equal(got.state, state)
+
+
+def check_delete(make_store: MakeStore) -> None:
+    """delete returns how many rows existed; deleted ids read as not admitted."""
+    with make_store([TableSpec(name="t", dim=2)]) as store:
+        ids = np.arange(10, dtype=np.uint64)
+        store.push("t", ids, *_rows(10, 2))
+        assert store.delete("t", np.arange(5, 15, dtype=np.uint64)) == 5
+        got = store.pull("t", ids, count=False)
+        assert got.admitted.tolist() == [True] * 5 + [False] * 5
+
+
+def check_empty_batch(make_store: MakeStore) -> None:
+    """Zero ids is a valid batch with correctly shaped, empty results."""
+    with make_store([TableSpec(name="t", dim=4)]) as store:
+        none = np.zeros(0, np.uint64)
+        store.push("t", none, np.zeros((0, 4), np.float32), np.zeros(0, np.float32))
+        got = store.pull("t", none)
+        assert got.rows.shape == (0, 4) and got.state.shape == (0,) and got.admitted.shape == (0,)
+
+
+def check_overwrite_last_writer_wins(make_store: MakeStore) -> None:
+    """A second push of the same ids replaces whole rows (and state)."""
+    with make_store([TableSpec(name="t", dim=3)]) as store:
+        ids = np.arange(20, dtype=np.uint64)
+        store.push("t", ids, *_rows(20, 3, 1))
+        rows2, state2 = _rows(20, 3, 2)
+        store.push("t", ids, rows2, state2)
+        got = store.pull("t", ids, count=False)
+        np.testing.assert_array_equal(got.rows, rows2)
+        np.testing.assert_array_equal(got.state, state2)
+
+
+def check_stats_and_errors(make_store: MakeStore) -> None:
+    """stats() reports the backend; bad shapes and unknown tables are ValueError / UnknownTableError."""
+    from kelp.store.base import UnknownTableError
+
+    with make_store([TableSpec(name="t", dim=3)]) as store:
+        store.push("t", np.arange(4, dtype=np.uint64), *_rows(4, 3))
+        stats = store.stats()
+        assert stats.backend and set(stats.rows) == {"t"}
+        assert stats.rows["t"] in (None, 4)
+        for bad in (
+            lambda: store.push("t", np.arange(4, dtype=np.uint64), np.zeros((4, 2), np.float32), np.zeros(4)),
+            lambda: store.pull("t", np.array([-1])),
+        ):
+            try:
+                bad()
+            except ValueError:
+                pass
+            else:
+                raise AssertionError("expected ValueError")
+        try:
+            store.pull("nope", np.arange(2, dtype=np.uint64))
+        except UnknownTableError:
+            pass
+        else:
+            raise AssertionError("expected UnknownTableError")
+
+
+ALL_CHECKS: list[Callable[[MakeStore], None]] = [
+    check_push_then_pull_roundtrip,
+    check_large_ids_and_batches,
+    check_admission_off_reads_init_row,
+    check_admission_min_count,
+    check_count_false_never_counts,
+    check_default_row_init,
+    check_probability_admission,
+    check_multi_table,
+    check_float16_error_bound,
+    check_delete,
+    check_empty_batch,
+    check_overwrite_last_writer_wins,
+    check_stats_and_errors,
+]

@@ -1,0 +1,275 @@
+"""FAE-style hot-row cache: a bounded, write-back cache of rows in front of any store.
+
+The trainer's hottest ids (Zipf-skewed) are served from rows kept on the
+trainer's device (a torch tensor on CUDA when available) instead of Redis.
+
+Rules it keeps:
+
+* **bounded**: ``capacity_rows`` across all tables (split evenly per table);
+  when full, the rows used least often (by cache hits) leave first.
+* **no lost updates**: a pushed row is marked dirty; dirty rows are written
+  to the store every ``writeback_every_steps`` pushes or ``writeback_interval_s``
+  seconds, on :meth:`flush` / :meth:`close`, and *before* they leave the cache
+  (eviction or staleness re-read). If a write-back fails the rows stay dirty
+  and the error propagates.
+* **bounded staleness**: a cached row read from the store more than
+  ``max_staleness_s`` ago is re-read (after writing back its own update), so
+  a trainer sees other trainers' updates at most ``max_staleness_s`` (plus
+  their write-back period) late. Between two trainers caching the same row,
+  write-backs are whole-row last-writer-wins, like the store itself.
+* only admitted rows are cached; pulls of other ids go to the store every time
+  (so admission counting still sees them).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+from kelp.config.schema import HotCacheConfig
+from kelp.store.base import EmbeddingStore, PullResult, StoreStats
+from kelp.store.index import IdIndex
+from kelp.store.metrics import StoreMetrics
+
+__all__ = ["HotRowCache"]
+
+
+class _Slots:
+    def __init__(self, cap: int, dim: int, device: torch.device) -> None:
+        self.cap = cap
+        self.index = IdIndex(cap)
+        self.rows = torch.zeros((cap, dim), dtype=torch.float32, device=device)
+        self.state = torch.zeros(cap, dtype=torch.float32, device=device)
+        self.ids = np.zeros(cap, dtype=np.uint64)
+        self.loaded = np.zeros(cap, dtype=np.float64)
+        self.hits = np.zeros(cap, dtype=np.uint32)
+        self.dirty = np.zeros(cap, dtype=bool)
+        self.live = np.zeros(cap, dtype=bool)
+
+    def free_slots(self) -> np.ndarray:
+        return np.flatnonzero(~self.live)
+
+
+class HotRowCache(EmbeddingStore):
+    """Wraps ``inner``; same interface. Not shared between processes (one per trainer)."""
+
+    def __init__(
+        self,
+        inner: EmbeddingStore,
+        cfg: HotCacheConfig,
+        *,
+        device: str | torch.device | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: StoreMetrics | None = None,
+    ) -> None:
+        self.inner = inner
+        self.tables = inner.tables
+        self.backend = f"{inner.backend}+hot-cache"
+        self.cfg = cfg
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self._clock = clock
+        self.metrics = metrics or getattr(inner, "metrics", None) or StoreMetrics()
+        per_table = max(1, cfg.capacity_rows // max(1, len(self.tables)))
+        self._slots = {name: _Slots(per_table, t.dim, self.device) for name, t in self.tables.items()}
+        self._lock = threading.RLock()
+        self._steps = 0
+        self._last_writeback = clock()
+        self._lookups = 0
+        self._hits = 0
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _dirty_updates(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        c = self._slots[name]
+        slots = slots[c.dirty[slots]]
+        idx = torch.from_numpy(slots).to(self.device)
+        return c.ids[slots], c.rows[idx].cpu().numpy(), c.state[idx].cpu().numpy()
+
+    def _write_back(self, slots_by_table: Mapping[str, np.ndarray]) -> None:
+        updates = {}
+        for name, slots in slots_by_table.items():
+            ids, rows, state = self._dirty_updates(name, slots)
+            if len(ids):
+                updates[name] = (ids, rows, state)
+        if not updates:
+            return
+        self.inner.push_many(updates)  # raises on failure: rows stay dirty
+        for name, slots in slots_by_table.items():
+            self._slots[name].dirty[slots] = False
+        self.metrics.hot_writeback.inc(sum(len(u[0]) for u in updates.values()))
+
+    def _drop(self, name: str, slots: np.ndarray) -> None:
+        c = self._slots[name]
+        c.index.delete(c.ids[slots])
+        c.live[slots] = False
+        c.dirty[slots] = False
+        c.hits[slots] = 0
+
+    # -- verbs ----------------------------------------------------------------------------------
+
+    def pull_many(
+        self, ids_by_table: Mapping[str, np.ndarray], *, count: bool = True
+    ) -> dict[str, PullResult]:
+        with self._lock:
+            now = self._clock()
+            hits: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+            stale: dict[str, np.ndarray] = {}
+            need: dict[str, np.ndarray] = {}
+            for name, raw in ids_by_table.items():
+                t = self.table(name)
+                ids = t.check_ids(raw)
+                c = self._slots[name]
+                slots = c.index.lookup(ids)
+                cached = slots >= 0
+                too_old = np.zeros(len(ids), dtype=bool)
+                too_old[cached] = now - c.loaded[slots[cached]] > self.cfg.max_staleness_s
+                if too_old.any():
+                    stale[name] = slots[too_old]
+                    cached &= ~too_old
+                hits[name] = (ids, slots, cached)
+                need[name] = ids[~cached]
+                self.metrics.hot_hits.labels(table=name).inc(int(cached.sum()))
+                self.metrics.hot_misses.labels(table=name).inc(int((~cached).sum()))
+                self._lookups += len(ids)
+                self._hits += int(cached.sum())
+            if stale:
+                self._write_back(stale)  # own updates first, then re-read: never lose them
+                for name, s in stale.items():
+                    self._drop(name, s)
+                    self.metrics.hot_stale.inc(len(s))
+            fetched = self.inner.pull_many({k: v for k, v in need.items() if len(v)}, count=count)
+            out: dict[str, PullResult] = {}
+            for name, (ids, slots, cached) in hits.items():
+                t = self.tables[name]
+                c = self._slots[name]
+                rows = np.empty((len(ids), t.dim), dtype=np.float32)
+                state = np.empty(len(ids), dtype=np.float32)
+                admitted = np.ones(len(ids), dtype=bool)
+                hs = slots[cached]
+                if len(hs):
+                    idx = torch.from_numpy(hs).to(self.device)
+                    rows[cached] = c.rows[idx].cpu().numpy()
+                    state[cached] = c.state[idx].cpu().numpy()
+                    c.hits[hs] += 1
+                if name in fetched:
+                    f = fetched[name]
+                    miss = ~cached
+                    rows[miss], state[miss], admitted[miss] = f.rows, f.state, f.admitted
+                    self._insert(
+                        name,
+                        need[name][f.admitted],
+                        f.rows[f.admitted],
+                        f.state[f.admitted],
+                        now=now,
+                        protect=hs,
+                    )
+                out[name] = PullResult(rows, state, admitted)
+            self._update_gauges()
+            return out
+
+    def _insert(
+        self,
+        name: str,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        state: np.ndarray,
+        *,
+        now: float,
+        protect: np.ndarray,
+    ) -> None:
+        c = self._slots[name]
+        if len(ids) == 0:
+            return
+        if len(ids) > c.cap:
+            ids, rows, state = ids[: c.cap], rows[: c.cap], state[: c.cap]
+        free = c.free_slots()
+        if len(free) < len(ids):
+            live = np.flatnonzero(c.live)
+            score = c.hits[live].astype(np.float64)
+            score[np.isin(live, protect)] = np.inf
+            victims = live[np.argsort(score, kind="stable")[: len(ids) - len(free)]]
+            self._write_back({name: victims})  # dirty rows reach the store before they leave
+            self._drop(name, victims)
+            free = c.free_slots()
+        slots = free[: len(ids)]
+        c.index.insert(ids, slots)
+        c.ids[slots] = ids
+        idx = torch.from_numpy(slots).to(self.device)
+        c.rows[idx] = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device)
+        c.state[idx] = torch.from_numpy(np.ascontiguousarray(state)).to(self.device)
+        c.loaded[slots] = now
+        c.hits[slots] = 0
+        c.dirty[slots] = False
+        c.live[slots] = True
+
+    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        with self._lock:
+            passthrough = {}
+            for name, (raw_ids, raw_rows, raw_state) in updates.items():
+                t = self.table(name)
+                ids, rows, state = t.check_push(raw_ids, raw_rows, raw_state)
+                c = self._slots[name]
+                slots = c.index.lookup(ids)
+                cached = slots >= 0
+                cs = slots[cached]
+                if len(cs):
+                    idx = torch.from_numpy(cs).to(self.device)
+                    c.rows[idx] = torch.from_numpy(rows[cached]).to(self.device)
+                    c.state[idx] = torch.from_numpy(state[cached]).to(self.device)
+                    c.dirty[cs] = True
+                if (~cached).any():
+                    passthrough[name] = (ids[~cached], rows[~cached], state[~cached])
+            if passthrough:
+                self.inner.push_many(passthrough)
+            self._steps += 1
+            if (
+                self._steps >= self.cfg.writeback_every_steps
+                or self._clock() - self._last_writeback >= self.cfg.writeback_interval_s
+            ):
+                self.flush()
+
+    def flush(self) -> None:
+        """Write every dirty row to the store (returns once acknowledged)."""
+        with self._lock:
+            self._write_back({name: np.flatnonzero(c.dirty) for name, c in self._slots.items()})
+            self._steps = 0
+            self._last_writeback = self._clock()
+            self.inner.flush()
+
+    def dirty_rows(self) -> int:
+        return int(sum(c.dirty.sum() for c in self._slots.values()))
+
+    @property
+    def hit_rate(self) -> float:
+        return self._hits / self._lookups if self._lookups else 0.0
+
+    def _update_gauges(self) -> None:
+        self.metrics.hot_hit_rate.set(self.hit_rate)
+        self.metrics.hot_rows.set(sum(int(c.live.sum()) for c in self._slots.values()))
+
+    def delete(self, table: str, ids: np.ndarray) -> int:
+        with self._lock:
+            t = self.table(table)
+            ids = t.check_ids(ids)
+            c = self._slots[table]
+            slots = c.index.lookup(ids)
+            self._drop(table, slots[slots >= 0])
+            return self.inner.delete(table, ids)
+
+    def stats(self) -> StoreStats:
+        s = self.inner.stats()
+        s.backend = self.backend
+        s.counters["hot_cache_hit_rate"] = self.hit_rate
+        s.counters["hot_cache_dirty_rows"] = float(self.dirty_rows())
+        return s
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.inner.close()

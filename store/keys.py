@@ -1,0 +1,72 @@
+"""Redis key layout (version ``k1``), namespaced by deployment and table.
+
+Standalone shards (client-side sharding)::
+
+    k1:<deployment>:<table>:r:<id as 8 bytes big-endian>   the row (see codec.py)
+    k1:<deployment>:<table>:c:<id as 8 bytes big-endian>   admission sighting counter
+
+Redis Cluster adds a hash tag naming one of ``buckets`` buckets per table, so
+all keys of a bucket share a slot and one MGET/MSET carries many rows::
+
+    {k1:<deployment>:<table>:<bucket, 4 digits>}r:<id bytes>
+
+The id is raw binary (8 bytes instead of up to 20 digits) to keep keys short:
+Redis memory per row is dominated by key + value + dict overhead.
+Bumping the layout version (``k1`` -> ``k2``) makes old keys invisible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from kelp.store.hashing import name_seed, splitmix64
+
+__all__ = ["KEY_LAYOUT_VERSION", "KeyLayout"]
+
+KEY_LAYOUT_VERSION = 1
+
+
+class KeyLayout:
+    """Builds row and counter keys for one table, vectorized over ids."""
+
+    def __init__(self, deployment: str, table: str, cluster_buckets: int | None = None) -> None:
+        self.deployment = deployment
+        self.table = table
+        self.buckets = cluster_buckets
+        self.seed = name_seed("bucket", deployment, table)
+        base = f"k{KEY_LAYOUT_VERSION}:{deployment}:{table}"
+        if cluster_buckets is None:
+            self._row_prefix = np.array([f"{base}:r:".encode()])
+            self._cnt_prefix = np.array([f"{base}:c:".encode()])
+        else:
+            self._row_prefix = np.array([f"{{{base}:{b:04d}}}r:".encode() for b in range(cluster_buckets)])
+            self._cnt_prefix = np.array([f"{{{base}:{b:04d}}}c:".encode() for b in range(cluster_buckets)])
+        plen = self._row_prefix.dtype.itemsize
+        self._rec = np.dtype([("p", f"S{plen}"), ("id", ">u8")])
+        self._void = np.dtype(f"V{self._rec.itemsize}")
+        self.pattern = (
+            f"k{KEY_LAYOUT_VERSION}:{deployment}:{table}:r:*"
+            if cluster_buckets is None
+            else f"{{k{KEY_LAYOUT_VERSION}:{deployment}:{table}:*}}r:*"
+        )
+
+    def bucket_of(self, ids: np.ndarray) -> np.ndarray:
+        """int64[n] cluster bucket of each id (zeros for standalone)."""
+        if self.buckets is None:
+            return np.zeros(len(ids), dtype=np.int64)
+        return (splitmix64(ids ^ self.seed) % np.uint64(self.buckets)).astype(np.int64)
+
+    def _keys(self, prefixes: np.ndarray, ids: np.ndarray, buckets: np.ndarray | None) -> list[bytes]:
+        rec = np.empty(len(ids), dtype=self._rec)
+        rec["p"] = prefixes[0] if buckets is None or self.buckets is None else prefixes[buckets]
+        rec["id"] = ids
+        return rec.view(self._void).tolist()
+
+    def row_keys(self, ids: np.ndarray, buckets: np.ndarray | None = None) -> list[bytes]:
+        return self._keys(self._row_prefix, ids, buckets)
+
+    def counter_keys(self, ids: np.ndarray, buckets: np.ndarray | None = None) -> list[bytes]:
+        return self._keys(self._cnt_prefix, ids, buckets)
+
+    def bucket_tag(self, bucket: int) -> bytes:
+        """A key of the bucket (for computing its cluster slot)."""
+        return bytes(self._row_prefix[bucket])

@@ -1,0 +1,59 @@
+"""The store's Prometheus metrics (subsystem ``store``), created against one registry.
+
+Labels are bounded: ``table`` (configured tables), ``shard`` (configured shard
+addresses, no password), ``op`` (pull, push, delete, admit), ``reason``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from kelp.metrics import MetricFactory
+
+__all__ = ["StoreMetrics"]
+
+
+class StoreMetrics:
+    """Every store metric; ``registry=None`` gives a private registry (so two stores never clash)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        m = MetricFactory("store", self.registry)
+        self.factory = m
+        self.rows_pulled = m.counter("rows_pulled", "Rows returned by pull", ["table"])
+        self.rows_pushed = m.counter("rows_pushed", "Rows written by push (acknowledged)", ["table"])
+        self.misses = m.counter("misses", "Pulled ids with no stored row", ["table"])
+        self.admissions = m.counter("admissions", "Ids admitted (init row stored)", ["table"])
+        self.rejections = m.counter(
+            "rejections", "Pulled ids (count=True) not admitted yet: they read the default row", ["table"]
+        )
+        self.push_discarded = m.counter(
+            "push_discarded",
+            "Pushed rows dropped because the id is not admitted (never, or evicted)",
+            ["table"],
+        )
+        self.evictions = m.counter(
+            "evictions", "Rows evicted as seen by Kelp (memory backend: ttl or lfu)", ["table", "reason"]
+        )
+        self.round_trips = m.counter("round_trips", "Pipelined round trips to a shard", ["shard", "op"])
+        self.bytes_sent = m.counter(
+            "sent", "Row and key payload bytes sent to Redis", ["table"], unit="bytes"
+        )
+        self.bytes_received = m.counter(
+            "received", "Row payload bytes received from Redis", ["table"], unit="bytes"
+        )
+        self.errors = m.counter("errors", "Failed operations after retries", ["op", "kind"])
+        self.retries = m.counter("retries", "Retried attempts", ["op"])
+        self.latency = m.histogram("op_duration", "Wall time of a store operation", ["op"])
+        self.hot_hits = m.counter("hot_cache_hits", "Pulled rows served by the hot-row cache", ["table"])
+        self.hot_misses = m.counter(
+            "hot_cache_misses", "Pulled rows the hot-row cache had to fetch", ["table"]
+        )
+        self.hot_hit_rate = m.gauge(
+            "hot_cache_hit_rate", "Hits / lookups of the hot-row cache since start", unit="ratio"
+        )
+        self.hot_rows = m.gauge("hot_cache_rows", "Rows held in the hot-row cache", unit="rows")
+        self.hot_writeback = m.counter("hot_cache_writeback_rows", "Dirty rows written back by the hot cache")
+        self.hot_stale = m.counter(
+            "hot_cache_stale_rereads", "Cached rows re-read because they passed max_staleness_s"
+        )

@@ -1,0 +1,105 @@
+"""Row codec (property-based), the id index, hashing and init rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from kelp.config.schema import InitSpec
+from kelp.store.codec import HEADER_BYTES, RowCodec
+from kelp.store.errors import RowFormatError
+from kelp.store.hashing import rendezvous
+from kelp.store.index import IdIndex
+from kelp.store.init import init_rows
+
+finite32 = st.floats(-60_000, 60_000, width=32)  # inside float16 range
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    dim = draw(st.integers(1, 40))
+    n = draw(st.integers(0, 30))
+    rows = draw(arrays(np.float32, (n, dim), elements=finite32))
+    state = draw(arrays(np.float32, (n,), elements=st.floats(0, 65536, width=32)))
+    missing = draw(arrays(np.bool_, (n,)))
+    return dim, rows, state, missing
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), st.sampled_from(["float32", "float16"]), st.integers(0, 2**32 - 1))
+def test_codec_roundtrip(batch, dtype, updated) -> None:  # type: ignore[no-untyped-def]
+    dim, rows, state, missing = batch
+    codec = RowCodec(dim, dtype)
+    values: list[bytes | None] = list(codec.encode(rows, state, count=3, updated_s=updated))
+    assert all(len(v) == HEADER_BYTES + dim * (4 if dtype == "float32" else 2) for v in values)  # type: ignore[arg-type]
+    for i in np.flatnonzero(missing):
+        values[i] = None
+    out = codec.decode(values)
+    keep = ~missing
+    assert out.present.tolist() == keep.tolist()
+    expected = rows if dtype == "float32" else rows.astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(out.rows[keep], expected[keep])
+    np.testing.assert_array_equal(out.state[keep], state[keep])
+    assert (out.updated_s[keep] == updated).all() and (out.count[keep] == 3).all()
+    assert (out.rows[missing] == 0).all()
+
+
+def test_codec_rejects_foreign_values() -> None:
+    codec = RowCodec(4)
+    good = codec.encode(np.zeros((1, 4), np.float32), np.zeros(1, np.float32))[0]
+    with pytest.raises(RowFormatError, match="length"):
+        codec.decode([good, b"short"])
+    with pytest.raises(RowFormatError, match="version"):
+        codec.decode([b"\x09" + good[1:]])
+    with pytest.raises(RowFormatError, match="dim"):
+        RowCodec(2, "float32").decode([RowCodec(4, "float16").encode(np.zeros((1, 4)), np.zeros(1))[0]])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["ins", "del"]), st.lists(st.integers(0, 200), max_size=40)), max_size=30
+    )
+)
+def test_index_matches_dict(ops) -> None:  # type: ignore[no-untyped-def]
+    index, model, nxt = IdIndex(4), {}, 0
+    for op, raw in ops:
+        ids = np.unique(np.array(raw, dtype=np.uint64))
+        if op == "ins":
+            new = ids[index.lookup(ids) < 0]
+            index.insert(new, np.arange(nxt, nxt + len(new)))
+            model.update({int(i): nxt + k for k, i in enumerate(new)})
+            nxt += len(new)
+        else:
+            index.delete(ids)
+            for i in ids:
+                model.pop(int(i), None)
+    probe = np.arange(0, 201, dtype=np.uint64)
+    assert index.lookup(probe).tolist() == [model.get(i, -1) for i in range(201)]
+    assert len(index) == len(model)
+
+
+def test_rendezvous_moves_only_the_removed_shards_ids() -> None:
+    ids = np.arange(20_000, dtype=np.uint64)
+    seeds = np.array([11, 22, 33, 44], dtype=np.uint64)
+    before = rendezvous(ids, seeds)
+    assert np.bincount(before).min() > 4000  # balanced
+    after = rendezvous(ids, seeds[[0, 1, 3]])
+    remap = np.array([0, 1, -1, 2])
+    kept = before != 2
+    assert (after[kept] == remap[before[kept]]).all()
+
+
+def test_init_rows_are_deterministic_and_distributed() -> None:
+    ids = np.arange(50_000, dtype=np.uint64)
+    normal = init_rows(InitSpec(kind="normal", std=0.1, seed=7), "t", ids, 16)
+    np.testing.assert_array_equal(
+        normal[123], init_rows(InitSpec(kind="normal", std=0.1, seed=7), "t", ids[123:124], 16)[0]
+    )
+    assert abs(normal.std() - 0.1) < 0.002 and abs(normal.mean()) < 0.002
+    assert not np.array_equal(normal, init_rows(InitSpec(kind="normal", std=0.1, seed=8), "t", ids, 16))
+    assert not np.array_equal(normal, init_rows(InitSpec(kind="normal", std=0.1, seed=7), "u", ids, 16))
+    uni = init_rows(InitSpec(kind="uniform", scale=0.2), "t", ids, 3)
+    assert uni.min() >= -0.2 and uni.max() <= 0.2 and abs(uni.mean()) < 0.003

@@ -1,0 +1,209 @@
+"""Redis-specific behaviour on real redis-server: TTL, maxmemory + allkeys-lfu, cluster slot
+grouping, AUTH, a shard killed mid-run, and two concurrent writers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+from kelp.config.schema import StoreConfig, TableSpec
+from kelp.harness import RedisCluster, RedisServer
+from kelp.store import build_store
+from kelp.store.errors import ShardUnavailableError, StoreAuthError
+from kelp.store.redis import RedisClusterStore, RedisStore
+
+from kelp.errors import StoreUnavailableError, UserError
+from kelp.retry import RetryPolicy
+
+pytestmark = pytest.mark.integration
+
+NO_SLEEP = RetryPolicy(attempts=3, base_delay_s=0.0, max_delay_s=0.0, sleep=lambda _s: None)
+
+
+def _rows(n: int, dim: int, value: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    return np.full((n, dim), value, np.float32), np.full(n, value, np.float32)
+
+
+def _store(urls: list[str], tables: list[TableSpec], **cfg: object) -> RedisStore:
+    return RedisStore(StoreConfig(backend="redis", urls=urls, **cfg), tables, "test", retry=NO_SLEEP)
+
+
+def test_ttl_expires_rows_and_counters(redis_url: str, redis_server: RedisServer) -> None:
+    spec = TableSpec(name="t", dim=4, admission={"min_count": 2, "counter_ttl_s": 1}, eviction={"ttl_s": 1})
+    with _store([redis_url], [spec]) as store:
+        ids = np.arange(20, dtype=np.uint64)
+        store.pull("t", ids)
+        client = redis_server.client()
+        counter_key = store.layouts["t"].counter_keys(ids[:1])[0]
+        assert 0 < client.pttl(counter_key) <= 1000  # counters carry their own TTL
+        assert store.pull("t", ids).admitted.all()
+        assert client.exists(counter_key) == 0  # dropped on admission
+        store.push("t", ids, *_rows(20, 4))
+        row_key = store.layouts["t"].row_keys(ids[:1])[0]
+        assert 0 < client.pttl(row_key) <= 1000  # PX set on every write
+        assert store.pull("t", ids, count=False).admitted.all()
+        time.sleep(1.5)
+        assert not store.pull("t", ids, count=False).admitted.any()  # evicted reads as not admitted
+        store.push("t", ids, *_rows(20, 4))  # discarded: not admitted any more
+        assert not store.pull("t", ids, count=False).admitted.any()
+        assert store.metrics.push_discarded.labels(table="t")._value.get() == 20
+
+
+def test_maxmemory_allkeys_lfu_bounds_memory() -> None:
+    limit = 3 * 1024 * 1024
+    with RedisServer(extra_args=["--maxmemory", str(limit), "--maxmemory-policy", "allkeys-lfu"]) as server:
+        spec = TableSpec(name="t", dim=16)
+        with _store([server.url], [spec]) as store:
+            hot = np.arange(1_000, dtype=np.uint64)
+            store.push("t", hot, *_rows(1000, 16, 2.0))
+            for start in range(100_000, 160_000, 5_000):
+                store.pull("t", hot, count=False)  # keeps the hot rows' LFU counters high
+                cold = np.arange(start, start + 5_000, dtype=np.uint64)
+                store.push("t", cold, *_rows(5000, 16))
+            info = server.client().info()
+            assert info["used_memory"] <= limit * 1.05
+            assert info["evicted_keys"] > 0
+            cold_all = np.arange(100_000, 160_000, dtype=np.uint64)
+            cold_kept = store.pull("t", cold_all, count=False)
+            assert not cold_kept.admitted.all()
+            # Evicted rows read as not admitted (zeros); kept ones read back intact.
+            assert (cold_kept.rows[~cold_kept.admitted] == 0).all()
+            assert (cold_kept.rows[cold_kept.admitted] == 1.0).all()
+            hot_kept = store.pull("t", hot, count=False).admitted.mean()
+            assert hot_kept > cold_kept.admitted.mean()
+            assert store.stats().shards[0]["maxmemory_policy"] == "allkeys-lfu"
+
+
+def test_cluster_groups_rows_by_bucket_and_spreads_over_all_nodes(clean_redis_cluster: RedisCluster) -> None:
+    cfg = StoreConfig(backend="redis-cluster", urls=clean_redis_cluster.urls, cluster_buckets_per_table=16)
+    spec = TableSpec(name="t", dim=4)
+    with RedisClusterStore(cfg, [spec], "test", retry=NO_SLEEP) as store:
+        ids = np.arange(3000, dtype=np.uint64)
+        store.push("t", ids, *_rows(3000, 4))
+        assert all(s.client().dbsize() > 0 for s in clean_redis_cluster.servers)  # keys on all 3 nodes
+        groups = store._groups("t", ids)
+        assert len(groups) == 16  # 16 commands carry 3000 rows
+        for g in groups:
+            keys = store.layouts["t"].row_keys(ids[g.pos], np.full(len(g.pos), g.bucket))
+            assert len(set(store.node_of_keys(keys))) == 1
+        assert store.pull("t", ids, count=False).admitted.all()
+
+
+def test_password_protected_redis() -> None:
+    with RedisServer(password="s3cret-pw") as server:
+        spec = TableSpec(name="t", dim=2)
+        good = StoreConfig(backend="redis", urls=[server.url_without_auth], password="s3cret-pw")
+        with RedisStore(good, [spec], "test", retry=NO_SLEEP) as store:
+            store.push("t", np.arange(3, dtype=np.uint64), *_rows(3, 2))
+            assert store.pull("t", np.arange(3, dtype=np.uint64), count=False).admitted.all()
+        for password in ("wrong", None):
+            bad = StoreConfig(backend="redis", urls=[server.url_without_auth], password=password)
+            with (
+                RedisStore(bad, [spec], "test", retry=NO_SLEEP) as store,
+                pytest.raises(StoreAuthError) as err,
+            ):
+                store.pull("t", np.arange(3, dtype=np.uint64))
+            assert isinstance(err.value, UserError) and not err.value.retriable
+            assert "authentication" in str(err.value).lower()
+
+
+def test_shard_killed_mid_run_raises_typed_error_then_recovers() -> None:
+    servers = [RedisServer() for _ in range(3)]
+    for s in servers:
+        s.start()
+    try:
+        spec = TableSpec(name="t", dim=4)
+        with _store([s.url for s in servers], [spec]) as store:
+            ids = np.arange(3000, dtype=np.uint64)
+            store.push("t", ids, *_rows(3000, 4, 1.0))
+            victim = servers[1]
+            victim.kill()
+            with pytest.raises(ShardUnavailableError) as err:
+                store.push("t", ids, *_rows(3000, 4, 2.0))
+            assert err.value.shard == f"127.0.0.1:{victim.port}" and err.value.retriable
+            assert isinstance(err.value, StoreUnavailableError)
+            assert store.metrics.retries.labels(op="push")._value.get() == NO_SLEEP.attempts - 1
+            with pytest.raises(ShardUnavailableError):
+                store.pull("t", ids)  # never a half-filled result
+            victim.start()
+            on_victim = store.shard_of("t", ids) == 1
+            got = store.pull("t", ids, count=False)
+            # The restarted shard lost its rows (no persistence) and says so; the others are intact.
+            assert not got.admitted[on_victim].any() and got.admitted[~on_victim].all()
+            store.push("t", ids, *_rows(3000, 4, 3.0))  # works again
+            assert (store.pull("t", ids, count=False).rows == 3.0).all()
+    finally:
+        for s in servers:
+            s.cleanup()
+
+
+def test_concurrent_writers_last_writer_wins_whole_rows(redis_url: str) -> None:
+    """Two writers hammer the same rows: every row read is one writer's complete row (never torn)."""
+    spec = TableSpec(name="t", dim=16)
+    ids = np.arange(500, dtype=np.uint64)
+    errors: list[BaseException] = []
+
+    def writer(tag: float) -> None:
+        try:
+            with _store([redis_url], [spec]) as store:
+                for it in range(30):
+                    value = tag + it
+                    store.push(
+                        "t", ids, np.full((500, 16), value, np.float32), np.full(500, value, np.float32)
+                    )
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(tag,)) for tag in (1000.0, 2000.0)]
+    with _store([redis_url], [spec]) as reader:
+        for t in threads:
+            t.start()
+        seen = []
+        while any(t.is_alive() for t in threads):
+            seen.append(reader.pull("t", ids, count=False))
+        for t in threads:
+            t.join()
+        seen.append(reader.pull("t", ids, count=False))
+    assert not errors
+    for got in seen:
+        rows = got.rows[got.admitted]
+        assert (rows == rows[:, :1]).all()  # whole rows from one write
+        assert (got.state[got.admitted] == rows[:, 0]).all()  # state travels with its row
+    final = seen[-1].rows[:, 0]
+    assert set(np.unique(final)) <= {1029.0, 2029.0}  # each row holds one writer's last value
+
+
+def test_replica_serves_count_false_reads(redis_url: str, redis_server: RedisServer) -> None:
+    with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(redis_server.port)]) as replica:
+        cfg = StoreConfig(backend="redis", urls=[redis_url], replicas=[[replica.url]])
+        spec = TableSpec(name="t", dim=2)
+        with RedisStore(cfg, [spec], "test", retry=NO_SLEEP) as store:
+            ids = np.arange(10, dtype=np.uint64)
+            store.push("t", ids, *_rows(10, 2, 5.0))
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and replica.client().dbsize() < 10:
+                time.sleep(0.05)
+            before = replica.client().info("commandstats").get("cmdstat_mget", {}).get("calls", 0)
+            assert (store.pull("t", ids, count=False).rows == 5.0).all()
+            after = replica.client().info("commandstats")["cmdstat_mget"]["calls"]
+            assert after == before + 1
+
+
+def test_build_store_rejects_unknown_backend_and_redis_errors_are_typed(redis_url: str) -> None:
+    with pytest.raises(ValueError, match="unknown store backend"):
+        from kelp.store.factory import backend_class
+
+        backend_class("cassandra")
+    r = redis.Redis.from_url(redis_url)
+    spec = TableSpec(name="t", dim=2)
+    with _store([redis_url], [spec]) as store:
+        r.set(store.layouts["t"].row_keys(np.array([1], np.uint64))[0], b"garbage")
+        from kelp.store.errors import RowFormatError
+
+        with pytest.raises(RowFormatError):
+            store.pull("t", np.array([1], np.uint64))
+    with build_store(StoreConfig(backend="redis", urls=[redis_url]), [spec], "x") as store:
+        assert store.backend == "redis"

@@ -1,0 +1,54 @@
+"""``kelp store stats`` / ``kelp store inspect`` against a real Redis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import pytest
+from kelp.config.schema import StoreConfig, TableSpec
+from kelp.daemon.commands import store_cmd
+from kelp.store import build_store
+
+from kelp.errors import UserError
+
+
+def main(argv: list[str]) -> int:
+    """The store sub-command alone (the full CLI is tested by the daemon's tests)."""
+    parser = argparse.ArgumentParser(prog="kelp")
+    store_cmd.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except UserError as exc:
+        print(f"kelp: error: {exc}", file=sys.stderr)
+        return 2
+
+
+pytestmark = pytest.mark.integration
+
+
+def test_stats_and_inspect(tmp_path, redis_url: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "kelp.yaml"
+    config.write_text(
+        "deployment: clitest\n"
+        "source: {kind: file, file: {path: x.tsv, format: criteo_tsv}}\n"
+        f"store: {{backend: redis, urls: ['{redis_url}']}}\n"
+        "features: {tables: [{name: ads, dim: 2}]}\n"
+    )
+    cfg = StoreConfig(backend="redis", urls=[redis_url])
+    with build_store(cfg, [TableSpec(name="ads", dim=2)], "clitest") as s:
+        rows, state = np.array([[1.5, -2.0]], np.float32), np.array([0.25], np.float32)
+        s.push("ads", np.array([7], np.uint64), rows, state)
+    assert main(["store", "inspect", "--config", str(config), "ads", "7", "8"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines[0]["stored"] and lines[0]["row"] == [1.5, -2.0] and lines[0]["state"] == 0.25
+    assert lines[0]["updated_s"] > 0
+    assert not lines[1]["stored"]
+    assert main(["store", "stats", "--config", str(config)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["backend"] == "redis" and stats["shards"][0]["keys"] == 1
+    assert main(["store", "inspect", "--config", str(config), "nope", "1"]) == 2
+    assert "unknown table" in capsys.readouterr().err
