@@ -1,0 +1,124 @@
+"""Event schema v1 on the wire (msgpack): constants, id hashing and encoders.
+
+Decoding and validation live in :mod:`kelp.consumers.decode`; this module is
+what producers need. The full schema, with examples, is in docs/consumers.md.
+
+A message is a msgpack map with ``"v": 1`` and either one sample::
+
+    {"v": 1, "ts": 1700000000.5, "label": 1,
+     "dense": {"I1": 3.0, "I2": 0.5}            # or [3.0, 0.5] in config order
+     "sparse": {"C1": 123, "C2": ["a", "b"]}}   # id or list of ids
+
+or a columnar batch of ``n`` samples (``"batch": n``)::
+
+    {"v": 1, "batch": 2, "ts": [t0, t1] | t,
+     "label": [1, 0],
+     "dense": {"I1": [3.0, 1.0]} | [[3.0, .5], [1.0, 0]],
+     "sparse": {"C1": [123, 456],                            # one id per sample
+                "C2": {"values": ["a", "b", "c"], "lengths": [2, 1]}}}
+
+Any numeric column of a batch may instead be a msgpack *bin* holding a packed
+little-endian array (the fast form ``kelp produce`` writes): ``label`` float32[n],
+``ts`` float64[n], ``dense`` float32[n, n_dense] row-major (or one float32[n]
+per name), sparse ``values`` uint64[N] and ``lengths`` int32[n] (or a bare
+uint64[n] bin for one id per sample).
+
+Ids are ints in ``[0, 2**64)`` or strings; a string id is the xxh3-64 hash
+(seed 0) of its UTF-8 bytes. That hash is part of schema v1 and never changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+import xxhash
+
+__all__ = [
+    "REASONS",
+    "SCHEMA_VERSION",
+    "encode_columns",
+    "encode_sample",
+    "hash_str_id",
+]
+
+SCHEMA_VERSION = 1
+
+# Every reason a record can be rejected for (the `reason` label and dead-letter header).
+REASONS: tuple[str, ...] = (
+    "bad_msgpack",  # not msgpack, or not a map
+    "bad_version",  # "v" missing or not 1
+    "missing_label",  # no label field
+    "bad_label",  # label not finite, or not 0/1 when label.kind is binary
+    "bad_dense",  # NaN/inf dense value (before or after transforms)
+    "unknown_feature",  # a dense or sparse name the config does not list
+    "bad_type",  # a field of the wrong type (string label, dict where a list belongs...)
+    "bad_shape",  # columnar arrays of inconsistent lengths, dense list of the wrong width
+    "too_many_ids",  # more ids than the feature's max_ids for one sample
+    "bad_id",  # negative, >= 2**64, float or bool id
+    "oversize",  # record larger than kafka.max_message_bytes
+)
+
+
+def hash_str_id(value: str) -> int:
+    """The schema-v1 id of a string: ``xxh3_64(value.encode("utf-8"), seed=0)``."""
+    return xxhash.xxh3_64_intdigest(value.encode("utf-8"))
+
+
+def encode_sample(
+    label: float,
+    dense: Mapping[str, float] | Sequence[float] | None = None,
+    sparse: Mapping[str, int | str | Sequence[int | str]] | None = None,
+    ts: float | None = None,
+) -> bytes:
+    """One sample as a schema-v1 message."""
+    msg: dict[str, Any] = {"v": SCHEMA_VERSION, "label": label}
+    if ts is not None:
+        msg["ts"] = ts
+    if dense is not None:
+        msg["dense"] = dict(dense) if isinstance(dense, Mapping) else list(dense)
+    if sparse is not None:
+        msg["sparse"] = dict(sparse)
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def _pack(arr: np.ndarray, dtype: str, packed: bool) -> Any:
+    a = np.ascontiguousarray(arr, dtype=dtype)
+    return a.tobytes() if packed else a.tolist()
+
+
+def encode_columns(
+    labels: np.ndarray,
+    dense: np.ndarray | Mapping[str, np.ndarray] | None = None,
+    sparse: Mapping[str, np.ndarray | tuple[np.ndarray, np.ndarray]] | None = None,
+    ts: np.ndarray | float | None = None,
+    packed: bool = True,
+) -> bytes:
+    """A columnar batch message of ``n = len(labels)`` samples.
+
+    ``dense`` is float[n, n_dense] in config order or name -> float[n].
+    ``sparse[f]`` is uint64[n] (one id per sample) or ``(values uint64[N], lengths int[n])``.
+    ``packed=True`` writes little-endian binary arrays (fast); ``False`` writes msgpack lists.
+    """
+    n = len(labels)
+    msg: dict[str, Any] = {"v": SCHEMA_VERSION, "batch": n, "label": _pack(labels, "<f4", packed)}
+    if ts is not None:
+        msg["ts"] = float(ts) if np.isscalar(ts) else _pack(np.asarray(ts), "<f8", packed)
+    if dense is not None:
+        if isinstance(dense, Mapping):
+            msg["dense"] = {k: _pack(v, "<f4", packed) for k, v in dense.items()}
+        else:
+            arr = np.asarray(dense)
+            msg["dense"] = arr.astype("<f4").tobytes() if packed else arr.tolist()
+    if sparse is not None:
+        out: dict[str, Any] = {}
+        for name, col in sparse.items():
+            if isinstance(col, tuple):
+                values, lengths = col
+                out[name] = {"values": _pack(values, "<u8", packed), "lengths": _pack(lengths, "<i4", packed)}
+            else:
+                out[name] = _pack(col, "<u8", packed)
+        msg["sparse"] = out
+    return msgpack.packb(msg, use_bin_type=True)

@@ -1,0 +1,164 @@
+"""Replay a file or criteo-synth into a Kafka topic as schema-v1 messages (``kelp produce``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+from kelp.consumers.codec import encode_columns
+from kelp.consumers.errors import SourceUserError, translate_kafka_error
+from kelp.consumers.synth import SPARSE_NAMES, CriteoSynth
+
+from kelp.errors import KelpError
+
+__all__ = ["ProduceSummary", "produce", "synth_messages"]
+
+
+@dataclass
+class ProduceSummary:
+    records: int
+    messages: int
+    bytes: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+
+def synth_messages(
+    samples: int, batch_size: int, seed: int = 0, step: int = 65_536
+) -> Iterator[tuple[bytes, int]]:
+    """(message, samples in it) for ``samples`` criteo-synth samples, generated in vectorised steps."""
+    synth = CriteoSynth(seed=seed)
+    done = 0
+    step = max(step - step % batch_size, batch_size)
+    while done < samples:
+        n = min(step, samples - done)
+        if batch_size == 1:
+            for m in synth.messages(n, per_message=1):
+                yield m, 1
+        else:
+            cols = synth.batch(n)
+            for lo in range(0, n, batch_size):
+                hi = min(n, lo + batch_size)
+                yield (
+                    encode_columns(
+                        cols.label[lo:hi],
+                        cols.dense[lo:hi],
+                        {name: cols.sparse[lo:hi, i] for i, name in enumerate(SPARSE_NAMES)},
+                        cols.ts[lo:hi],
+                    ),
+                    hi - lo,
+                )
+        done += n
+
+
+def file_messages(
+    path: Path, fmt: str, batch_size: int, source_cfg: Any = None
+) -> Iterator[tuple[bytes, int]]:
+    """(message, samples) from a file; rows are regrouped into columnar messages when batch_size > 1."""
+    from kelp.consumers import file_source as fs
+
+    if fmt == "criteo_tsv":
+        rows: Iterator[bytes] = fs.iter_criteo_tsv(path)
+    elif fmt == "csv":
+        if source_cfg is None or source_cfg.csv is None:
+            raise SourceUserError(f"{path}: format csv needs a --config with a source.file.csv mapping")
+        rows = fs.iter_csv(path, source_cfg)
+    else:
+        rows = fs.iter_msgpack_log(path)
+    if batch_size == 1 or fmt == "msgpack":
+        for r in rows:
+            yield r, 1
+        return
+    # A columnar message can only say "missing dense value" by leaving the whole column out (a null
+    # inside a column is NaN, rejected as bad_dense), so a group holds rows with the same dense names.
+    group: list[dict[str, Any]] = []
+    group_key: frozenset[str] | None = None
+    for r in rows:
+        sample = msgpack.unpackb(r, raw=False)
+        key = frozenset(sample.get("dense", {}))
+        if group and (key != group_key or len(group) == batch_size):
+            yield _group_message(group), len(group)
+            group = []
+        group.append(sample)
+        group_key = key
+    if group:
+        yield _group_message(group), len(group)
+
+
+def _group_message(group: list[dict[str, Any]]) -> bytes:
+    """Single-sample dicts -> one columnar message (list form, so odd values are validated by consumers)."""
+    n = len(group)
+    msg: dict[str, Any] = {"v": 1, "batch": n, "label": [g.get("label") for g in group]}
+    dense_names = sorted({k for g in group for k in g.get("dense", {})})
+    if dense_names:
+        msg["dense"] = {k: [g.get("dense", {}).get(k, np.nan) for g in group] for k in dense_names}
+    sparse: dict[str, Any] = {}
+    for k in sorted({k for g in group for k in g.get("sparse", {})}):
+        vals = [g.get("sparse", {}).get(k) for g in group]
+        sparse[k] = {
+            "values": [v for v in vals if v is not None],
+            "lengths": [0 if v is None else 1 for v in vals],
+        }
+    msg["sparse"] = sparse
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def produce(
+    producer_cfg: dict[str, Any],
+    topic: str,
+    messages: Iterator[tuple[bytes, int]],
+    *,
+    rate: float | None = None,
+    progress_every_s: float = 1.0,
+    quiet: bool = False,
+) -> ProduceSummary:
+    """Send messages, throttled to ``rate`` samples/s when given; progress on stderr."""
+    from kafka import KafkaProducer
+
+    try:
+        producer = KafkaProducer(
+            linger_ms=20, batch_size=1_048_576, max_request_size=8_388_608, acks="all", **producer_cfg
+        )
+    except Exception as exc:
+        raise translate_kafka_error(exc, "creating the producer") from exc
+    start = last = time.monotonic()
+    records = msgs = nbytes = 0
+    try:
+        for value, n in messages:
+            producer.send(topic, value)
+            records += n
+            msgs += 1
+            nbytes += len(value)
+            if rate:
+                ahead = records / rate - (time.monotonic() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
+            now = time.monotonic()
+            if not quiet and now - last >= progress_every_s:
+                last = now
+                print(
+                    f"\rproduced {records:,} samples, {msgs:,} messages, {nbytes / 1e6:,.1f} MB, "
+                    f"{records / (now - start):,.0f} samples/s",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        producer.flush()
+    except KelpError:
+        raise  # already translated (e.g. a bad input file: a UserError, one line in the CLI)
+    except Exception as exc:
+        raise translate_kafka_error(exc, f"producing to {topic}") from exc
+    finally:
+        producer.close()
+    if not quiet:
+        print(file=sys.stderr)
+    return ProduceSummary(records, msgs, nbytes, time.monotonic() - start)
