@@ -24,6 +24,7 @@ COPY kelp/ kelp/
 COPY config/ config/
 COPY consumers/ consumers/
 COPY store/ store/
+COPY trainer/ trainer/
 COPY daemon/ daemon/
 COPY harness/ harness/
 COPY bench/ bench/

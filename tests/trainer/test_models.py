@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from kelp.config.schema import TrainerConfig
+from kelp.consumers.synth import criteo_feature_spec
+from kelp.trainer.models import DLRM, DCNv2, build_model
+from torch import nn
+
+from kelp.errors import UserError
+
+from .conftest import small_config, small_spec
+
+
+def _linear_shapes(module: nn.Module) -> list[tuple[int, int]]:
+    return [(m.in_features, m.out_features) for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def test_dlrm_small_matches_benchmarks_md() -> None:
+    model = build_model(criteo_feature_spec(), TrainerConfig())
+    assert isinstance(model, DLRM)
+    assert _linear_shapes(model.bottom) == [(13, 64), (64, 16)]
+    assert model.interaction_width == 432  # 16 + 26 * 16
+    assert _linear_shapes(model.top) == [(432, 256), (256, 64), (64, 1)]
+    # ReLU after both bottom layers, between top layers, none on the logit.
+    assert [type(m).__name__ for m in model.bottom] == ["Linear", "ReLU", "Linear", "ReLU"]
+    assert [type(m).__name__ for m in model.top] == ["Linear", "ReLU", "Linear", "ReLU", "Linear"]
+    bottom = 13 * 64 + 64 + 64 * 16 + 16
+    top = 432 * 256 + 256 + 256 * 64 + 64 + 64 + 1
+    assert sum(p.numel() for p in model.parameters()) == bottom + top == 129_297
+
+
+@pytest.mark.parametrize("name", ["dlrm-small", "dcn-v2"])
+def test_forward_shapes_and_grad(name: str) -> None:
+    spec = small_spec()
+    model = build_model(spec, small_config(model=name))
+    b = 5
+    pooled = [torch.randn(b, t, requires_grad=True) for t in (4, 4, 8)]
+    logits = model(torch.randn(b, 3), pooled)
+    assert logits.shape == (b,)
+    logits.sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pooled)
+
+
+def test_dcn_v2_cross_layers() -> None:
+    model = build_model(small_spec(), small_config(model="dcn-v2"))
+    assert isinstance(model, DCNv2)
+    width = 4 + 4 + 4 + 8
+    assert _linear_shapes(model.cross) == [(width, width)] * 3
+    assert _linear_shapes(model.deep) == [(width, 16), (16, 8), (8, 1)]
+
+
+def test_cross_layer_formula() -> None:
+    model = build_model(small_spec(), small_config(model="dcn-v2"))
+    x0 = torch.randn(2, model.interaction_width)
+    layer = model.cross.layers[0]
+    one = type(model.cross)(model.interaction_width, 1)
+    one.layers[0].load_state_dict(layer.state_dict())
+    torch.testing.assert_close(one(x0), x0 * layer(x0) + x0)
+
+
+def test_without_dense_features() -> None:
+    model = build_model(small_spec(n_dense=0), small_config())
+    out = model(torch.zeros(2, 0), [torch.randn(2, d) for d in (4, 4, 8)])
+    assert out.shape == (2,)
+
+
+def test_unimplemented_model_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="deepfm"):
+        build_model(small_spec(), small_config(model="deepfm"))
+
+
+def test_wrong_number_of_features() -> None:
+    model = build_model(small_spec(), small_config())
+    with pytest.raises(ValueError, match="pooled"):
+        model(torch.zeros(2, 3), [torch.zeros(2, 4)])

@@ -1,0 +1,48 @@
+"""The trainer's compute core: models, pooling, optimizers, progressive eval, checkpoints.
+
+Pure compute, no network I/O; the ``kelp train`` daemon wires it to a source
+and a store. Modules, one job each:
+
+* :mod:`~kelp.trainer.device`: the ``trainer.device`` setting -> ``torch.device``;
+* :mod:`~kelp.trainer.models`: ``dlrm-small`` and ``dcn-v2`` (dense parameters only);
+* :mod:`~kelp.trainer.embedding`: micro-batch -> device tensors -> pooled features;
+* :mod:`~kelp.trainer.optim`: row-wise Adagrad for rows, Adam/Adagrad/SGD for dense;
+* :mod:`~kelp.trainer.evaluation`: progressive validation (binned AUC, log loss);
+* :mod:`~kelp.trainer.step`: one step on pulled rows -> updates to push;
+* :mod:`~kelp.trainer.baseline`: the in-memory baseline (the store's id index and init, all in memory);
+* :mod:`~kelp.trainer.checkpoint`: atomic safetensors checkpoints of the dense side.
+"""
+
+from kelp.trainer.baseline import InMemoryBaseline, spec_init
+from kelp.trainer.checkpoint import CheckpointInfo, config_hash, load_latest, save_checkpoint
+from kelp.trainer.device import resolve_device
+from kelp.trainer.embedding import BatchTensors, pool_features
+from kelp.trainer.evaluation import AucResult, ProgressiveValidator, exact_auc
+from kelp.trainer.models import DLRM, MODELS, DCNv2, build_model
+from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
+from kelp.trainer.step import PulledRows, StepResult, TrainStep
+
+__all__ = [
+    "DLRM",
+    "MODELS",
+    "AucResult",
+    "BatchTensors",
+    "CheckpointInfo",
+    "DCNv2",
+    "InMemoryBaseline",
+    "ProgressiveValidator",
+    "PulledRows",
+    "RowWiseAdagrad",
+    "SparseUpdate",
+    "StepResult",
+    "TrainStep",
+    "build_dense_optimizer",
+    "build_model",
+    "config_hash",
+    "exact_auc",
+    "load_latest",
+    "pool_features",
+    "resolve_device",
+    "save_checkpoint",
+    "spec_init",
+]

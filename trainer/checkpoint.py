@@ -1,0 +1,265 @@
+"""Dense checkpoints: model and dense-optimizer state in safetensors, never pickle.
+
+Embedding rows are not in a checkpoint: they live in the store, which is
+durable on its own. A checkpoint restores the dense side and says which
+source offsets it covers.
+
+Layout of ``<dir>``::
+
+    ckpt-000000000500.safetensors    one per save; the newest ``keep`` are kept
+    ckpt-000000001000.safetensors
+    latest                           JSON pointer: {"file", "sha256", "step", "format_version"}
+
+Inside a checkpoint file (format version 1):
+
+* tensors ``model.<state_dict key>``: the model's ``state_dict``;
+* tensors ``optim.<param index>.<key>``: every tensor in the optimizer's
+  per-parameter state (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``...);
+* safetensors metadata ``{"kelp": <JSON>}`` with ``format_version``,
+  ``step``, ``config_hash``, ``created_at`` (unix seconds), ``offsets``
+  (list of ``{topic, partition, offset}``, the *next* offset to consume,
+  Kafka commit semantics), and ``optimizer``: ``class``, ``param_groups``
+  and the non-tensor per-parameter state values, so the nested
+  ``state_dict`` can be rebuilt without pickle.
+
+Writes are atomic: bytes go to a temp file in the same directory, which is
+fsynced and ``os.replace``-d into place, then the ``latest`` pointer is
+replaced the same way. A crash leaves either the old or the new ``latest``,
+never a pointer to a partial file; leftover ``*.tmp`` files are ignored and
+cleaned up by the next save. ``latest`` carries the file's SHA-256, checked on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from kelp.config.schema import FeatureSpec, TrainerConfig
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import nn
+
+from kelp.errors import UserError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointInfo",
+    "config_hash",
+    "load_latest",
+    "read_checkpoint",
+    "save_checkpoint",
+]
+
+FORMAT_VERSION = 1
+LATEST = "latest"
+_NAME = re.compile(r"^ckpt-(\d{12})\.safetensors$")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint says about itself (from its metadata)."""
+
+    path: Path
+    step: int
+    config_hash: str
+    created_at: float
+    offsets: dict[tuple[str, int], int]
+    format_version: int
+
+
+def config_hash(spec: FeatureSpec, trainer: TrainerConfig) -> str:
+    """SHA-256 (hex, first 16 chars) of what shapes the dense model: features and model settings."""
+    payload = {
+        "features": spec.model_dump(mode="json"),
+        "model": trainer.model,
+        "bottom_mlp": trainer.bottom_mlp,
+        "top_mlp": trainer.top_mlp,
+    }
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- flattening
+
+
+def _flatten(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[dict[str, torch.Tensor], Any]:
+    tensors = {f"model.{k}": v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    if optimizer is None:
+        return tensors, None
+    sd = optimizer.state_dict()
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, entry in sd["state"].items():
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{pid}.{key}"] = value.detach().to("cpu").contiguous().clone()
+            else:
+                scalars.setdefault(str(pid), {})[key] = value
+    for group in sd["param_groups"]:
+        for key, value in group.items():
+            if isinstance(value, torch.Tensor):
+                raise ValueError(f"optimizer param_group {key!r} is a tensor; checkpoints need plain numbers")
+    meta = {"class": type(optimizer).__name__, "param_groups": sd["param_groups"], "scalars": scalars}
+    return tensors, meta
+
+
+def _unflatten_optimizer(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            pid, key = name[len("optim.") :].split(".", 1)
+            state.setdefault(int(pid), {})[key] = value
+    for pid, entries in meta["scalars"].items():
+        state.setdefault(int(pid), {}).update(entries)
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one, never a part."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    step: int,
+    config_hash: str,
+    offsets: Mapping[tuple[str, int], int] | None = None,
+    keep: int = 5,
+) -> Path:
+    """Write ``ckpt-<step>.safetensors`` atomically, point ``latest`` at it, keep the newest ``keep``."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors, optim_meta = _flatten(model, optimizer)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "step": int(step),
+        "config_hash": config_hash,
+        "created_at": time.time(),
+        "offsets": [
+            {"topic": topic, "partition": int(partition), "offset": int(offset)}
+            for (topic, partition), offset in sorted((offsets or {}).items())
+        ],
+        "optimizer": optim_meta,
+    }
+    data = st_save(tensors, metadata={"kelp": json.dumps(meta)})
+    path = directory / f"ckpt-{int(step):012d}.safetensors"
+    _atomic_write(path, data)
+    pointer = {
+        "file": path.name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "step": int(step),
+        "format_version": FORMAT_VERSION,
+    }
+    _atomic_write(directory / LATEST, json.dumps(pointer).encode())
+    _prune(directory, keep, current=path.name)
+    return path
+
+
+def _prune(directory: Path, keep: int, current: str) -> None:
+    names = sorted(p.name for p in directory.iterdir() if _NAME.match(p.name))
+    for name in names[:-keep]:
+        if name != current:
+            (directory / name).unlink(missing_ok=True)
+    for tmp in directory.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def read_checkpoint(path: str | Path, sha256: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """``(tensors on CPU, kelp metadata)`` of one checkpoint file; checks the hash when given."""
+    path = Path(path)
+    data = path.read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise UserError(f"checkpoint {path} does not match the checksum in 'latest' (corrupt or replaced)")
+    tensors = st_load(data)
+    # safetensors keeps the metadata in its JSON header; read it without a second parse of the tensors.
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + header_len])
+    meta = json.loads(header.get("__metadata__", {}).get("kelp", "null"))
+    if not isinstance(meta, dict):
+        raise UserError(f"{path} is a safetensors file but not a Kelp checkpoint")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise UserError(f"{path}: checkpoint format version {version}, this Kelp reads {FORMAT_VERSION}")
+    return tensors, meta
+
+
+def load_latest(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    expected_config_hash: str | None = None,
+) -> CheckpointInfo | None:
+    """Restore ``model`` (and ``optimizer``) from the checkpoint ``latest`` names; None if there is none.
+
+    A config-hash mismatch is a :class:`UserError`: the model shape changed,
+    and silently starting fresh would throw away training.
+    """
+    directory = Path(directory)
+    pointer_path = directory / LATEST
+    if not pointer_path.exists():
+        return None
+    pointer = json.loads(pointer_path.read_text())
+    path = directory / pointer["file"]
+    tensors, meta = read_checkpoint(path, pointer.get("sha256"))
+    if expected_config_hash is not None and meta["config_hash"] != expected_config_hash:
+        raise UserError(
+            f"checkpoint {path.name} was written for config {meta['config_hash']}, "
+            f"the current config is {expected_config_hash}; use a new checkpoint_dir or the old config"
+        )
+    model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    model.load_state_dict(model_state, strict=True)
+    if optimizer is not None:
+        if meta["optimizer"] is None:
+            raise UserError(f"checkpoint {path.name} has no optimizer state")
+        if meta["optimizer"]["class"] != type(optimizer).__name__:
+            raise UserError(
+                f"checkpoint {path.name} holds {meta['optimizer']['class']} state, "
+                f"the configured dense optimizer is {type(optimizer).__name__}"
+            )
+        optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer"]))
+    offsets = {(o["topic"], int(o["partition"])): int(o["offset"]) for o in meta["offsets"]}
+    return CheckpointInfo(
+        path=path,
+        step=int(meta["step"]),
+        config_hash=meta["config_hash"],
+        created_at=float(meta["created_at"]),
+        offsets=offsets,
+        format_version=int(meta["format_version"]),
+    )

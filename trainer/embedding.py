@@ -1,0 +1,119 @@
+"""From a :class:`~kelp.consumers.batch.MicroBatch` and pulled rows to pooled feature vectors.
+
+This is the one place where batch arrays become device tensors
+(:meth:`BatchTensors.from_batch`), so nothing else copies them twice.
+
+Per table the trainer holds one leaf tensor ``rows`` f32[U, dim]: the rows of
+the batch's ``unique_ids`` (pulled from the store, or gathered from the
+in-memory baseline's tables). Each feature pools its own slice of the
+table's ``inverse``::
+
+    table "ads":  rows [U, dim]   (leaf, requires_grad)
+                  inverse i64[N_t] = [2, 3, 2 | 2, 1, 3, 3, 0]
+                                      C1       C2
+    C1 pooled[B, dim] = embedding_bag(inverse[0:3], rows, offsets C1, mode)
+    C2 pooled[B, dim] = embedding_bag(inverse[3:8], rows, offsets C2, mode)
+
+After ``loss.backward()``, ``rows.grad`` [U, dim] is the gradient of every
+unique id, summed over features and samples: exactly what the row-wise
+optimizer needs, and proportional to unique ids, never to table size.
+One-hot features (one id per sample) use a plain gather, which is cheaper
+than an embedding bag and gives identical values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812 - the PyTorch convention
+from kelp.config.schema import FeatureSpec
+from kelp.consumers.batch import MicroBatch
+from torch import Tensor
+
+__all__ = ["BatchTensors", "FeatureBag", "pool_features", "rows_to_leaf"]
+
+
+@dataclass(frozen=True)
+class FeatureBag:
+    """One sparse feature's lookup plan on the device.
+
+    * ``indices``: int64[N_f], rows of the table's ``rows`` tensor, this feature's slice of ``inverse``;
+    * ``offsets``: int64[B + 1] bag boundaries (``include_last_offset``), or None when one-hot;
+    * ``mode``: ``"sum"`` or ``"mean"`` (an empty bag pools to zeros either way).
+    """
+
+    name: str
+    table: str
+    indices: Tensor
+    offsets: Tensor | None
+    mode: str
+
+
+@dataclass(frozen=True)
+class BatchTensors:
+    """A micro-batch's arrays on one device, ready for the forward pass.
+
+    * ``labels``: f32[B];
+    * ``dense``: f32[B, n_dense];
+    * ``bags``: one :class:`FeatureBag` per sparse feature, in config order;
+    * ``unique_ids``: per table, the numpy uint64[U] ids whose rows the bags index
+      (kept on the host: they only matter when rows cross the store boundary).
+    """
+
+    labels: Tensor
+    dense: Tensor
+    bags: tuple[FeatureBag, ...]
+    unique_ids: dict[str, np.ndarray]
+
+    @property
+    def size(self) -> int:
+        return int(self.labels.shape[0])
+
+    @classmethod
+    def from_batch(cls, batch: MicroBatch, spec: FeatureSpec, device: torch.device) -> BatchTensors:
+        """Move labels, dense, inverse slices and offsets to ``device`` once (non-blocking copies)."""
+        tables = batch.tables
+        labels = _to(batch.labels, device)
+        dense = _to(batch.dense, device)
+        inverses = {name: _to(t.inverse, device) for name, t in tables.items()}
+        bags: list[FeatureBag] = []
+        for feature in spec.sparse:
+            table = tables[feature.table_name]
+            indices = inverses[feature.table_name][table.feature_slices[feature.name]]
+            offsets_np = batch.sparse[feature.name].offsets
+            one_hot = indices.shape[0] == batch.size and bool(np.all(np.diff(offsets_np) == 1))
+            offsets = None if one_hot else _to(offsets_np.astype(np.int64), device)
+            bags.append(FeatureBag(feature.name, feature.table_name, indices, offsets, feature.pooling))
+        unique = {name: t.unique_ids for name, t in tables.items()}
+        return cls(labels=labels, dense=dense, bags=tuple(bags), unique_ids=unique)
+
+
+def _to(array: np.ndarray, device: torch.device) -> Tensor:
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+def rows_to_leaf(rows: np.ndarray | Tensor, device: torch.device) -> Tensor:
+    """f32[U, dim] rows (numpy from the store, or a tensor) -> a fresh leaf on ``device`` with grad."""
+    tensor = _to(np.asarray(rows, dtype=np.float32), device) if isinstance(rows, np.ndarray) else rows
+    tensor = tensor.detach().to(device, dtype=torch.float32)
+    return tensor.requires_grad_(True)
+
+
+def pool_features(bt: BatchTensors, rows: Mapping[str, Tensor]) -> list[Tensor]:
+    """Pooled f32[B, dim_f] per sparse feature (config order) from per-table ``rows`` f32[U, dim]."""
+    pooled: list[Tensor] = []
+    for bag in bt.bags:
+        weight = rows[bag.table]
+        if bag.offsets is None:
+            pooled.append(F.embedding(bag.indices, weight))
+        else:
+            pooled.append(
+                F.embedding_bag(bag.indices, weight, bag.offsets, mode=bag.mode, include_last_offset=True)
+            )
+    return pooled

@@ -1,0 +1,157 @@
+"""The model zoo: dense networks over a dense vector and pooled embeddings.
+
+Every model owns only *dense* parameters. Embedding rows live in the store
+(or, for the in-memory baseline, in plain tensors); the trainer pools them
+per feature and hands the model::
+
+    dense   f32[B, n_dense]                  column j = features.dense[j]
+    pooled  [f32[B, dim_0], f32[B, dim_1]..] one per sparse feature, config order
+
+and the model returns logits ``f32[B]`` (train with BCE-with-logits).
+
+Models
+------
+``dlrm-small`` (:class:`DLRM`), BENCHMARKS.md's reference::
+
+    dense[13] -> Linear 64 -> ReLU -> Linear 16 -> ReLU            (bottom MLP)
+    concat(bottom[16], pooled_1[16] .. pooled_26[16]) = 432 inputs
+    -> Linear 256 -> ReLU -> Linear 64 -> ReLU -> Linear 1          (top MLP) -> logit
+
+``dcn-v2`` (:class:`DCNv2`, Wang et al. 2021, "stacked" form)::
+
+    x0 = concat(bottom(dense), pooled...)                           d inputs
+    x_{l+1} = x0 * (W_l x_l + b_l) + x_l,  l = 0..n_cross-1         full-rank W_l [d, d]
+    -> deep MLP (top_mlp, ReLU) -> Linear 1 -> logit
+
+``deepfm`` is accepted by the config but not implemented yet: building it
+raises :class:`~kelp.errors.UserError` with that reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from kelp.config.schema import FeatureSpec, TrainerConfig
+from torch import Tensor, nn
+
+from kelp.errors import UserError
+
+__all__ = ["DLRM", "MODELS", "CrossNetwork", "DCNv2", "ModelInputs", "build_model", "mlp"]
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What a model's forward receives: ``n_dense`` columns and one pooled vector per sparse feature."""
+
+    n_dense: int
+    feature_dims: tuple[int, ...]
+
+    @classmethod
+    def from_spec(cls, spec: FeatureSpec) -> ModelInputs:
+        """Dims follow each sparse feature's table (config order)."""
+        dims = tuple(spec.table(f.table_name).dim for f in spec.sparse)
+        return cls(n_dense=len(spec.dense), feature_dims=dims)
+
+
+def mlp(in_features: int, sizes: Sequence[int], *, relu_last: bool) -> nn.Sequential:
+    """Linear layers of ``sizes`` with ReLU between them (and after the last if ``relu_last``)."""
+    layers: list[nn.Module] = []
+    width = in_features
+    for i, size in enumerate(sizes):
+        layers.append(nn.Linear(width, size))
+        if i < len(sizes) - 1 or relu_last:
+            layers.append(nn.ReLU())
+        width = size
+    return nn.Sequential(*layers)
+
+
+def _check_inputs(inputs: ModelInputs, dense: Tensor, pooled: Sequence[Tensor]) -> None:
+    if len(pooled) != len(inputs.feature_dims):
+        raise ValueError(f"expected {len(inputs.feature_dims)} pooled features, got {len(pooled)}")
+
+
+class DLRM(nn.Module):
+    """DLRM with concatenation interaction (``dlrm-small`` with the default config).
+
+    The bottom MLP (ReLU after every layer, as in the DLRM reference) maps the
+    dense features to a vector; that vector and every pooled embedding are
+    concatenated and fed to the top MLP, whose last layer is a 1-wide logit.
+    Embedding widths need not match the bottom output: concatenation does not
+    care. With no dense features the bottom MLP is skipped.
+    """
+
+    def __init__(self, inputs: ModelInputs, bottom_mlp: Sequence[int], top_mlp: Sequence[int]) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.bottom = mlp(inputs.n_dense, bottom_mlp, relu_last=True) if inputs.n_dense else None
+        bottom_out = bottom_mlp[-1] if inputs.n_dense else 0
+        self.interaction_width = bottom_out + sum(inputs.feature_dims)
+        self.top = mlp(self.interaction_width, [*top_mlp, 1], relu_last=False)
+
+    def forward(self, dense: Tensor, pooled: Sequence[Tensor]) -> Tensor:
+        """``dense`` f32[B, n_dense], ``pooled`` list of f32[B, dim_f] -> logits f32[B]."""
+        _check_inputs(self.inputs, dense, pooled)
+        parts = [self.bottom(dense)] if self.bottom is not None else []
+        x = torch.cat([*parts, *pooled], dim=1)
+        return self.top(x).squeeze(1)
+
+
+class CrossNetwork(nn.Module):
+    """DCN-v2 cross layers: ``x_{l+1} = x0 ⊙ (W_l x_l + b_l) + x_l`` with full-rank ``W_l``.
+
+    Each layer adds one degree of explicit feature crossing; the residual keeps
+    lower-order terms. Shapes: ``x0`` f32[B, d] -> f32[B, d].
+    """
+
+    def __init__(self, width: int, n_layers: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(n_layers))
+
+    def forward(self, x0: Tensor) -> Tensor:
+        x = x0
+        for layer in self.layers:
+            x = x0 * layer(x) + x
+        return x
+
+
+class DCNv2(nn.Module):
+    """DCN-v2, stacked: bottom MLP on dense, cross network over the concatenation, then a deep MLP.
+
+    ``bottom_mlp`` plays the same role as in DLRM (dense -> a vector next to
+    the embeddings); ``top_mlp`` is the deep tower after the cross network.
+    """
+
+    def __init__(
+        self, inputs: ModelInputs, bottom_mlp: Sequence[int], top_mlp: Sequence[int], n_cross: int = 3
+    ) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.bottom = mlp(inputs.n_dense, bottom_mlp, relu_last=True) if inputs.n_dense else None
+        bottom_out = bottom_mlp[-1] if inputs.n_dense else 0
+        self.interaction_width = bottom_out + sum(inputs.feature_dims)
+        self.cross = CrossNetwork(self.interaction_width, n_cross)
+        self.deep = mlp(self.interaction_width, [*top_mlp, 1], relu_last=False)
+
+    def forward(self, dense: Tensor, pooled: Sequence[Tensor]) -> Tensor:
+        """``dense`` f32[B, n_dense], ``pooled`` list of f32[B, dim_f] -> logits f32[B]."""
+        _check_inputs(self.inputs, dense, pooled)
+        parts = [self.bottom(dense)] if self.bottom is not None else []
+        x0 = torch.cat([*parts, *pooled], dim=1)
+        return self.deep(self.cross(x0)).squeeze(1)
+
+
+MODELS: dict[str, type[nn.Module]] = {"dlrm-small": DLRM, "dcn-v2": DCNv2}
+"""Config ``trainer.model`` name -> class; every class takes ``(inputs, bottom_mlp, top_mlp)``."""
+
+
+def build_model(spec: FeatureSpec, config: TrainerConfig) -> nn.Module:
+    """The configured model on CPU (move it with ``.to(device)``); unknown names are a :class:`UserError`."""
+    cls = MODELS.get(config.model)
+    if cls is None:
+        known = ", ".join(sorted(MODELS))
+        raise UserError(f"trainer.model {config.model!r} is not implemented yet (available: {known})")
+    if not spec.sparse and not spec.dense:
+        raise UserError("the feature spec has no dense and no sparse features: nothing to train on")
+    return cls(ModelInputs.from_spec(spec), config.bottom_mlp, config.top_mlp)
