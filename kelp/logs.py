@@ -66,3 +66,5 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text", stream: Text
     root.setLevel(level.upper())
     # kafka-python is chatty at INFO about every metadata refresh.
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
+    # Its event loop warns whenever a callback takes >100 ms, which on 2 cores is routine noise.
+    logging.getLogger("kafka.net.selector").setLevel(max(logging.ERROR, root.level))

@@ -13,9 +13,10 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("demo", help="run Kelp end to end on the Criteo sample (starts its own services)")
     parser.add_argument("--config", type=Path, default=None, help="default: examples/criteo-kaggle.yaml")
+    parser.add_argument("--limit", type=int, default=None, help="stream at most this many samples")
     parser.set_defaults(handler=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    run_demo(args.config)
+    run_demo(args.config, limit=args.limit)
     return 0

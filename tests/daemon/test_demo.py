@@ -13,13 +13,17 @@ SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "crite
 
 
 @pytest.mark.skipif(not SAMPLE.exists(), reason="needs ../shared/data beside the checkout")
-def test_demo_profiles_sample_and_round_trips_services() -> None:
+def test_demo_trains_from_tansu_into_redis_and_dead_letters_bad_records() -> None:
     lines: list[str] = []
-    report = run_demo(default_config_path(), out=lines.append, service_records=300)
+    report = run_demo(default_config_path(), out=lines.append, limit=1500)
     assert report.samples == 7200
     assert 0.1 < report.positive_rate < 0.4
     assert report.tables == 26
     assert report.distinct_ids > 1000
     assert 0 < report.singleton_share < 1
     assert report.services_ran
-    assert any("300 records produced and 300 consumed" in line for line in lines)
+    assert report.trained_samples == 1500  # every produced sample trained exactly once
+    assert report.rejected == {"bad_msgpack": 1, "bad_version": 1, "bad_dense": 1}
+    # Admission (min_count=2) keeps most one-off ids out of Redis, but repeated ids got rows.
+    assert 0 < report.redis_rows < report.distinct_ids
+    assert report.progressive_auc == report.progressive_auc  # a number, not NaN: both classes were seen
