@@ -361,6 +361,11 @@ class KafkaConfig(StrictModel):
         300_000, ge=1000, description="Hazard: the first group join waits up to this long on some brokers."
     )
     max_message_bytes: int = Field(1_048_576, ge=64, description="Larger records are rejected as oversize.")
+    incremental_fetch_sessions: bool = Field(
+        True,
+        description="KIP-227 incremental fetch sessions. Hazard: on the Tansu test broker a consumer that "
+        "paused partitions (back-pressure) was seen to stop receiving one; tests and demo turn this off.",
+    )
     security: KafkaSecurity = Field(default_factory=KafkaSecurity)
 
     _split = field_validator("bootstrap_servers", "topics", mode="before")(_split_csv)

@@ -93,6 +93,7 @@ def consumer_settings(kafka: KafkaConfig) -> dict[str, Any]:
         "session_timeout_ms": kafka.session_timeout_ms,
         "heartbeat_interval_ms": kafka.heartbeat_interval_ms,
         "max_poll_interval_ms": kafka.max_poll_interval_ms,
+        "enable_incremental_fetch_sessions": kafka.incremental_fetch_sessions,
     }
 
 

@@ -34,7 +34,8 @@ class ConsumerMetrics:
         self.registry = m.registry
         self.records = m.counter("records", "Records (messages) read from the source.", ["topic"])
         self.samples = m.counter("samples", "Samples decoded, validated and accepted.", ["topic"])
-        self.bytes = m.counter("bytes", "Record value bytes read.", ["topic"], unit="bytes")
+        # No unit="bytes": the name already ends in bytes (the unit would make it ..._bytes_bytes_total).
+        self.bytes = m.counter("bytes", "Record value bytes read.", ["topic"])
         self.batches = m.counter("batches", "Micro-batches emitted.")
         self.decode_seconds = m.histogram("decode_seconds", "Decode + validate time per run of records.")
         self.lag = m.gauge("lag_records", "High watermark minus position.", ["topic", "partition"])

@@ -3,7 +3,9 @@
 Each sub-command lives in its own module under :mod:`kelp.daemon.commands`
 and exposes ``register(subparsers)``; this module only wires them up, sets up
 logging, and turns :class:`~kelp.errors.UserError` into a one-line message
-with exit status 2 (no traceback for mistakes a person can fix).
+with exit status 2 (no traceback for mistakes a person can fix), and any other
+:class:`~kelp.errors.KelpError` (e.g. a broker unreachable after retries) into
+a one-line message with exit status 1.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from kelp import __version__
-from kelp.errors import UserError
+from kelp.errors import KelpError, UserError
 from kelp.logs import configure_logging
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
@@ -30,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 EXIT_USER_ERROR = 2
+EXIT_RUNTIME_ERROR = 1
 log = logging.getLogger("kelp")
 
 
@@ -65,6 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"kelp: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except KelpError as exc:
+        # Operational failures (broker or store unreachable after retries) are explained, not traced;
+        # --log-level debug logs the traceback for whoever needs it.
+        log.debug("command failed", exc_info=True)
+        print(f"kelp: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME_ERROR
     except KeyboardInterrupt:
         print("kelp: interrupted", file=sys.stderr)
         return 130

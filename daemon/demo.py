@@ -134,6 +134,7 @@ def _stream_config(cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str |
         max_poll_interval_ms=5000,
         session_timeout_ms=6000,
         heartbeat_interval_ms=1000,
+        incremental_fetch_sessions=False,  # Tansu mishandles them for paused partitions
     )
     stream.source.kind = "kafka"
     if redis_url is not None:

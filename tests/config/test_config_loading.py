@@ -212,3 +212,4 @@ def test_cli_validate_and_show_accept_example_with_env_override() -> None:
     data = json.loads(shown.stdout)
     assert data["store"]["password"] == "**redacted**"
     assert "pw-123" not in shown.stdout
+

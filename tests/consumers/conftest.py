@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kelp.config.schema import KafkaConfig
+from kelp.harness import TansuBroker
+
+from kelp.errors import MissingBinaryError
 
 DATA = Path(__file__).parent / "data"
 
@@ -25,8 +28,26 @@ def kafka_config(tansu: Any, unique_topic: str) -> Callable[..., KafkaConfig]:
             "session_timeout_ms": 6000,
             "heartbeat_interval_ms": 1000,
             "max_poll_interval_ms": 5000,
+            "incremental_fetch_sessions": False,  # see KafkaConfig.incremental_fetch_sessions
         }
         fields.update(overrides)
         return KafkaConfig(**fields)
 
     return make
+
+
+def private_tansu() -> Iterator[TansuBroker]:
+    """A broker of the test's own; modules use it as ``tansu = pytest.fixture(private_tansu, name="tansu")``.
+
+    Tansu keeps broker-side incremental fetch-session state that a consumer which paused its
+    partitions leaves in a bad state: a *later* consumer group on the same broker can then never
+    receive one of its partitions. Tests that pause, and the group-membership test that is
+    sensitive to it, each get a fresh broker so that state cannot leak between them.
+    """
+    try:
+        broker = TansuBroker()
+        broker.start()
+    except MissingBinaryError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield broker
+    broker.stop()

@@ -145,30 +145,3 @@ def test_poison_pills_go_to_dead_letter_with_reason(
         assert headers["source_topic"].decode() == unique_topic
         assert stream[int(headers["source_offset"])] == value
     assert committed(tansu.bootstrap, cfg.group_id, unique_topic, 1) == [len(stream)]
-
-
-def test_two_members_split_and_survivor_takes_over(
-    tansu,
-    unique_topic: str,
-    kafka_config: Callable[..., KafkaConfig],  # type: ignore[no-untyped-def]
-) -> None:
-    tansu.create_topic(unique_topic, 4)
-    cfg = kafka_config()
-    produce(tansu.bootstrap, unique_topic, samples(0, 400), partitions=4)
-    a = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
-    b = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
-    try:
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and not (a.assignment() and b.assignment()):
-            a.poll(0.2)  # batches taken here are never committed: they must come back
-            b.poll(0.2)
-        assert a.assignment() and b.assignment()
-        assert not a.assignment() & b.assignment()
-    finally:
-        b.close()
-    try:
-        got = drain(a, 400, timeout_s=60)
-    finally:
-        a.close()
-    assert set(got) == set(range(400))
-    assert sum(p or 0 for p in committed(tansu.bootstrap, cfg.group_id, unique_topic, 4)) == 400

@@ -1,0 +1,39 @@
+"""CLI error handling: people get one line, not a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from kelp.harness import free_port
+
+
+def test_operational_error_is_one_line_with_exit_1() -> None:
+    """Nothing listens on the broker port: after kafka-python's bootstrap timeout, one line and exit 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kelp.daemon",
+            "produce",
+            "--bootstrap",
+            f"127.0.0.1:{free_port()}",
+            "--topic",
+            "t",
+            "--synth",
+            "criteo",
+            "--samples",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("kelp: error:")
+    assert "bootstrap" in last
