@@ -21,14 +21,13 @@ source, in-memory store); it never fakes a service.
 
 from __future__ import annotations
 
-import collections
-import csv
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from kelp.config import KelpConfig, load_config
 from prometheus_client import CollectorRegistry
 
@@ -64,19 +63,20 @@ class DemoReport:
     rejected: dict[str, int] | None = None
 
 
-def _read_criteo(path: Path, limit: int | None) -> tuple[list[float], dict[str, list[str]]]:
-    labels: list[float] = []
-    columns: dict[str, list[str]] = collections.defaultdict(list)
-    with path.open(newline="") as fh:
-        for i, row in enumerate(csv.reader(fh, delimiter="\t")):
-            if limit is not None and i >= limit:
-                break
-            labels.append(float(row[0]))
-            for j in range(26):
-                value = row[14 + j] if 14 + j < len(row) else ""
-                if value:
-                    columns[f"C{j + 1}"].append(value)
-    return labels, columns
+def _id_counts(cfg: KelpConfig) -> tuple[int, float, dict[str, np.ndarray]]:
+    """(samples, positive rate, per-table count of each distinct id), read by Kelp's own file source."""
+    from kelp.consumers import build_source
+
+    samples, positives = 0, 0.0
+    ids: dict[str, list[np.ndarray]] = {}
+    with build_source(cfg, CollectorRegistry()) as source:
+        for batch in source:
+            samples += batch.size
+            positives += float(batch.labels.sum())
+            for feature, jagged in batch.sparse.items():
+                ids.setdefault(cfg.features.sparse_table(feature), []).append(jagged.values)
+    counts = {t: np.unique(np.concatenate(parts), return_counts=True)[1] for t, parts in ids.items()}
+    return samples, positives / max(1, samples), counts
 
 
 def _profile(cfg: KelpConfig, out: Printer) -> DemoReport:
@@ -87,20 +87,17 @@ def _profile(cfg: KelpConfig, out: Printer) -> DemoReport:
         raise UserError(
             f"Criteo sample not found at {source.path} (expected ../shared/data beside the checkout)"
         )
-    labels, columns = _read_criteo(source.path, source.limit)
-    counts: collections.Counter[tuple[str, str]] = collections.Counter()
-    for feature, values in columns.items():
-        counts.update((cfg.features.sparse_table(feature), v) for v in values)
-    accesses = sum(counts.values())
-    singletons = sum(1 for c in counts.values() if c == 1)
-    top = sorted(counts.values(), reverse=True)[: max(1, len(counts) // 100)]
+    samples, positive_rate, per_table = _id_counts(cfg)
+    counts = np.concatenate(list(per_table.values())) if per_table else np.zeros(0, dtype=np.int64)
+    accesses = int(counts.sum())
+    top = np.sort(counts)[::-1][: max(1, len(counts) // 100)]
     report = DemoReport(
-        samples=len(labels),
-        positive_rate=sum(labels) / max(1, len(labels)),
-        tables=len({t for t, _ in counts}),
+        samples=samples,
+        positive_rate=positive_rate,
+        tables=len(per_table),
         distinct_ids=len(counts),
-        singleton_share=singletons / max(1, len(counts)),
-        top1pct_access_share=sum(top) / max(1, accesses),
+        singleton_share=float(np.count_nonzero(counts == 1)) / max(1, len(counts)),
+        top1pct_access_share=float(top.sum()) / max(1, accesses),
     )
     min_count = max(t.admission.min_count for t in cfg.features.tables)
     out(f"  samples            {report.samples}  (positive rate {report.positive_rate:.3f})")
@@ -209,7 +206,7 @@ def _stored_rows(redis_url: str, deployment: str) -> int:
         client.close()
 
 
-def _stream(cfg: KelpConfig, out: Printer, limit: int | None) -> DemoStream:
+def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> DemoStream:
     """Produce the sample into a real broker, train from it against a real Redis, report."""
     from kafka import KafkaProducer
     from kelp.consumers.produce import file_messages, produce
@@ -223,7 +220,7 @@ def _stream(cfg: KelpConfig, out: Printer, limit: int | None) -> DemoStream:
     except MissingBinaryError as exc:
         out(f"  real services unavailable ({exc})")
         out("  falling back to the embedded path: file source + in-memory store")
-        summary = _train(cfg, out, _count_rows(source.path, limit), registry)
+        summary = _train(cfg, out, samples if limit is None else min(samples, limit), registry)
         return DemoStream(summary, False, 0, None)
     with redis_srv, broker:
         out(f"  redis-server {redis_srv.url}   Tansu broker {broker.bootstrap}")
@@ -272,12 +269,6 @@ def _take_samples(messages: Iterator[tuple[bytes, int]], limit: int) -> Iterator
         yield value, n
 
 
-def _count_rows(path: Path, limit: int | None) -> int:
-    with path.open("rb") as fh:
-        rows = sum(1 for _ in fh)
-    return rows if limit is None else min(rows, limit)
-
-
 def run_demo(config_path: Path | None = None, out: Printer = print, limit: int | None = None) -> DemoReport:
     path = config_path or default_config_path()
     out(f"[1/3] config {path}")
@@ -289,7 +280,7 @@ def run_demo(config_path: Path | None = None, out: Printer = print, limit: int |
     out("[2/3] profile of the real Criteo sample")
     report = _profile(cfg, out)
     out("[3/3] stream: Criteo sample -> Tansu (Kafka protocol) -> micro-batches -> Redis store -> dlrm-small")
-    stream = _stream(cfg, out, limit)
+    stream = _stream(cfg, out, limit, report.samples)
     summary = stream.summary
     report.services_ran = stream.services_ran
     report.trained_samples = summary.samples

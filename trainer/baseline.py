@@ -32,7 +32,7 @@ from kelp.store.init import init_rows
 from kelp.trainer.embedding import BatchTensors
 from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.optim import RowWiseAdagrad, build_dense_optimizer
-from kelp.trainer.step import StageTimer, StepResult, forward_backward
+from kelp.trainer.step import StageTimer, StepResult, finish_step, forward_backward
 from torch import Tensor, nn
 
 __all__ = ["InMemoryBaseline", "InitFn", "PreparedBatch", "spec_init"]
@@ -41,6 +41,7 @@ InitFn = Callable[[str, np.ndarray], np.ndarray]
 """``(table, ids uint64[n]) -> float32[n, dim]``: deterministic initial rows (pass the store's to match).
 
 Rows must depend only on (table, id), never on call order."""
+
 
 def spec_init(spec: FeatureSpec, override: InitSpec | None = None) -> InitFn:
     """The store's own deterministic init (:func:`kelp.store.init.init_rows`) for every table of ``spec``.
@@ -174,13 +175,15 @@ class InMemoryBaseline:
                 table.weight.index_copy_(0, idx, new_rows)
                 table.state.index_copy_(0, idx, new_state)
         timer.lap("sparse_update")
-        logits_np = logits.to("cpu").numpy()
-        loss_value = float(loss)
-        if self.validator is not None:
-            self.validator.update(prepared.batch.labels, logits_np)
-        timer.lap("evaluate")
         self.steps += 1
-        return StepResult(loss=loss_value, logits=logits_np, updates={}, timings=timer.timings)
+        return finish_step(
+            timer,
+            validator=self.validator,
+            labels=prepared.batch.labels,
+            loss=loss,
+            logits=logits,
+            updates={},
+        )
 
     def step(self, batch: MicroBatch) -> StepResult:
         """``train(prepare(batch))``, with the preparation timed as ``to_device``."""

@@ -98,6 +98,28 @@ def forward_backward(model: nn.Module, bt: BatchTensors, rows: Mapping[str, Tens
     return loss.detach(), logits.detach()
 
 
+def finish_step(
+    timer: StageTimer,
+    *,
+    validator: ProgressiveValidator | None,
+    labels: np.ndarray,
+    loss: Tensor,
+    logits: Tensor,
+    updates: dict[str, SparseUpdate],
+) -> StepResult:
+    """The common end of every step: logits to the host, progressive eval, the result.
+
+    The logits are those of the forward pass *before* this step's update, so the
+    validator scores each batch before training on it.
+    """
+    logits_np = logits.to("cpu").numpy()
+    loss_value = float(loss)
+    if validator is not None:
+        validator.update(labels, logits_np)
+    timer.lap("evaluate")
+    return StepResult(loss=loss_value, logits=logits_np, updates=updates, timings=timer.timings)
+
+
 class TrainStep:
     """The trainer's compute core: model, dense optimizer, row-wise Adagrad and progressive eval.
 
@@ -165,10 +187,7 @@ class TrainStep:
         }
         timer.lap("sparse_update")
 
-        logits_np = logits.to("cpu").numpy()
-        loss_value = float(loss)
-        if self.validator is not None:
-            self.validator.update(batch.labels, logits_np)
-        timer.lap("evaluate")
         self.steps += 1
-        return StepResult(loss=loss_value, logits=logits_np, updates=updates, timings=timer.timings)
+        return finish_step(
+            timer, validator=self.validator, labels=batch.labels, loss=loss, logits=logits, updates=updates
+        )
