@@ -26,6 +26,9 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "kelp.daemon.commands.config_cmd",
     "kelp.daemon.commands.demo_cmd",
+    "kelp.daemon.commands.train_cmd",
+    "kelp.daemon.commands.serve_cmd",
+    "kelp.daemon.commands.probe_cmd",
     "kelp.daemon.commands.produce_cmd",
     "kelp.daemon.commands.store_cmd",
     "kelp.daemon.commands.bench_cmd",

@@ -1,0 +1,33 @@
+"""The publisher's Prometheus metrics (subsystem ``publisher``), in the trainer's registry.
+
+===================================================  ==============================================
+``kelp_publisher_snapshots_total``                   snapshots published, by result (ok, failed)
+``kelp_publisher_version``                           gauge: version of the last published snapshot
+``kelp_publisher_last_publish_timestamp_seconds``    gauge: unix time of the last published snapshot
+``kelp_publisher_snapshot_bytes``                    gauge: size of the last snapshot (weights + manifest)
+``kelp_publisher_publish_seconds``                   histogram: time to serialize and publish one snapshot
+===================================================  ==============================================
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from kelp.metrics import MetricFactory
+
+__all__ = ["PublisherMetrics"]
+
+
+class PublisherMetrics:
+    """Every publisher metric in one registry (one instance per publisher)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        m = MetricFactory("publisher", registry)
+        self.registry = m.registry
+        self.snapshots = m.counter("snapshots", "Dense snapshots published.", ["result"])
+        self.version = m.gauge("version", "Version of the last published snapshot.")
+        self.last_publish = m.gauge(
+            "last_publish_timestamp", "Unix time of the last published snapshot.", unit="seconds"
+        )
+        self.snapshot_bytes = m.gauge("snapshot", "Size of the last snapshot.", unit="bytes")
+        self.publish_seconds = m.histogram("publish_seconds", "Time to serialize and publish a snapshot.")

@@ -1,0 +1,89 @@
+"""The trainer daemon's Prometheus metrics (subsystem ``trainer``), against one registry.
+
+=================================================  ==================================================
+``kelp_trainer_steps_total``                       training steps finished (pushed and committed)
+``kelp_trainer_samples_total``                     samples trained
+``kelp_trainer_samples_per_second``                gauge: throughput over the last log interval
+``kelp_trainer_loss``                              gauge: mean BCE of the last step (before its update)
+``kelp_trainer_auc``                               gauge: progressive AUC, by window (window, cumulative)
+``kelp_trainer_logloss``                           gauge: progressive log loss, by window
+``kelp_trainer_stage_seconds``                     histogram: seconds per stage of a step, by stage
+``kelp_trainer_queue_depth``                       gauge: batches waiting, by queue (prefetch, push)
+``kelp_trainer_inflight_rows``                     gauge: rows in the in-flight overlay (pushed, unacked)
+``kelp_trainer_last_step_timestamp_seconds``       gauge: unix time of the last finished step
+``kelp_trainer_checkpoints_total``                 checkpoints written, by result (ok, failed)
+``kelp_trainer_last_checkpoint_timestamp_seconds`` gauge: unix time of the last checkpoint written
+``kelp_trainer_checkpoint_age_seconds``            gauge: seconds since that checkpoint (at scrape)
+``kelp_trainer_errors_total``                      retried or fatal errors, by stage and kind
+``kelp_trainer_ready``                             gauge: 1 while /readyz answers 200
+=================================================  ==================================================
+
+Stage labels: ``fetch`` (waiting for a micro-batch; decode is the consumer's
+``kelp_consumer_decode_seconds``), ``pull``, ``to_device``, ``forward_backward``,
+``dense_update``, ``sparse_update``, ``evaluate``, ``push``, ``commit``, ``checkpoint``, ``publish``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry
+
+from kelp.metrics import MetricFactory
+
+__all__ = ["STAGE_LABELS", "TrainerMetrics"]
+
+STAGE_LABELS: tuple[str, ...] = (
+    "fetch",
+    "pull",
+    "to_device",
+    "forward_backward",
+    "dense_update",
+    "sparse_update",
+    "evaluate",
+    "push",
+    "commit",
+    "checkpoint",
+    "publish",
+)
+
+
+class TrainerMetrics:
+    """Every trainer-daemon metric in one registry (one instance per daemon)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        m = MetricFactory("trainer", registry)
+        self.registry = m.registry
+        self.steps = m.counter("steps", "Training steps finished (pushed and committed).")
+        self.samples = m.counter("samples", "Samples trained.")
+        self.samples_per_second = m.gauge("samples_per_second", "Samples/s over the last log interval.")
+        self.loss = m.gauge("loss", "Mean BCE of the last step, before its update.")
+        self.auc = m.gauge("auc", "Progressive-validation AUC.", ["window"])
+        self.logloss = m.gauge("logloss", "Progressive-validation log loss.", ["window"])
+        self.stage_seconds = m.histogram("stage_seconds", "Seconds per stage of a training step.", ["stage"])
+        self.queue_depth = m.gauge("queue_depth", "Batches waiting in a pipeline queue.", ["queue"])
+        self.inflight_rows = m.gauge("inflight_rows", "Rows pushed but not yet acknowledged (overlay).")
+        self.last_step = m.gauge(
+            "last_step_timestamp", "Unix time of the last finished step.", unit="seconds"
+        )
+        self.checkpoints = m.counter("checkpoints", "Checkpoints written.", ["result"])
+        self.last_checkpoint = m.gauge(
+            "last_checkpoint_timestamp", "Unix time of the last checkpoint written.", unit="seconds"
+        )
+        self.checkpoint_age = m.gauge("checkpoint_age", "Seconds since the last checkpoint.", unit="seconds")
+        self.checkpoint_age.set_function(self._checkpoint_age)
+        self.errors = m.counter("errors", "Retried or fatal errors.", ["stage", "kind"])
+        self.ready = m.gauge("ready", "1 while the trainer is ready (/readyz answers 200).")
+        self._checkpoint_at: float | None = None
+
+    def observe_stages(self, timings: dict[str, float]) -> None:
+        for stage, seconds in timings.items():
+            self.stage_seconds.labels(stage=stage).observe(seconds)
+
+    def checkpoint_written(self, at: float | None = None) -> None:
+        self._checkpoint_at = time.time() if at is None else at
+        self.last_checkpoint.set(self._checkpoint_at)
+        self.checkpoints.labels(result="ok").inc()
+
+    def _checkpoint_age(self) -> float:
+        return float("nan") if self._checkpoint_at is None else time.time() - self._checkpoint_at
