@@ -486,7 +486,15 @@ class TrainerConfig(StrictModel):
     checkpoint_dir: Path = Field(Path("runs/checkpoints"), description="Dense checkpoints (safetensors).")
     checkpoint_every_steps: int = Field(500, ge=1)
     checkpoint_every_s: float = Field(60.0, gt=0)
-    prefetch_batches: int = Field(2, ge=0, le=16, description="Batches whose rows are pulled ahead.")
+    prefetch_batches: int = Field(
+        2, ge=0, le=16, description="Batches whose rows are pulled ahead; 0 = strictly sequential steps."
+    )
+    push_queue_batches: int = Field(
+        2, ge=1, le=16, description="Write-behind depth: trained batches whose pushes may still be in flight."
+    )
+    max_store_outage_s: float = Field(
+        60.0, gt=0, description="A store outage is retried this long, then the trainer exits non-zero."
+    )
     eval_window_batches: int = Field(50, ge=1, description="Window of the windowed progressive AUC.")
     log_every_s: float = Field(10.0, gt=0)
     drain_timeout_s: float = Field(
@@ -503,6 +511,7 @@ class TrainerConfig(StrictModel):
 
 
 class PublisherConfig(StrictModel):
+    enabled: bool = Field(True, description="Publish dense snapshots for serving (off: a trainer only).")
     channel: Literal["redis", "filesystem"] = "redis"
     interval_s: float = Field(5.0, gt=0, description="Seconds between dense snapshots.")
     keep_versions: int = Field(5, ge=1, description="Older snapshots are deleted.")

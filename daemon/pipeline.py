@@ -1,0 +1,291 @@
+"""The trainer's I/O pipeline around the compute step: prefetch in front, write-behind after.
+
+::
+
+    source ──poll──> [Prefetcher: pull rows] ──queue(prefetch_batches)──> main thread: ledger.apply,
+    TrainStep, ledger.record ──queue(push_queue_batches)──> [PushWriter: push, flush, commit, ack]
+
+* :class:`Prefetcher` polls the next micro-batch and pulls its unique ids'
+  rows while the current batch trains. ``depth=0`` does the same work inline
+  in :meth:`Prefetcher.next` (strictly sequential training).
+* :class:`PushWriter` pushes a trained batch's updates, makes them durable
+  (``store.flush()``: a no-op for write-through backends, the write-back of
+  the hot-row cache), and only then commits the batch's offsets. It
+  acknowledges steps in order to the :class:`~kelp.daemon.ledger.UpdateLedger`,
+  which keeps the prefetched rows exact.
+
+Both run store calls through an :class:`~kelp.daemon.outage.OutageGuard`.
+A worker thread that fails hands its exception to the main thread, which
+stops the process with it: no thread dies silently and nothing hangs.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kelp.config.schema import HotCacheConfig
+from kelp.consumers.base import Source
+from kelp.consumers.batch import MicroBatch
+from kelp.consumers.errors import SourceClosedError
+from kelp.daemon.ledger import UpdateLedger
+from kelp.daemon.outage import OutageGuard
+from kelp.store.base import EmbeddingStore, PullResult
+from kelp.trainer.metrics import TrainerMetrics
+from kelp.trainer.optim import SparseUpdate
+
+__all__ = ["END", "Prefetcher", "Prepared", "PushWriter"]
+
+log = logging.getLogger("kelp.train")
+_POLL_S = 0.2
+
+
+@dataclass
+class Prepared:
+    """A micro-batch with its rows pulled, waiting to train."""
+
+    batch: MicroBatch
+    pulled: dict[str, PullResult]
+    watermark: int
+    pull_s: float
+
+
+class _End:
+    def __repr__(self) -> str:
+        return "END"
+
+
+END = _End()
+"""The source is exhausted (file sources): train what is queued, then drain."""
+
+
+@dataclass
+class _Failed:
+    error: BaseException
+
+
+class Prefetcher:
+    """Polls micro-batches and pulls their rows ahead of training (``depth`` batches, 0 = inline)."""
+
+    def __init__(
+        self,
+        source: Source,
+        store: EmbeddingStore,
+        ledger: UpdateLedger,
+        *,
+        guard: OutageGuard,
+        metrics: TrainerMetrics,
+        depth: int,
+    ) -> None:
+        self.source = source
+        self.store = store
+        self.ledger = ledger
+        self.guard = guard
+        self.metrics = metrics
+        self.depth = depth
+        self._stop = threading.Event()
+        self._queue: queue.Queue[Prepared | _End | _Failed] = queue.Queue(maxsize=max(1, depth))
+        self._thread: threading.Thread | None = None
+        self._exhausted = False
+
+    def start(self) -> None:
+        if self.depth > 0:
+            self._thread = threading.Thread(target=self._run, name="kelp-prefetch", daemon=True)
+            self._thread.start()
+
+    def next(self, timeout_s: float) -> Prepared | _End | None:
+        """The next prepared batch, :data:`END`, or None after ``timeout_s``. Re-raises a worker failure."""
+        if self._thread is None:
+            if self._exhausted:
+                return END
+            got = self._prepare(timeout_s)
+            if got is END:
+                self._exhausted = True
+            return got
+        try:
+            item = self._queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        self.metrics.queue_depth.labels(queue="prefetch").set(self._queue.qsize())
+        if isinstance(item, _Failed):
+            raise item.error
+        if isinstance(item, _End):
+            self._queue.put(item)  # stays at the end for any later call
+        return item
+
+    def stop(self) -> None:
+        """Stop fetching; batches already prepared are dropped (not committed, so read again later)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _prepare(self, timeout_s: float) -> Prepared | _End | None:
+        try:
+            batch = self.source.poll(timeout_s=timeout_s)
+        except SourceClosedError:
+            return END
+        if batch is None:
+            return None
+        watermark = self.ledger.begin_pull()
+        started = time.perf_counter()
+        ids = {table: t.unique_ids for table, t in batch.tables.items()}
+        pulled = self.guard.call("pull", lambda: self.store.pull_many(ids))
+        pull_s = time.perf_counter() - started
+        self.metrics.stage_seconds.labels(stage="pull").observe(pull_s)
+        return Prepared(batch=batch, pulled=pulled, watermark=watermark, pull_s=pull_s)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                item = self._prepare(_POLL_S)
+                if item is None:
+                    continue
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=_POLL_S)
+                        break
+                    except queue.Full:
+                        continue
+                if item is END:
+                    return
+        except BaseException as exc:
+            self._queue.put(_Failed(exc))
+
+
+@dataclass
+class _Pending:
+    step: int
+    batch: MicroBatch
+    updates: Mapping[str, SparseUpdate]
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class PushWriter:
+    """Pushes, makes durable, commits, acknowledges; in order, on its own thread (``depth`` batches).
+
+    ``writeback`` is the hot-row cache's config when the store is wrapped in
+    one: pushes then land in the cache and become durable on the cache's
+    write-back, so offsets are committed after each :meth:`EmbeddingStore.flush`
+    this writer runs on the cache's own cadence, not after each push.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        store: EmbeddingStore,
+        ledger: UpdateLedger,
+        *,
+        guard: OutageGuard,
+        metrics: TrainerMetrics,
+        depth: int,
+        writeback: HotCacheConfig | None = None,
+        threaded: bool = True,
+    ) -> None:
+        self.source = source
+        self.store = store
+        self.ledger = ledger
+        self.guard = guard
+        self.metrics = metrics
+        self.writeback = writeback
+        self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._not_durable: list[_Pending] = []
+        self._last_flush = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._threaded = threaded
+        self.committed_step = ledger.acked
+
+    def start(self) -> None:
+        if self._threaded:
+            self._thread = threading.Thread(target=self._run, name="kelp-push", daemon=True)
+            self._thread.start()
+
+    def check(self) -> None:
+        """Re-raise a failure of the writer thread on the caller's thread."""
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, step: int, batch: MicroBatch, updates: Mapping[str, SparseUpdate]) -> None:
+        """Queue a trained step's updates; blocks while ``depth`` steps are already in flight."""
+        item = _Pending(step, batch, updates)
+        if self._thread is None:
+            self._write(item)
+            return
+        while True:
+            self.check()
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                break
+            except queue.Full:
+                continue
+        self.metrics.queue_depth.labels(queue="push").set(self._queue.qsize())
+
+    def drain(self, timeout_s: float) -> bool:
+        """Push, flush and commit everything submitted; False if that did not finish in ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        if self._thread is not None:
+            while True:
+                self.check()
+                try:
+                    self._queue.put(None, timeout=max(0.01, min(_POLL_S, deadline - time.monotonic())))
+                    break
+                except queue.Full:
+                    if time.monotonic() >= deadline:
+                        return False
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if self._thread.is_alive():
+                return False
+            self.check()
+        self._make_durable()
+        return True
+
+    # ------------------------------------------------------------------ the writer's work
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                self._write(item)
+                self.metrics.queue_depth.labels(queue="push").set(self._queue.qsize())
+        except BaseException as exc:
+            self._error = exc
+
+    def _write(self, item: _Pending) -> None:
+        started = time.perf_counter()
+        payload = {t: (u.ids, u.rows, u.state) for t, u in item.updates.items() if len(u.ids)}
+        if payload:
+            self.guard.call("push", lambda: self.store.push_many(payload))
+        self.metrics.stage_seconds.labels(stage="push").observe(time.perf_counter() - started)
+        self.ledger.acknowledge(item.step)  # readable by any pull that begins from now on
+        self.metrics.inflight_rows.set(self.ledger.rows())
+        self._not_durable.append(item)
+        if self._writeback_due():
+            self._make_durable()
+
+    def _writeback_due(self) -> bool:
+        if self.writeback is None:
+            return True
+        return (
+            len(self._not_durable) >= self.writeback.writeback_every_steps
+            or time.monotonic() - self._last_flush >= self.writeback.writeback_interval_s
+        )
+
+    def _make_durable(self) -> None:
+        """Flush the store, then commit every batch pushed so far (the only place offsets are committed)."""
+        if not self._not_durable:
+            return
+        if self.writeback is not None:
+            self.guard.call("push", self.store.flush)
+            self._last_flush = time.monotonic()
+        started = time.perf_counter()
+        ranges = [r for item in self._not_durable for r in item.batch.sources]
+        self.source.commit(ranges)
+        self.committed_step = self._not_durable[-1].step
+        self._not_durable.clear()
+        self.metrics.stage_seconds.labels(stage="commit").observe(time.perf_counter() - started)

@@ -1,0 +1,216 @@
+"""The trainer daemon in-process, on real Tansu and real redis-server: training, exactness, outages."""
+
+from __future__ import annotations
+
+import math
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import torch
+from kelp.config import KelpConfig
+from kelp.config.schema import StoreConfig
+from kelp.daemon.outage import StoreOutageError
+from kelp.daemon.train import TrainDaemon, TrainReport
+from kelp.harness import RedisServer, TansuBroker
+from kelp.store.factory import build_store
+
+from .conftest import CRITEO_ROWS, base_config, group_offsets, on_kafka, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+class Running:
+    """A daemon's ``run()`` on a thread, with its report or its exception."""
+
+    def __init__(self, daemon: TrainDaemon) -> None:
+        self.daemon = daemon
+        self.report: TrainReport | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.report = self.daemon.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self, timeout_s: float = 60) -> TrainReport:
+        self.daemon.request_stop("test")
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "daemon did not stop"
+        if self.error is not None:
+            raise self.error
+        assert self.report is not None
+        return self.report
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _stored_rows(url: str, deployment: str, table: str) -> dict[int, bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"k1:{deployment}:{table}:r:*", count=10_000))
+        values = client.mget(keys) if keys else []
+        return {int.from_bytes(k[-8:], "big"): v for k, v in zip(keys, values, strict=True)}
+    finally:
+        client.close()
+
+
+def _batch_ids_recorder() -> tuple[Callable[..., None], dict[str, list[np.ndarray]]]:
+    seen: dict[str, list[np.ndarray]] = {}
+
+    def on_step(_step: int, batch: Any, _result: Any) -> None:
+        for table, ids in batch.tables.items():
+            seen.setdefault(table, []).append(ids.unique_ids)
+
+    return on_step, seen
+
+
+def test_trains_from_kafka_into_redis_and_reports(
+    tmp_path: Path, tansu: TansuBroker, criteo_topic: str, redis_url: str
+) -> None:
+    cfg = on_kafka(base_config(tmp_path), tansu, criteo_topic, redis_url)
+    on_step, seen = _batch_ids_recorder()
+    daemon = TrainDaemon(cfg, on_step=on_step)
+    running = Running(daemon)
+    wait_for(lambda: daemon.report.samples >= CRITEO_ROWS, 120, "all samples trained")
+
+    port = cfg.metrics.port
+    assert _get(port, "/healthz")[0] == 200
+    assert _get(port, "/readyz") == (200, "ready\n")
+    status, metrics = _get(port, "/metrics")
+    assert status == 200
+    for name in ("kelp_trainer_steps_total", "kelp_consumer_samples_total", "kelp_store_rows_pulled_total"):
+        assert name in metrics
+    assert _get(port, "/nope")[0] == 404
+
+    report = running.stop()
+    assert report.samples == CRITEO_ROWS
+    assert report.stopped_by == "test"
+    quarter = max(1, len(report.losses) // 4)
+    assert np.mean(report.losses[-quarter:]) < np.mean(report.losses[:quarter])
+    assert math.isfinite(report.auc) and 0.0 < report.auc < 1.0
+    assert report.checkpoint is not None and Path(report.checkpoint).is_file()
+    # One sample per record from offset 0: the committed offsets add up to every record.
+    assert sum(group_offsets(tansu, cfg.kafka.group_id, criteo_topic)) == CRITEO_ROWS
+    assert set(report.stage_seconds) >= {"fetch", "pull", "forward_backward", "push", "commit"}
+
+    # min_count=2: an id is admitted (and gets a row) on its second batch, never on its first.
+    for table, parts in seen.items():
+        ids, counts = np.unique(np.concatenate(parts), return_counts=True)
+        assert set(_stored_rows(redis_url, cfg.deployment, table)) == set(ids[counts >= 2].tolist()), table
+
+
+def _file_config(tmp_path: Path, url: str, deployment: str, **trainer: Any) -> KelpConfig:
+    cfg = base_config(tmp_path / deployment, **trainer)
+    cfg.deployment = deployment
+    cfg.store = StoreConfig(backend="redis", urls=[url])
+    return cfg
+
+
+@pytest.mark.parametrize("hot_cache", [False, True], ids=["write-through", "hot-cache"])
+def test_prefetch_and_write_behind_lose_no_update(tmp_path: Path, redis_url: str, hot_cache: bool) -> None:
+    """Prefetched pulls miss the previous batch's push; the overlay makes them exact anyway."""
+    finals: dict[str, dict[str, dict[int, bytes]]] = {}
+    tables = [f"C{i}" for i in range(1, 27)]
+    for deployment, prefetch in (("sequential", 0), ("pipelined", 3)):
+        cfg = _file_config(tmp_path, redis_url, deployment, prefetch_batches=prefetch, push_queue_batches=3)
+        cfg.batching.batch_size = 128
+        cfg.metrics.enabled = False
+        if hot_cache:
+            cfg.store.hot_cache.enabled = True
+            cfg.store.hot_cache.writeback_every_steps = 4
+        torch.manual_seed(0)
+        daemon = TrainDaemon(cfg)
+        report = daemon.run()
+        assert report.samples == CRITEO_ROWS and report.stopped_by == "source exhausted"
+        if prefetch:
+            assert daemon.ledger.patched_rows > 0, "prefetch never overlapped a push: the test proves nothing"
+        finals[deployment] = {t: _stored_rows(redis_url, deployment, t) for t in tables}
+
+    for table in tables:
+        seq, pipe = finals["sequential"][table], finals["pipelined"][table]
+        assert seq.keys() == pipe.keys(), table
+        ids = np.array(sorted(seq), dtype=np.uint64)
+        with (
+            build_store(
+                StoreConfig(backend="redis", urls=[redis_url]), list(cfg.features.tables), "sequential"
+            ) as a,
+            build_store(
+                StoreConfig(backend="redis", urls=[redis_url]), list(cfg.features.tables), "pipelined"
+            ) as b,
+        ):
+            ra, rb = a.pull(table, ids, count=False), b.pull(table, ids, count=False)
+        np.testing.assert_allclose(ra.rows, rb.rows, rtol=1e-5, atol=1e-6, err_msg=table)
+        np.testing.assert_allclose(ra.state, rb.state, rtol=1e-5, atol=1e-6, err_msg=table)
+
+
+def test_store_outage_is_retried_without_committing(
+    tmp_path: Path, tansu: TansuBroker, criteo_topic: str
+) -> None:
+    with RedisServer(persistence=True) as server:
+        cfg = on_kafka(base_config(tmp_path, max_store_outage_s=60.0), tansu, criteo_topic, server.url)
+        cfg.batching.batch_size = 64
+        killed = threading.Event()
+
+        def kill_at_step_3(step: int, _batch: Any, _result: Any) -> None:
+            if step == 3 and not killed.is_set():
+                server.kill()
+                killed.set()
+
+        daemon = TrainDaemon(cfg, on_step=kill_at_step_3)
+        running = Running(daemon)
+        wait_for(killed.is_set, 120, "step 3")
+        wait_for(lambda: not daemon.readiness()[0], 10, "readiness to report the outage")
+        assert daemon.readiness() == (False, "store unavailable, retrying")
+        committed_during = group_offsets(tansu, cfg.kafka.group_id, criteo_topic)
+        steps_during = daemon.report.steps
+        threading.Event().wait(2.0)
+        assert group_offsets(tansu, cfg.kafka.group_id, criteo_topic) == committed_during
+        assert sum(committed_during) < CRITEO_ROWS
+        retried = daemon.registry.get_sample_value(
+            "kelp_trainer_errors_total", {"stage": "push", "kind": "retried"}
+        ) or daemon.registry.get_sample_value(
+            "kelp_trainer_errors_total", {"stage": "pull", "kind": "retried"}
+        )
+        assert retried and retried > 0
+
+        server.restart()
+        wait_for(lambda: daemon.report.samples >= CRITEO_ROWS, 120, "training to finish after the outage")
+        assert daemon.report.steps > steps_during
+        wait_for(lambda: daemon.readiness()[0], 10, "readiness to recover")
+        running.stop()
+        assert sum(group_offsets(tansu, cfg.kafka.group_id, criteo_topic)) == CRITEO_ROWS
+
+
+def test_store_down_past_the_budget_is_fatal_not_a_hang(tmp_path: Path) -> None:
+    with RedisServer() as server:
+        cfg = _file_config(tmp_path, server.url, "fatal", max_store_outage_s=1.0)
+        cfg.store.retry.attempts = 1
+        cfg.store.socket_timeout_s = 0.5
+        cfg.store.connect_timeout_s = 0.5
+        cfg.batching.batch_size = 64
+
+        def kill_at_step_2(step: int, _batch: Any, _result: Any) -> None:
+            if step == 2:
+                server.kill()
+
+        daemon = TrainDaemon(cfg, on_step=kill_at_step_2)
+        with pytest.raises(StoreOutageError, match=r"store unreachable for .*max_store_outage_s=1\b"):
+            daemon.run()
+        assert daemon.readiness()[0] is False
+        assert daemon.registry.get_sample_value("kelp_trainer_ready") == 0
