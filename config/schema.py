@@ -492,6 +492,13 @@ class TrainerConfig(StrictModel):
     push_queue_batches: int = Field(
         2, ge=1, le=16, description="Write-behind depth: trained batches whose pushes may still be in flight."
     )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Intra-op threads for CPU training. Default: one core fewer than the machine has when "
+        "prefetching (the prefetch and push threads need a core), else all.",
+    )
     max_store_outage_s: float = Field(
         60.0, gt=0, description="A store outage is retried this long, then the trainer exits non-zero."
     )

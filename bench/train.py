@@ -1,0 +1,192 @@
+"""``kelp bench train``: the whole trainer daemon on criteo-synth vs the in-memory baseline.
+
+Starts its own Tansu broker and redis-server, produces criteo-synth
+(columnar messages of 256 samples), then measures in the same run:
+
+* **stream**: :class:`~kelp.daemon.train.TrainDaemon` exactly as ``kelp train``
+  runs it (Kafka source -> prefetch pulls from Redis -> dlrm-small step ->
+  write-behind push -> offset commit), from its first trained batch until the
+  drain has pushed, flushed and committed everything; once with the default
+  write-through store (the headline ``ratio``) and once with the hot-row
+  cache (``hotcache_ratio``, ``hot_cache_hit_rate``);
+* **baseline**: :class:`~kelp.trainer.baseline.InMemoryBaseline`, the same
+  model and optimizers with every embedding in one in-memory table, on the
+  very batches the stream trained (kept as decoded), in the same process.
+
+The first batch of each side is a warm-up and is not timed. Stage seconds of
+both sides are reported, so the gap is explained rather than asserted.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from kelp.bench.runner import progress
+from kelp.config import KelpConfig, load_config
+from kelp.config.schema import KafkaConfig, StoreConfig
+from kelp.consumers.batch import MicroBatch
+from kelp.consumers.produce import produce, synth_messages
+from kelp.daemon.train import TrainDaemon
+from kelp.harness import RedisServer, TansuBroker
+from kelp.trainer import InMemoryBaseline, ProgressiveValidator, build_model, resolve_device
+from prometheus_client import CollectorRegistry
+
+__all__ = ["run"]
+
+PER_MESSAGE = 256
+BATCH = 4096
+SEED = 0
+
+
+def _example() -> Path:
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "examples" / "criteo-synth.yaml"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("examples/criteo-synth.yaml")
+
+
+def _config(bootstrap: str, topic: str, redis_url: str, workdir: Path, hot_cache: bool) -> KelpConfig:
+    cfg = load_config(_example())
+    cfg.kafka = KafkaConfig(
+        bootstrap_servers=[bootstrap],
+        topics=[topic],
+        group_id=f"bench-train-{uuid.uuid4().hex[:8]}",
+        dead_letter_topic=None,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        max_poll_interval_ms=5000,
+        max_poll_records=8192,
+        max_message_bytes=4_194_304,
+        max_partition_fetch_bytes=8_388_608,
+        incremental_fetch_sessions=False,
+    )
+    cfg.deployment = f"bench-{uuid.uuid4().hex[:6]}"
+    cfg.store = StoreConfig(backend="redis", urls=[redis_url])
+    cfg.store.hot_cache.enabled = hot_cache
+    cfg.store.hot_cache.capacity_rows = 200_000
+    cfg.batching.batch_size = BATCH
+    cfg.trainer.device = "auto"
+    cfg.trainer.checkpoint_dir = workdir / "checkpoints"
+    cfg.trainer.checkpoint_every_steps = 10_000
+    cfg.trainer.log_every_s = 5.0
+    cfg.publisher.enabled = False
+    cfg.metrics.enabled = False
+    return cfg
+
+
+def _stream(cfg: KelpConfig, samples: int) -> tuple[dict[str, Any], list[MicroBatch]]:
+    registry = CollectorRegistry()
+    batches: list[MicroBatch] = []
+    first_done: list[float] = []
+
+    def on_step(step: int, batch: MicroBatch, _result: Any) -> None:
+        batches.append(batch)
+        if len(batches) == 1:
+            first_done.append(time.perf_counter())
+        if sum(b.size for b in batches) >= samples:
+            daemon.request_stop("all samples trained")
+
+    torch.manual_seed(SEED)
+    daemon = TrainDaemon(cfg, registry=registry, on_step=on_step)
+    report = daemon.run()
+    ended = time.perf_counter()
+    timed = sum(b.size for b in batches[1:])
+    elapsed = ended - first_done[0]
+    hit_rate = registry.get_sample_value("kelp_store_hot_cache_hit_rate_ratio")
+    return {
+        "samples_per_s": timed / elapsed,
+        "steps": report.steps,
+        "samples": report.samples,
+        "auc": report.auc,
+        "hot_cache_hit_rate": hit_rate,
+        "stage_seconds": {k: round(v, 3) for k, v in report.stage_seconds.items()},
+        "overlay_patched_rows": daemon.ledger.patched_rows,
+    }, batches
+
+
+def _baseline(cfg: KelpConfig, batches: list[MicroBatch]) -> dict[str, Any]:
+    device = resolve_device(cfg.trainer.device)
+    torch.manual_seed(SEED)
+    baseline = InMemoryBaseline(
+        build_model(cfg.features, cfg.trainer),
+        cfg.features,
+        cfg.trainer,
+        device,
+        validator=ProgressiveValidator(cfg.trainer.eval_window_batches),
+        initial_capacity=1 << 17,
+    )
+    baseline.step(batches[0])  # warm-up, as on the stream side
+    stages: dict[str, float] = {}
+    started = time.perf_counter()
+    for batch in batches[1:]:
+        result = baseline.step(batch)
+        for stage, seconds in result.timings.items():
+            stages[stage] = stages.get(stage, 0.0) + seconds
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - started
+    assert baseline.validator is not None
+    return {
+        "samples_per_s": sum(b.size for b in batches[1:]) / elapsed,
+        "auc": baseline.validator.cumulative().auc,
+        "stage_seconds": {k: round(v, 3) for k, v in stages.items()},
+    }
+
+
+def _unique_id_ratio(batches: list[MicroBatch]) -> float:
+    ratios = [sum(t.unique_ids.size for t in b.tables.values()) / max(1, b.num_ids()) for b in batches]
+    return sum(ratios) / max(1, len(ratios))
+
+
+def run(quick: bool) -> dict[str, Any]:
+    samples = (20 if quick else 120) * BATCH
+    out: dict[str, Any] = {
+        "workload": "criteo-synth (synthetic)",
+        "model": "dlrm-small",
+        "batch_size": BATCH,
+        "device": str(resolve_device("auto")),
+        "torch_threads": torch.get_num_threads(),
+    }
+    progress("starting tansu and redis-server")
+    with TansuBroker() as broker, RedisServer() as redis_srv, tempfile.TemporaryDirectory() as tmp:
+        # The default config (write-through) is the headline; the hot-row cache variant reports its hit rate.
+        variants = (("", False), ("hotcache_", True))
+        for label, hot in variants:
+            topic = f"train-{uuid.uuid4().hex[:6]}"
+            broker.create_topic(topic, 2)
+            progress(f"producing {samples:,} criteo-synth samples to {topic}")
+            summary = produce(
+                {"bootstrap_servers": [broker.bootstrap]},
+                topic,
+                synth_messages(samples, PER_MESSAGE, seed=SEED),
+                quiet=True,
+            )
+            progress(f"produced {summary.records:,} samples in {summary.seconds:.1f}s")
+            cfg = _config(broker.bootstrap, topic, redis_srv.url, Path(tmp) / topic, hot_cache=hot)
+            progress(f"stream: kelp train on {topic} (hot cache {'on' if hot else 'off'})")
+            stream, batches = _stream(cfg, samples)
+            progress(f"stream: {stream['samples_per_s']:,.0f} samples/s over {stream['steps']} steps")
+            out[f"{label}stream_samples_per_s"] = round(stream["samples_per_s"], 1)
+            out[f"{label}stream_stage_seconds"] = stream["stage_seconds"]
+            out[f"{label}stream_auc"] = round(stream["auc"], 4)
+            out[f"{label}overlay_patched_rows"] = stream["overlay_patched_rows"]
+            if hot:
+                out["hot_cache_hit_rate"] = round(stream["hot_cache_hit_rate"] or 0.0, 4)
+            if not label:
+                progress("baseline: in-memory tables on the same batches")
+                base = _baseline(cfg, batches)
+                progress(f"baseline: {base['samples_per_s']:,.0f} samples/s")
+                out["inmemory_samples_per_s"] = round(base["samples_per_s"], 1)
+                out["inmemory_stage_seconds"] = base["stage_seconds"]
+                out["inmemory_auc"] = round(base["auc"], 4)
+                out["unique_id_ratio"] = round(_unique_id_ratio(batches), 4)
+                out["batches"] = len(batches)
+            ratio = out[f"{label}stream_samples_per_s"] / out["inmemory_samples_per_s"]
+            out[f"{label}ratio"] = round(ratio, 3)
+    return out
