@@ -21,7 +21,6 @@ source, in-memory store); it never fakes a service.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,49 +139,51 @@ def _stream_config(cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str |
 
 
 def _train(cfg: KelpConfig, out: Printer, expected_samples: int, registry: CollectorRegistry) -> TrainSummary:
-    """Consume micro-batches, pull rows, train, push, commit: the trainer's loop without its daemon."""
-    from kelp.consumers import build_source
-    from kelp.consumers.errors import SourceClosedError
-    from kelp.store import build_store
-    from kelp.trainer import ProgressiveValidator, TrainStep, build_model, resolve_device
+    """Run the ``kelp train`` daemon on the stream until every sample is trained, then drain it."""
+    import tempfile
+    import threading
 
-    device = resolve_device(cfg.trainer.device)
-    validator = ProgressiveValidator(window_batches=8)
-    step = TrainStep(
-        build_model(cfg.features, cfg.trainer), cfg.features, cfg.trainer, device, validator=validator
-    )
+    from kelp.daemon.train import TrainDaemon
+
+    cfg = cfg.model_copy(deep=True)
+    workdir = Path(tempfile.mkdtemp(prefix="kelp-demo-"))
+    cfg.trainer.checkpoint_dir = workdir / "checkpoints"  # a fresh model each demo
+    cfg.trainer.eval_window_batches = 8
+    cfg.trainer.log_every_s = 3600.0  # the demo prints its own progress lines
+    cfg.publisher.enabled = False
     summary = TrainSummary()
-    started = time.perf_counter()
-    with (
-        build_source(cfg, registry) as source,
-        build_store(cfg.store, cfg.features.tables, cfg.deployment, registry) as store,
-    ):
-        idle_since = time.monotonic()
-        while summary.samples < expected_samples and time.monotonic() - idle_since < 20:
-            try:
-                batch = source.poll(timeout_s=0.5)
-            except SourceClosedError:
-                break
-            if batch is None:
-                continue
-            idle_since = time.monotonic()
-            pulled = store.pull_many({t: ids.unique_ids for t, ids in batch.tables.items()})
-            result = step(batch, pulled)
-            store.push_many(result.updates)
-            store.flush()
-            source.commit(batch)  # only after the store acknowledged every push of this batch
-            summary.steps += 1
-            summary.samples += batch.size
-            summary.losses.append(result.loss)
-            if summary.steps % 6 == 0:
-                window, total = validator.windowed(), validator.cumulative()
-                out(
-                    f"  step {summary.steps:>3}  samples {summary.samples:>5}  loss {result.loss:.4f}  "
-                    f"AUC window {window.auc:.3f}  cumulative {total.auc:.3f}"
-                )
-        summary.seconds = time.perf_counter() - started
-        summary.auc = validator.cumulative().auc
-        summary.stats = store.stats()
+
+    def on_step(step: int, batch: Any, result: Any) -> None:
+        summary.steps, summary.samples = step, summary.samples + batch.size
+        summary.losses.append(result.loss)
+        if step % 6 == 0:
+            window, total = daemon.validator.windowed(), daemon.validator.cumulative()
+            out(
+                f"  step {step:>3}  samples {summary.samples:>5}  loss {result.loss:.4f}  "
+                f"AUC window {window.auc:.3f}  cumulative {total.auc:.3f}"
+            )
+        if summary.samples >= expected_samples:
+            daemon.request_stop("every sample trained")
+
+    daemon = TrainDaemon(cfg, registry=registry, http=False, on_step=on_step)
+
+    def watchdog() -> None:  # a demo never hangs: stop when the stream goes quiet
+        seen = -1
+        while not stopped.wait(20.0):
+            if summary.samples == seen:
+                daemon.request_stop("stream idle for 20s")
+                return
+            seen = summary.samples
+
+    stopped = threading.Event()
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        report = daemon.run()
+    finally:
+        stopped.set()
+    summary.seconds = report.seconds
+    summary.auc = report.auc
+    summary.checkpoint = report.checkpoint
     return summary
 
 
@@ -193,7 +194,7 @@ class TrainSummary:
     seconds: float = 0.0
     auc: float = float("nan")
     losses: list[float] = field(default_factory=list)
-    stats: Any = None
+    checkpoint: str | None = None
 
 
 def _stored_rows(redis_url: str, deployment: str) -> int:
@@ -298,6 +299,6 @@ def run_demo(config_path: Path | None = None, out: Printer = print, limit: int |
             f"(admission min_count keeps one-off ids out)"
         )
     out(
-        "demo finished. Not built yet: the kelp train daemon (checkpoints, drain), publishing and kelp serve."
+        "demo finished."
     )
     return report
