@@ -7,6 +7,8 @@
 # libraries; the node needs only the NVIDIA driver and container toolkit. To
 # use a CUDA base image instead, also pass --build-arg PYTHON_IMAGE=<image with
 # Python 3.11>. The entrypoint is `kelp`: `docker run kelp:cpu train --config ...`.
+# The image holds no Kafka broker and no redis-server (those are test and demo
+# tools); it talks to the cluster's Kafka and Redis. helm/kelp deploys it.
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
@@ -28,6 +30,8 @@ COPY trainer/ trainer/
 COPY daemon/ daemon/
 COPY harness/ harness/
 COPY bench/ bench/
+COPY publish/ publish/
+COPY serving/ serving/
 RUN pip install --no-cache-dir . \
     && kelp --version
 

@@ -1,0 +1,205 @@
+{{/*
+Names. Kubernetes names are DNS labels (63 characters); the longest suffix
+the chart appends is "-trainer" / "-serving" / "-dashboard".
+*/}}
+{{- define "kelp.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kelp.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kelp.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels. Call with (dict "root" $ "component" "trainer"); component may be "".
+*/}}
+{{- define "kelp.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kelp.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "kelp.labels" -}}
+helm.sh/chart: {{ include "kelp.chart" .root }}
+{{ include "kelp.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: kelp
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "kelp.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kelp.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image reference. Call with (dict "root" $ "override" .Values.trainer.image).
+*/}}
+{{- define "kelp.image" -}}
+{{- $img := .root.Values.image }}
+{{- $repo := default $img.repository .override.repository }}
+{{- $tag := default (default .root.Chart.AppVersion $img.tag) .override.tag }}
+{{- if and $img.digest (not .override.repository) (not .override.tag) }}
+{{- printf "%s@%s" $repo $img.digest }}
+{{- else }}
+{{- printf "%s:%s" $repo $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "kelp.configPath" -}}/etc/kelp/kelp.yaml{{- end }}
+{{- define "kelp.storeTlsDir" -}}/etc/kelp/tls/store{{- end }}
+{{- define "kelp.kafkaTlsDir" -}}/etc/kelp/tls/kafka{{- end }}
+
+{{- define "kelp.servingPort" -}}
+{{- (.Values.config.serving | default dict).port | default 8080 }}
+{{- end }}
+
+{{- define "kelp.metricsPort" -}}
+{{- (.Values.config.metrics | default dict).port | default 9400 }}
+{{- end }}
+
+{{/*
+Cross-field rules that values.schema.json cannot express well. Each message
+names the value to change.
+*/}}
+{{- define "kelp.validate" -}}
+{{- $cfg := .Values.config }}
+{{- $store := $cfg.store | default dict }}
+{{- if $store.password }}
+{{- fail "config.store.password must not be set: config is rendered into a ConfigMap. Put the password in a Secret and set secrets.store.password.existingSecret (and .key)." }}
+{{- end }}
+{{- $sec := ($cfg.kafka | default dict).security | default dict }}
+{{- if or $sec.sasl_password $sec.ssl_password }}
+{{- fail "config.kafka.security.sasl_password / ssl_password must not be set: config is rendered into a ConfigMap. Use secrets.kafka.saslPassword / secrets.kafka.sslKeyPassword (existingSecret, key)." }}
+{{- end }}
+{{- if and (has ($sec.sasl_mechanism | default "") (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512")) (not .Values.secrets.kafka.saslPassword.existingSecret) }}
+{{- fail (printf "config.kafka.security.sasl_mechanism %s needs a password: set secrets.kafka.saslPassword.existingSecret (and .key) and config.kafka.security.sasl_username." $sec.sasl_mechanism) }}
+{{- end }}
+{{- $kafkaTls := .Values.secrets.kafka.tls }}
+{{- if and (or $kafkaTls.ca.existingSecret $kafkaTls.cert.existingSecret) (not (has ($sec.protocol | default "PLAINTEXT") (list "SSL" "SASL_SSL"))) }}
+{{- fail "secrets.kafka.tls is set but config.kafka.security.protocol is not SSL or SASL_SSL." }}
+{{- end }}
+{{- range $what, $tls := dict "secrets.store.tls" .Values.secrets.store.tls "secrets.kafka.tls" .Values.secrets.kafka.tls }}
+{{- if ne (empty $tls.cert.existingSecret) (empty $tls.key.existingSecret) }}
+{{- fail (printf "%s: set both cert and key (client certificate and its private key), or neither." $what) }}
+{{- end }}
+{{- end }}
+{{- $hpa := .Values.serving.autoscaling }}
+{{- if and $hpa.enabled (gt (int $hpa.minReplicas) (int $hpa.maxReplicas)) }}
+{{- fail (printf "serving.autoscaling.minReplicas (%d) must not exceed maxReplicas (%d)." (int $hpa.minReplicas) (int $hpa.maxReplicas)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Kelp config file: .Values.config plus the fields the chart owns (paths
+that must match the mounts below).
+*/}}
+{{- define "kelp.config" -}}
+{{- include "kelp.validate" . }}
+{{- $cfg := deepCopy .Values.config }}
+{{- if not $cfg.trainer }}{{- $_ := set $cfg "trainer" dict }}{{- end }}
+{{- $_ := set $cfg.trainer "checkpoint_dir" .Values.trainer.checkpoints.mountPath }}
+{{- $storeTls := .Values.secrets.store.tls }}
+{{- if or $storeTls.ca.existingSecret $storeTls.cert.existingSecret }}
+{{- if not $cfg.store.tls }}{{- $_ := set $cfg.store "tls" dict }}{{- end }}
+{{- $_ := set $cfg.store.tls "enabled" true }}
+{{- if $storeTls.ca.existingSecret }}
+{{- $_ := set $cfg.store.tls "ca_file" (printf "%s/ca.crt" (include "kelp.storeTlsDir" .)) }}
+{{- end }}
+{{- if $storeTls.cert.existingSecret }}
+{{- $_ := set $cfg.store.tls "cert_file" (printf "%s/tls.crt" (include "kelp.storeTlsDir" .)) }}
+{{- $_ := set $cfg.store.tls "key_file" (printf "%s/tls.key" (include "kelp.storeTlsDir" .)) }}
+{{- end }}
+{{- end }}
+{{- $kafkaTls := .Values.secrets.kafka.tls }}
+{{- if and $cfg.kafka (or $kafkaTls.ca.existingSecret $kafkaTls.cert.existingSecret) }}
+{{- if not $cfg.kafka.security }}{{- $_ := set $cfg.kafka "security" dict }}{{- end }}
+{{- if $kafkaTls.ca.existingSecret }}
+{{- $_ := set $cfg.kafka.security "ssl_cafile" (printf "%s/ca.crt" (include "kelp.kafkaTlsDir" .)) }}
+{{- end }}
+{{- if $kafkaTls.cert.existingSecret }}
+{{- $_ := set $cfg.kafka.security "ssl_certfile" (printf "%s/tls.crt" (include "kelp.kafkaTlsDir" .)) }}
+{{- $_ := set $cfg.kafka.security "ssl_keyfile" (printf "%s/tls.key" (include "kelp.kafkaTlsDir" .)) }}
+{{- end }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+Secrets as KELP_... config overrides (config/loader.py). Every process loads
+the whole config, and KafkaSecurity requires the SASL password whenever a
+PLAIN/SCRAM mechanism is configured, so every Kelp container gets the same set.
+*/}}
+{{- define "kelp.env" -}}
+- name: XDG_CACHE_HOME
+  value: /tmp/.cache
+{{- $refs := list
+  (list "KELP_STORE__PASSWORD" .Values.secrets.store.password)
+  (list "KELP_KAFKA__SECURITY__SASL_PASSWORD" .Values.secrets.kafka.saslPassword)
+  (list "KELP_KAFKA__SECURITY__SSL_PASSWORD" .Values.secrets.kafka.sslKeyPassword) }}
+{{- range $refs }}
+{{- $ref := index . 1 }}
+{{- if $ref.existingSecret }}
+- name: {{ index . 0 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ref.existingSecret | quote }}
+      key: {{ $ref.key | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+TLS files from existing Secrets, projected into one directory per service.
+Call with (dict "tls" .Values.secrets.store.tls "name" "store-tls").
+*/}}
+{{- define "kelp.tlsVolume" -}}
+{{- if or .tls.ca.existingSecret .tls.cert.existingSecret -}}
+- name: {{ .name }}
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- range $file, $ref := dict "ca.crt" .tls.ca "tls.crt" .tls.cert "tls.key" .tls.key }}
+      {{- if $ref.existingSecret }}
+      - secret:
+          name: {{ $ref.existingSecret | quote }}
+          items:
+            - key: {{ $ref.key | quote }}
+              path: {{ $file }}
+      {{- end }}
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kelp.hasStoreTls" -}}
+{{- if or .Values.secrets.store.tls.ca.existingSecret .Values.secrets.store.tls.cert.existingSecret }}true{{ end }}
+{{- end }}
+
+{{- define "kelp.hasKafkaTls" -}}
+{{- if or .Values.secrets.kafka.tls.ca.existingSecret .Values.secrets.kafka.tls.cert.existingSecret }}true{{ end }}
+{{- end }}
+
+{{- define "kelp.checksumConfig" -}}
+checksum/config: {{ include "kelp.config" . | sha256sum }}
+{{- end }}

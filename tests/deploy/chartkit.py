@@ -1,0 +1,58 @@
+"""Helpers shared by the deployment tests (imported by conftest and the test modules)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = ROOT / "helm" / "kelp"
+PRODUCTION_VALUES = CHART_DIR / "ci" / "production-values.yaml"
+MONITORING_DIR = ROOT / "monitoring"
+DASHBOARD = MONITORING_DIR / "grafana" / "kelp-dashboard.json"
+ALERTS = MONITORING_DIR / "prometheus" / "kelp-alerts.yaml"
+ALERT_TESTS = MONITORING_DIR / "prometheus" / "kelp-alerts.test.yaml"
+RELEASE = "kelp"
+NAMESPACE = "ml"
+K8S_VERSION = "1.30.0"
+
+Manifest = dict[str, Any]
+# A function that renders the chart with some values (the `render` fixture).
+Render = Callable[[dict[str, Any]], list[Manifest]]
+
+
+def load_values(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert isinstance(data, dict), f"{path}: expected a mapping"
+    return data
+
+
+def parse_rendered(rendered: dict[str, str]) -> list[Manifest]:
+    """Every non-empty YAML document of every rendered template (NOTES.txt excluded)."""
+    docs: list[Manifest] = []
+    for name, text in sorted(rendered.items()):
+        if name.endswith("NOTES.txt"):
+            continue
+        docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return docs
+
+
+def find(docs: list[Manifest], kind: str, suffix: str = "") -> Manifest:
+    """The one object of ``kind`` whose name ends with ``suffix``."""
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    names = [d["metadata"]["name"] for d in found]
+    assert len(found) == 1, f"expected one {kind} named *{suffix}, got {names}"
+    return found[0]
+
+
+def pod_spec(obj: Manifest) -> dict[str, Any]:
+    return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+
+
+VALUE_SETS: dict[str, Callable[[], dict[str, Any]]] = {
+    "default": dict,
+    "production": lambda: load_values(PRODUCTION_VALUES),
+}

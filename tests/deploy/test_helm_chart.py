@@ -1,0 +1,455 @@
+"""The Helm chart lints, renders valid Kubernetes 1.30 objects and a config Kelp accepts.
+
+Rendering uses Helm's own library (``helm_python``): ``helm.lint`` is
+``helm lint --strict``, ``Chart.render`` is ``helm template`` including the
+``values.schema.json`` check that ``helm install`` runs. Objects are validated
+against the Kubernetes 1.30 OpenAPI schemas in strict mode (unknown fields
+are errors) with ``kubernetes_validate``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from chartkit import (
+    ALERTS,
+    CHART_DIR,
+    DASHBOARD,
+    K8S_VERSION,
+    NAMESPACE,
+    PRODUCTION_VALUES,
+    ROOT,
+    VALUE_SETS,
+    Manifest,
+    Render,
+    find,
+    load_values,
+    parse_rendered,
+    pod_spec,
+)
+from kelp.config.loader import parse_config
+
+# Custom resources of the Prometheus Operator: no upstream Kubernetes schema, checked separately.
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def _kelp_containers(docs: list[Manifest]) -> list[tuple[Manifest, dict[str, Any]]]:
+    return [
+        (doc, container)
+        for doc in docs
+        if doc["kind"] in {"StatefulSet", "Deployment", "Pod"}
+        for container in pod_spec(doc)["containers"]
+    ]
+
+
+def _fake_secret_env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment, with every Secret reference replaced by a placeholder."""
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = str(var["value"])
+        else:
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = f"secret:{ref['name']}/{ref['key']}"
+    return env
+
+
+# ------------------------------------------------------------------ lint and schema
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_helm_lint_strict(name: str) -> None:
+    report = helm.lint(CHART_DIR, VALUE_SETS[name](), strict=True, kube_version=f"v{K8S_VERSION}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # 2 = warning, 3 = error
+    assert report["errors"] == [] and problems == [], json.dumps(report, indent=2)
+
+
+def test_values_schema_config_part_is_generated_from_kelp_config() -> None:
+    sys.path.insert(0, str(ROOT / "helm" / "tools"))
+    try:
+        import values_schema
+    finally:
+        sys.path.pop(0)
+    committed = json.loads((CHART_DIR / "values.schema.json").read_text(encoding="utf-8"))
+    assert values_schema.render(committed) == committed, (
+        "helm/kelp/values.schema.json is out of date with config/schema.py: "
+        "run `.venv/bin/python helm/tools/values_schema.py`"
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"trainer": {"replicas": -1}}, "at '/trainer/replicas': minimum: got -1, want 0"),
+        ({"serving": {"replicas": -2}}, "at '/serving/replicas': minimum"),
+        (
+            {"config": {"store": {"backend": "cassandra"}}},
+            "at '/config/store/backend': value must be one of 'redis', 'redis-cluster'",
+        ),
+        ({"config": {"store": {"backend": "memory"}}}, "at '/config/store/backend'"),
+        ({"config": {"store": {"urls": []}}}, "at '/config/store/urls'"),
+        ({"config": {"trainer": {"modle": "dcn-v2"}}}, "at '/config/trainer': additional properties 'modle'"),
+        ({"config": {"trainer": {"model": "gpt"}}}, "at '/config/trainer/model'"),
+        ({"config": {"store": {"password": "hunter2"}}}, "at '/config/store/password'"),
+        ({"config": {"kafka": {"max_poll_records": 0}}}, "at '/config/kafka/max_poll_records'"),
+        ({"config": {"publisher": {"channel": "filesystem"}}}, "at '/config/publisher/channel'"),
+        ({"trainer": {"gpu": "one"}}, "at '/trainer/gpu'"),
+        ({"serving": {"replica": 3}}, "at '/serving': additional properties 'replica'"),
+        (
+            {"monitoring": {"serviceMonitor": {"interval": "30 seconds"}}},
+            "at '/monitoring/serviceMonitor/interval'",
+        ),
+    ],
+)
+def test_invalid_values_are_rejected_by_the_schema(
+    chart: helm.Chart, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm.HelmValuesError) as excinfo:
+        chart.render(values, name="kelp", namespace=NAMESPACE, is_install=True)
+    assert message in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"config": {"kafka": {"security": {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"}}}},
+            "needs a password: set secrets.kafka.saslPassword.existingSecret",
+        ),
+        (
+            {"secrets": {"kafka": {"tls": {"ca": {"existingSecret": "cluster-ca", "key": "ca.crt"}}}}},
+            "config.kafka.security.protocol is not SSL or SASL_SSL",
+        ),
+        (
+            {"secrets": {"store": {"tls": {"cert": {"existingSecret": "client", "key": "tls.crt"}}}}},
+            "secrets.store.tls: set both cert and key",
+        ),
+        (
+            {"serving": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}},
+            "minReplicas (5) must not exceed maxReplicas (2)",
+        ),
+    ],
+)
+def test_cross_field_mistakes_fail_with_a_message(
+    chart: helm.Chart, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm.HelmRenderError) as excinfo:
+        chart.render(values, name="kelp", namespace=NAMESPACE, is_install=True)
+    assert message in str(excinfo.value)
+
+
+# ------------------------------------------------------------------ rendered objects
+
+
+def test_rendered_objects_are_valid_kubernetes_1_30(manifests: list[Manifest]) -> None:
+    errors = []
+    for doc in manifests:
+        if doc["kind"] in OPERATOR_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            errors.append(f"{doc['kind']}/{doc['metadata']['name']}: {where}: {exc.message}")
+    assert errors == []
+
+
+def test_default_and_production_render_the_expected_objects(
+    manifests: list[Manifest], value_set: tuple[str, dict[str, Any]]
+) -> None:
+    kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in manifests)
+    expected = [
+        "ConfigMap/kelp-config",
+        "ConfigMap/kelp-dashboard",
+        "Deployment/kelp-serving",
+        "PodDisruptionBudget/kelp-serving",
+        "Pod/kelp-probe",
+        "Service/kelp-serving",
+        "Service/kelp-trainer",
+        "ServiceAccount/kelp",
+        "StatefulSet/kelp-trainer",
+    ]
+    if value_set[0] == "production":
+        expected += [
+            "HorizontalPodAutoscaler/kelp-serving",
+            "PrometheusRule/kelp",
+            "ServiceMonitor/kelp",
+        ]
+    assert kinds == sorted(expected)
+
+
+def test_every_object_has_the_standard_labels(manifests: list[Manifest]) -> None:
+    required = {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/version",
+        "app.kubernetes.io/managed-by",
+        "helm.sh/chart",
+    }
+    for doc in manifests:
+        labels = doc["metadata"].get("labels", {})
+        assert required <= set(labels), f"{doc['kind']}/{doc['metadata']['name']}: {sorted(labels)}"
+        if doc["kind"] in {"StatefulSet", "Deployment"}:
+            template = doc["spec"]["template"]["metadata"]["labels"]
+            assert doc["spec"]["selector"]["matchLabels"].items() <= template.items()
+
+
+def test_rendered_config_is_accepted_by_kelp(manifests: list[Manifest]) -> None:
+    """Each container's view: the ConfigMap plus its KELP_... env overrides, through Kelp's own loader."""
+    config_map = find(manifests, "ConfigMap", "-config")
+    data = yaml.safe_load(config_map["data"]["kelp.yaml"])
+    for doc, container in _kelp_containers(manifests):
+        cfg = parse_config(data, f"{doc['kind']}/{doc['metadata']['name']}", _fake_secret_env(container))
+        assert cfg.store.backend in {"redis", "redis-cluster"}
+        assert cfg.source.kind == "kafka"
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["config"] == "/etc/kelp" and container["args"][-2:] != ["--config", ""]
+        assert "/etc/kelp/kelp.yaml" in container["args"]
+
+
+def test_no_secret_lands_in_the_config_map(production_manifests: list[Manifest]) -> None:
+    def keys(node: object) -> set[str]:
+        if isinstance(node, dict):
+            return set(node) | {k for v in node.values() for k in keys(v)}
+        if isinstance(node, list):
+            return {k for v in node for k in keys(v)}
+        return set()
+
+    config = yaml.safe_load(find(production_manifests, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    assert config["kafka"]["security"]["sasl_mechanism"] == "SCRAM-SHA-512"  # a password is in use...
+    assert not {k for k in keys(config) if "password" in k}  # ...and comes from the env, not the file
+
+
+def test_secrets_become_kelp_env_overrides(production_manifests: list[Manifest]) -> None:
+    values = load_values(PRODUCTION_VALUES)["secrets"]
+    for _doc, container in _kelp_containers(production_manifests):
+        refs = {
+            var["name"]: var["valueFrom"]["secretKeyRef"] for var in container["env"] if "valueFrom" in var
+        }
+        assert refs["KELP_STORE__PASSWORD"] == {
+            "name": values["store"]["password"]["existingSecret"],
+            "key": values["store"]["password"]["key"],
+        }
+        assert refs["KELP_KAFKA__SECURITY__SASL_PASSWORD"] == {
+            "name": values["kafka"]["saslPassword"]["existingSecret"],
+            "key": values["kafka"]["saslPassword"]["key"],
+        }
+
+
+def test_tls_files_are_mounted_where_the_config_points(production_manifests: list[Manifest]) -> None:
+    cfg = yaml.safe_load(find(production_manifests, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    assert cfg["store"]["tls"]["enabled"] is True
+    trainer = find(production_manifests, "StatefulSet", "-trainer")
+    spec = pod_spec(trainer)
+    container = spec["containers"][0]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for path in (cfg["store"]["tls"]["ca_file"], cfg["kafka"]["security"]["ssl_cafile"]):
+        mount = next(m for m in container["volumeMounts"] if str(Path(path).parent) == m["mountPath"])
+        projected = [
+            item["path"]
+            for source in volumes[mount["name"]]["projected"]["sources"]
+            for item in source["secret"]["items"]
+        ]
+        assert Path(path).name in projected
+
+
+def test_probes_use_the_real_endpoints_and_ports(manifests: list[Manifest]) -> None:
+    cfg = yaml.safe_load(find(manifests, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    expected = {
+        "trainer": ("metrics", cfg["metrics"]["port"]),
+        "serving": ("http", cfg["serving"]["port"]),
+    }
+    for component, (port_name, port) in expected.items():
+        workload = find(manifests, "StatefulSet" if component == "trainer" else "Deployment", f"-{component}")
+        container = pod_spec(workload)["containers"][0]
+        assert container["args"][0] == ("train" if component == "trainer" else "serve")
+        assert {"name": port_name, "containerPort": port, "protocol": "TCP"} in container["ports"]
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port_name}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port_name}
+        assert container["startupProbe"]["httpGet"]["port"] == port_name
+        service = find(manifests, "Service", f"-{component}")
+        assert (
+            service["spec"]["selector"].items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+        )
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == [port_name]
+
+
+@pytest.mark.parametrize(("drain", "margin", "grace"), [(30, 15, 45), (60, 15, 75), (12.5, 5, 18)])
+def test_trainer_grace_period_covers_the_drain(render: Render, drain: float, margin: int, grace: int) -> None:
+    docs = render(
+        {
+            "config": {"trainer": {"drain_timeout_s": drain}},
+            "trainer": {"terminationGraceMarginSeconds": margin},
+        }
+    )
+    trainer = find(docs, "StatefulSet", "-trainer")
+    assert pod_spec(trainer)["terminationGracePeriodSeconds"] == grace == math.ceil(drain) + margin
+
+
+def test_trainer_replicas_share_one_consumer_group(render: Render) -> None:
+    docs = render({"trainer": {"replicas": 3}})
+    trainer = find(docs, "StatefulSet", "-trainer")
+    assert trainer["spec"]["replicas"] == 3
+    cfg = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    assert cfg["kafka"]["group_id"] == "kelp-trainer"
+
+
+def test_checkpoints_on_emptydir_by_default_and_pvc_in_production(
+    manifests: list[Manifest], value_set: tuple[str, dict[str, Any]]
+) -> None:
+    trainer = find(manifests, "StatefulSet", "-trainer")
+    cfg = yaml.safe_load(find(manifests, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    container = pod_spec(trainer)["containers"][0]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "checkpoints")
+    assert mount["mountPath"] == cfg["trainer"]["checkpoint_dir"]
+    volumes = {v["name"]: v for v in pod_spec(trainer)["volumes"]}
+    if value_set[0] == "production":
+        assert "checkpoints" not in volumes
+        (claim,) = trainer["spec"]["volumeClaimTemplates"]
+        assert claim["metadata"]["name"] == "checkpoints"
+        assert claim["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    else:
+        assert "emptyDir" in volumes["checkpoints"]
+        assert "volumeClaimTemplates" not in trainer["spec"]
+
+
+def test_gpu_trainer_requests_nvidia_gpus(production_manifests: list[Manifest]) -> None:
+    trainer = find(production_manifests, "StatefulSet", "-trainer")
+    container = pod_spec(trainer)["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["image"].endswith(":0.1.0-cu126")
+    serving = pod_spec(find(production_manifests, "Deployment", "-serving"))["containers"][0]
+    assert "nvidia.com/gpu" not in serving["resources"].get("limits", {})
+
+
+def test_hpa_owns_serving_replicas_when_enabled(production_manifests: list[Manifest]) -> None:
+    deployment = find(production_manifests, "Deployment", "-serving")
+    hpa = find(production_manifests, "HorizontalPodAutoscaler", "-serving")
+    assert "replicas" not in deployment["spec"]
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    pdb = find(production_manifests, "PodDisruptionBudget", "-serving")
+    assert pdb["spec"] == {
+        "minAvailable": 2,
+        "selector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
+    }
+
+
+def test_pods_run_non_root_with_read_only_root_filesystem(manifests: list[Manifest]) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "USER 10001:10001" in dockerfile
+    for doc, container in _kelp_containers(manifests):
+        spec = pod_spec(doc)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] == 10001
+        assert spec["automountServiceAccountToken"] is False
+        sc = container["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+        assert "/tmp" in writable, f"{doc['metadata']['name']}: no writable /tmp"
+
+
+def test_helm_test_hook_probes_the_serving_service(manifests: list[Manifest]) -> None:
+    pod = find(manifests, "Pod", "-probe")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    service = find(manifests, "Service", "-serving")
+    (port,) = service["spec"]["ports"]
+    url = f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{port['port']}"
+    (container,) = pod["spec"]["containers"]
+    assert container["args"] == ["probe", "--config", "/etc/kelp/kelp.yaml", "--url", url]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert (
+        volumes["config"]["configMap"]["name"] == find(manifests, "ConfigMap", "-config")["metadata"]["name"]
+    )
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_config_change_rolls_the_pods(render: Render) -> None:
+    def checksums(docs: list[Manifest]) -> list[str]:
+        return [
+            find(docs, kind, suffix)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            for kind, suffix in (("StatefulSet", "-trainer"), ("Deployment", "-serving"))
+        ]
+
+    before = checksums(render({}))
+    after = checksums(render({"config": {"batching": {"batch_size": 1024}}}))
+    assert before[0] == before[1] and after[0] == after[1] and before != after
+
+
+# ------------------------------------------------------------------ monitoring objects
+
+
+def test_service_monitor_scrapes_trainer_and_serving(production_manifests: list[Manifest]) -> None:
+    monitor = find(production_manifests, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    selector = monitor["spec"]["selector"]
+    scraped = {}
+    for service in (d for d in production_manifests if d["kind"] == "Service"):
+        labels = service["metadata"]["labels"]
+        if selector["matchLabels"].items() <= labels.items() and all(
+            labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"]
+        ):
+            scraped[labels["app.kubernetes.io/component"]] = {p["name"] for p in service["spec"]["ports"]}
+    assert set(scraped) == {"trainer", "serving"}
+    endpoint_ports = {e["port"] for e in monitor["spec"]["endpoints"]}
+    assert endpoint_ports == scraped["trainer"] | scraped["serving"]
+    assert all(e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+
+
+def test_prometheus_rule_carries_the_alert_file(production_manifests: list[Manifest]) -> None:
+    rule = find(production_manifests, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
+
+
+def test_dashboard_config_map_carries_the_dashboard(manifests: list[Manifest]) -> None:
+    dashboard = find(manifests, "ConfigMap", "-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["kelp-dashboard.json"]) == json.loads(DASHBOARD.read_text())
+
+
+@pytest.mark.parametrize(
+    ("source", "packaged"),
+    [(DASHBOARD, "files/kelp-dashboard.json"), (ALERTS, "files/kelp-alerts.yaml")],
+)
+def test_chart_files_are_copies_of_monitoring_sources(source: Path, packaged: str) -> None:
+    """monitoring/ is the source of truth; the chart packages byte-identical copies (no symlinks)."""
+    copy = CHART_DIR / packaged
+    assert not copy.is_symlink(), f"{copy} must be a regular file: helm packages drop symlinks"
+    assert copy.read_bytes() == source.read_bytes(), (
+        f"{copy.relative_to(ROOT)} differs from {source.relative_to(ROOT)}: "
+        f"run `cp {source.relative_to(ROOT)} {copy.relative_to(ROOT)}`"
+    )
+
+
+def test_helm_lint_reports_invalid_values() -> None:
+    report = helm.lint(CHART_DIR, {"config": {"store": {"backend": "cassandra"}}}, strict=True)
+    assert any("/config/store/backend" in error for error in report["errors"]), report
+
+
+def test_packaged_chart_renders_the_same(tmp_path: Path, production_manifests: list[Manifest]) -> None:
+    """`helm package` output (what users install) carries the monitoring files and leaves out ci/."""
+    archive = helm.package(CHART_DIR, destination=tmp_path)
+    with helm.Chart.load(archive) as packaged:
+        names = {f["name"] for f in packaged.files}
+        assert {"files/kelp-dashboard.json", "files/kelp-alerts.yaml"} <= names
+        assert not any(name.startswith("ci/") for name in names)
+        rendered = packaged.render(
+            load_values(PRODUCTION_VALUES), name="kelp", namespace=NAMESPACE, is_install=True
+        )
+    assert parse_rendered(rendered) == production_manifests

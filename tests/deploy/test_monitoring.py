@@ -1,0 +1,183 @@
+"""The alert rules and the Grafana dashboard are valid PromQL over metrics Kelp really exports.
+
+promtool (Debian package ``prometheus``) checks and unit-tests the rules and
+parses every dashboard expression; the metric names are cross-checked against
+one registry holding every Kelp metric family.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chartkit import ALERT_TESTS, ALERTS, DASHBOARD
+from kelp.consumers.metrics import ConsumerMetrics
+from kelp.publish.metrics import PublisherMetrics
+from kelp.serving.metrics import ServingMetrics
+from kelp.store.metrics import StoreMetrics
+from kelp.trainer.metrics import TrainerMetrics
+from prometheus_client import CollectorRegistry
+
+from kelp.metrics import registered_names
+
+# Grafana's variables, replaced by values PromQL accepts before parsing.
+GRAFANA_SUBSTITUTIONS = {
+    "$__rate_interval": "5m",
+    "$__interval": "1m",
+    "$__range": "1h",
+    "$namespace": ".*",
+}
+# Names a Prometheus server adds itself; not Kelp's to export.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+_METRIC = re.compile(r"\bkelp_[a-z0-9_]+\b")
+
+
+def _promtool(promtool: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool, *map(str, args)], capture_output=True, text=True, check=False, timeout=60
+    )
+
+
+def _dashboard_exprs() -> list[tuple[str, str]]:
+    """(panel title, expr) for every query target, nested rows included."""
+    found: list[tuple[str, str]] = []
+
+    def walk(panels: list[dict[str, Any]]) -> None:
+        for panel in panels:
+            for target in panel.get("targets", []):
+                found.append((panel["title"], target["expr"]))
+            walk(panel.get("panels", []))
+
+    walk(json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"])
+    return found
+
+
+def _alert_exprs() -> list[tuple[str, str]]:
+    groups = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
+    return [
+        (rule.get("alert") or rule["record"], rule["expr"]) for group in groups for rule in group["rules"]
+    ]
+
+
+def _grafana_to_promql(expr: str) -> str:
+    for variable, value in GRAFANA_SUBSTITUTIONS.items():
+        expr = expr.replace(variable, value)
+    assert "$" not in expr, f"unknown Grafana variable in {expr!r}"
+    return expr
+
+
+def _metric_names(expr: str) -> set[str]:
+    """Kelp metric names in a PromQL expression (string literals, i.e. label values, skipped)."""
+    return set(_METRIC.findall(_STRING.sub('""', expr)))
+
+
+def _exposed_names() -> set[str]:
+    """Every series name Kelp's registries expose, per family type, whether or not it has samples yet."""
+    registry = CollectorRegistry()
+    for metrics in (ConsumerMetrics, StoreMetrics, TrainerMetrics, PublisherMetrics, ServingMetrics):
+        metrics(registry)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    families = list(registry.collect())
+    names = {family.name + suffix for family in families for suffix in suffixes[family.type]}
+    # registered_names() lists family names (a counter's without "_total") plus only the samples that
+    # exist so far (none for a labelled metric never used), so it is not the set of queryable names.
+    # The samples it does list must all be in ours.
+    samples = registered_names(registry) - {f.name for f in families}
+    assert {n for n in samples if not n.endswith("_created")} <= names
+    return names
+
+
+# ------------------------------------------------------------------ alert rules
+
+
+def test_promtool_check_rules(promtool: str) -> None:
+    result = _promtool(promtool, "check", "rules", ALERTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_rule_unit_tests(promtool: str) -> None:
+    result = _promtool(promtool, "test", "rules", ALERT_TESTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_unit_test() -> None:
+    alerts = {name for name, _ in _alert_exprs()}
+    tested = {
+        case["alertname"]
+        for test in yaml.safe_load(ALERT_TESTS.read_text(encoding="utf-8"))["tests"]
+        for case in test.get("alert_rule_test", [])
+    }
+    assert alerts == tested
+    required = {
+        "KelpTrainerStalled",
+        "KelpConsumerLagGrowing",
+        "KelpServingModelTooOld",
+        "KelpServingErrorRate",
+        "KelpStoreErrors",
+        "KelpAUCDrop",
+    }
+    assert required <= alerts
+
+
+# ------------------------------------------------------------------ dashboard
+
+
+def test_every_dashboard_expression_parses(promtool: str, tmp_path: Path) -> None:
+    exprs = _dashboard_exprs()
+    assert len(exprs) >= 40
+    rules = [
+        {"record": f"kelp:dashboard_panel_{i}", "expr": _grafana_to_promql(expr)}
+        for i, (_title, expr) in enumerate(exprs)
+    ]
+    path = tmp_path / "dashboard-exprs.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}), encoding="utf-8")
+    result = _promtool(promtool, "check", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+def test_dashboard_panels_have_unique_ids_and_the_datasource_variable() -> None:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace"} <= variables
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+# ------------------------------------------------------------------ names
+
+
+@pytest.mark.parametrize("source", ["dashboard", "alerts"])
+def test_every_metric_name_is_exported_by_kelp(source: str) -> None:
+    exprs = _dashboard_exprs() if source == "dashboard" else _alert_exprs()
+    exposed = _exposed_names()
+    unknown = {}
+    for where, expr in exprs:
+        names = _metric_names(expr)
+        assert names, f"{where}: no Kelp metric in {expr!r}"
+        missing = sorted(names - exposed)
+        if missing:
+            unknown[where] = missing
+    assert unknown == {}
+
+
+def test_dashboard_covers_every_subsystem() -> None:
+    used = {name for _, expr in _dashboard_exprs() for name in _metric_names(expr)}
+    for prefix in ("kelp_consumer_", "kelp_store_", "kelp_trainer_", "kelp_publisher_", "kelp_serving_"):
+        assert any(name.startswith(prefix) for name in used), prefix
+
+
+def test_name_extraction_ignores_label_values() -> None:
+    assert _metric_names('rate(kelp_a_total{x="kelp_not_a_metric"}[5m]) / kelp_b') == {
+        "kelp_a_total",
+        "kelp_b",
+    }
