@@ -1,0 +1,54 @@
+"""Publishing dense model snapshots from trainers to serving replicas.
+
+The trainer calls :func:`build_publisher` once and ``maybe_publish`` after each
+step; replicas read the same channel (:func:`build_channel`). Modules:
+
+* :mod:`~kelp.publish.snapshot`: the snapshot format (safetensors + JSON manifest, checksum);
+* :mod:`~kelp.publish.base`: the channel interface;
+* :mod:`~kelp.publish.redis_channel`, :mod:`~kelp.publish.fs_channel`: the two channels;
+* :mod:`~kelp.publish.publisher`: the interval/force logic and metrics;
+* :mod:`~kelp.publish.errors`: the error tree (channel failures, rejected snapshots).
+
+Sparse rows are never published: serving reads the store the trainer writes.
+"""
+
+from kelp.publish.base import SnapshotChannel, Subscription
+from kelp.publish.errors import (
+    REJECT_REASONS,
+    ChannelError,
+    ChannelUnavailableError,
+    SnapshotError,
+    SnapshotMissingError,
+    SnapshotRejectedError,
+)
+from kelp.publish.metrics import PublisherMetrics
+from kelp.publish.publisher import Publisher, build_channel, build_publisher
+from kelp.publish.snapshot import (
+    SNAPSHOT_FORMAT_VERSION,
+    Snapshot,
+    SnapshotManifest,
+    build_snapshot,
+    load_model,
+    verify_snapshot,
+)
+
+__all__ = [
+    "REJECT_REASONS",
+    "SNAPSHOT_FORMAT_VERSION",
+    "ChannelError",
+    "ChannelUnavailableError",
+    "Publisher",
+    "PublisherMetrics",
+    "Snapshot",
+    "SnapshotChannel",
+    "SnapshotError",
+    "SnapshotManifest",
+    "SnapshotMissingError",
+    "SnapshotRejectedError",
+    "Subscription",
+    "build_channel",
+    "build_publisher",
+    "build_snapshot",
+    "load_model",
+    "verify_snapshot",
+]

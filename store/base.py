@@ -52,11 +52,15 @@ class PullResult:
       where nothing is stored).
     * ``admitted``: bool[n]. True where the id has (or, admission off, may get) a
       stored row, i.e. where a push will be kept.
+    * ``updated_s``: uint32[n] or None. The stored row's last-update time (unix
+      seconds, the row codec's field); 0 where nothing is stored. Serving reads it
+      to report embedding freshness; None only from a backend that cannot tell.
     """
 
     rows: np.ndarray
     state: np.ndarray
     admitted: np.ndarray
+    updated_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -201,6 +201,25 @@ def check_stats_and_errors(make_store: MakeStore) -> None:
             raise AssertionError("expected UnknownTableError")
 
 
+def check_updated_s(make_store: MakeStore) -> None:
+    """``updated_s``: each stored row's last update (unix s, for serving freshness); 0 where none."""
+    import time
+
+    with make_store([TableSpec(name="t", dim=2)]) as store:
+        ids = np.arange(10, dtype=np.uint64)
+        before = int(time.time())
+        store.push("t", ids[:6], *_rows(6, 2))
+        after = int(time.time())
+        got = store.pull("t", ids, count=False)
+        assert got.updated_s is not None, "backends must report updated_s"
+        assert got.updated_s.dtype == np.uint32 and got.updated_s.shape == (10,)
+        stored = got.updated_s[:6].astype(np.int64)
+        assert ((stored >= before - 1) & (stored <= after + 1)).all(), (before, after, stored)
+        assert (got.updated_s[6:] == 0).all()
+        again = store.pull("t", ids, count=False)  # a cache in front of the store must keep the times
+        np.testing.assert_array_equal(again.updated_s, got.updated_s)
+
+
 ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_push_then_pull_roundtrip,
     check_large_ids_and_batches,
@@ -215,4 +234,5 @@ ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_empty_batch,
     check_overwrite_last_writer_wins,
     check_stats_and_errors,
+    check_updated_s,
 ]

@@ -45,6 +45,7 @@ class _Slots:
         self.state = torch.zeros(cap, dtype=torch.float32, device=device)
         self.ids = np.zeros(cap, dtype=np.uint64)
         self.loaded = np.zeros(cap, dtype=np.float64)
+        self.updated_s = np.zeros(cap, dtype=np.uint32)  # unix seconds of the row's last update
         self.hits = np.zeros(cap, dtype=np.uint32)
         self.dirty = np.zeros(cap, dtype=bool)
         self.live = np.zeros(cap, dtype=bool)
@@ -150,25 +151,30 @@ class HotRowCache(EmbeddingStore):
                 rows = np.empty((len(ids), t.dim), dtype=np.float32)
                 state = np.empty(len(ids), dtype=np.float32)
                 admitted = np.ones(len(ids), dtype=bool)
+                updated_s = np.zeros(len(ids), dtype=np.uint32)
                 hs = slots[cached]
                 if len(hs):
                     idx = torch.from_numpy(hs).to(self.device)
                     rows[cached] = c.rows[idx].cpu().numpy()
                     state[cached] = c.state[idx].cpu().numpy()
+                    updated_s[cached] = c.updated_s[hs]
                     c.hits[hs] += 1
                 if name in fetched:
                     f = fetched[name]
                     miss = ~cached
                     rows[miss], state[miss], admitted[miss] = f.rows, f.state, f.admitted
+                    f_updated = f.updated_s if f.updated_s is not None else np.zeros(len(f), np.uint32)
+                    updated_s[miss] = f_updated
                     self._insert(
                         name,
                         need[name][f.admitted],
                         f.rows[f.admitted],
                         f.state[f.admitted],
+                        f_updated[f.admitted],
                         now=now,
                         protect=hs,
                     )
-                out[name] = PullResult(rows, state, admitted)
+                out[name] = PullResult(rows, state, admitted, updated_s)
             self._update_gauges()
             return out
 
@@ -178,6 +184,7 @@ class HotRowCache(EmbeddingStore):
         ids: np.ndarray,
         rows: np.ndarray,
         state: np.ndarray,
+        updated_s: np.ndarray,
         *,
         now: float,
         protect: np.ndarray,
@@ -186,7 +193,7 @@ class HotRowCache(EmbeddingStore):
         if len(ids) == 0:
             return
         if len(ids) > c.cap:
-            ids, rows, state = ids[: c.cap], rows[: c.cap], state[: c.cap]
+            ids, rows, state, updated_s = ids[: c.cap], rows[: c.cap], state[: c.cap], updated_s[: c.cap]
         free = c.free_slots()
         if len(free) < len(ids):
             live = np.flatnonzero(c.live)
@@ -203,6 +210,7 @@ class HotRowCache(EmbeddingStore):
         c.rows[idx] = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device)
         c.state[idx] = torch.from_numpy(np.ascontiguousarray(state)).to(self.device)
         c.loaded[slots] = now
+        c.updated_s[slots] = updated_s
         c.hits[slots] = 0
         c.dirty[slots] = False
         c.live[slots] = True
@@ -221,6 +229,7 @@ class HotRowCache(EmbeddingStore):
                     idx = torch.from_numpy(cs).to(self.device)
                     c.rows[idx] = torch.from_numpy(rows[cached]).to(self.device)
                     c.state[idx] = torch.from_numpy(state[cached]).to(self.device)
+                    c.updated_s[cs] = np.uint32(time.time())
                     c.dirty[cs] = True
                 if (~cached).any():
                     passthrough[name] = (ids[~cached], rows[~cached], state[~cached])

@@ -243,6 +243,8 @@ class MemoryStore(EmbeddingStore):
         state = np.full(n, t.initial_state, dtype=np.float32)
         rows[present] = arena.rows[ps]
         state[present] = arena.state[ps]
+        updated_s = np.zeros(n, dtype=np.uint32)
+        updated_s[present] = arena.updated[ps].astype(np.uint32)
         admitted = present.copy()
         missing = np.flatnonzero(~present)
         if count:
@@ -265,6 +267,7 @@ class MemoryStore(EmbeddingStore):
                 q = np.flatnonzero(qualify)
                 self._make_room(arena, len(q), now, protect=ps)
                 new_slots = arena.insert(mids[q], init[q], t.initial_state, 1, now)  # type: ignore[index]
+                updated_s[missing[q]] = np.uint32(now)
                 if policy.counts:
                     arena.drop_counters(mids[q])
                 self.metrics.admissions.labels(table=t.name).inc(len(q))
@@ -279,7 +282,7 @@ class MemoryStore(EmbeddingStore):
             if count:
                 self.metrics.rejections.labels(table=t.name).inc(int((~qualify).sum()))
         self.metrics.rows_pulled.labels(table=t.name).inc(n)
-        return PullResult(rows, state, admitted)
+        return PullResult(rows, state, admitted, updated_s)
 
     def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         started = time.perf_counter()

@@ -217,7 +217,7 @@ class _RedisBase(EmbeddingStore):
             n = len(ids)
             if len(order) > 1 or (order and not np.array_equal(order[0], np.arange(n))):
                 where = np.concatenate(order)
-                for field_name in ("present", "rows", "state"):
+                for field_name in ("present", "rows", "state", "updated_s"):
                     arr = getattr(decoded, field_name)
                     unsorted = np.empty_like(arr)
                     unsorted[where] = arr
@@ -228,7 +228,7 @@ class _RedisBase(EmbeddingStore):
             admitted = present.copy()
             missing = np.flatnonzero(~present)
             self._account_pull(t, n, len(missing))
-            result = PullResult(rows, state, admitted)
+            result = PullResult(rows, state, admitted, decoded.updated_s)
             out[name] = result
             if len(missing) == 0:
                 continue
@@ -290,7 +290,8 @@ class _RedisBase(EmbeddingStore):
         """Store init rows for newly admitted ids (SET NX: a concurrent admission or a newer row wins)."""
         aids = ids[pos]
         init = t.init_rows(aids)
-        values = t.codec.encode(init, np.full(len(aids), t.initial_state, np.float32), 0, int(time.time()))
+        now = int(time.time())
+        values = t.codec.encode(init, np.full(len(aids), t.initial_state, np.float32), 0, now)
         layout = self.layouts[t.name]
         plan = _Plan()
         px = self._px(t)
@@ -306,6 +307,8 @@ class _RedisBase(EmbeddingStore):
         result.rows[pos] = init
         result.state[pos] = t.initial_state
         result.admitted[pos] = True
+        if result.updated_s is not None:
+            result.updated_s[pos] = now
         self.metrics.admissions.labels(table=t.name).inc(len(pos))
 
     @staticmethod

@@ -1,0 +1,329 @@
+"""``kelp bench serve``: closed-loop HTTP load on a real replica while the model is hot-swapped.
+
+Set-up (all started here, on loopback, stopped afterwards):
+
+* a real ``redis-server`` (the harness), holding criteo-synth rows (dim 16,
+  26 tables) for every id the requests use;
+* ``kelp serve`` as a separate process (uvicorn, 1 worker, torch 1 thread),
+  reading the same Redis, subscribed to the Redis snapshot channel;
+* this process publishes ``dlrm-small`` snapshots: one before the run, then a
+  new version every ``duration / (SWAPS + 1)`` seconds during it (>= 5 swaps).
+
+Load: ``CONCURRENCY`` client threads, each with one keep-alive connection,
+send ``POST /v1/score/candidates`` back to back (closed loop). A request is
+one user (I1..I13 dense, C1..C13) plus 100 candidates (C14..C26 each), drawn
+from criteo-synth (synthetic; Zipf ids), so one request reads ~1,300 unique
+rows from 26 tables. Latency is measured at the client, from send to parsed
+response. ``errors`` counts non-200 answers and transport failures.
+
+Floor, same run, same Redis, same requests: a raw pipelined ``MGET`` of the
+request's unique row keys decoded with ``numpy.frombuffer``, plus the bare
+``dlrm-small`` forward on the pooled tensors, in-process (no HTTP, no JSON, no
+validation). ``floor_p50_ms`` is its median; ``p50_ms / floor_p50_ms`` is what
+the HTTP layer, validation and Kelp's store path cost on top.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+import yaml
+from kelp.bench.runner import progress
+from kelp.config.schema import KelpConfig
+from kelp.consumers.synth import DENSE_NAMES, SPARSE_NAMES, CriteoSynth, criteo_feature_spec
+from kelp.harness import RedisServer, free_port
+from kelp.publish import build_publisher
+from kelp.store import build_store
+from kelp.store.keys import KeyLayout
+from kelp.trainer import build_model
+from prometheus_client import CollectorRegistry
+
+__all__ = ["run"]
+
+CONCURRENCY = 2  # closed-loop clients: the documented load (see docs/serving.md)
+CANDIDATES = 100
+USER_FEATURES = SPARSE_NAMES[:13]
+ITEM_FEATURES = SPARSE_NAMES[13:]
+POOL = 64  # distinct requests, cycled
+SWAPS = 6
+DEPLOYMENT = "bench-serve"
+
+
+def _requests(n: int) -> list[dict[str, Any]]:
+    synth = CriteoSynth(seed=0)
+    out = []
+    for _ in range(n):
+        user = synth.batch(1)
+        items = synth.batch(CANDIDATES)
+        out.append(
+            {
+                "user": {
+                    "dense": dict(zip(DENSE_NAMES, user.dense[0].tolist(), strict=True)),
+                    "sparse": {f: int(user.sparse[0, i]) for i, f in enumerate(USER_FEATURES)},
+                },
+                "candidates": [
+                    {"sparse": {f: int(items.sparse[k, 13 + i]) for i, f in enumerate(ITEM_FEATURES)}}
+                    for k in range(CANDIDATES)
+                ],
+            }
+        )
+    return out
+
+
+def _unique_ids(req: dict[str, Any]) -> dict[str, np.ndarray]:
+    ids = {f: np.array([v], np.uint64) for f, v in req["user"]["sparse"].items()}
+    for f in ITEM_FEATURES:
+        ids[f] = np.unique(np.array([c["sparse"][f] for c in req["candidates"]], np.uint64))
+    return ids
+
+
+def _config(redis_url: str, port: int, workdir: Path) -> KelpConfig:
+    data = {
+        "deployment": DEPLOYMENT,
+        "source": {"kind": "file", "file": {"path": str(workdir / "unused.msgpack"), "format": "msgpack"}},
+        "features": criteo_feature_spec().model_dump(mode="json"),
+        "store": {"backend": "redis", "urls": [redis_url]},
+        "trainer": {"device": "cpu"},
+        "publisher": {"interval_s": 1.0, "keep_versions": 3},
+        "serving": {"host": "127.0.0.1", "port": port, "poll_interval_s": 5.0},
+    }
+    return KelpConfig.model_validate(data)
+
+
+def _prefill(cfg: KelpConfig, requests: list[dict[str, Any]]) -> int:
+    ids: dict[str, set[int]] = {}
+    for req in requests:
+        for table, arr in _unique_ids(req).items():
+            ids.setdefault(table, set()).update(arr.tolist())
+    rng = np.random.default_rng(1)
+    with build_store(cfg.store, list(cfg.features.tables), cfg.deployment) as store:
+        updates = {}
+        for table, s in ids.items():
+            arr = np.array(sorted(s), np.uint64)
+            updates[table] = (
+                arr,
+                rng.normal(0, 0.05, (len(arr), 16)).astype(np.float32),
+                np.zeros(len(arr), np.float32),
+            )
+        store.push_many(updates)
+    return sum(len(s) for s in ids.values())
+
+
+def _post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, dict[str, Any] | None]:
+    conn.request("POST", "/v1/score/candidates", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = resp.read()
+    return resp.status, json.loads(data) if resp.status == 200 else None
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"kelp serve exited with status {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("kelp serve did not become ready")
+
+
+def _load(port: int, bodies: list[bytes], duration_s: float, on_tick: Any = None) -> dict[str, Any]:
+    """Closed loop: CONCURRENCY threads, back-to-back requests until the deadline."""
+    stop = time.monotonic() + duration_s
+    lat: list[list[float]] = [[] for _ in range(CONCURRENCY)]
+    errors = [0] * CONCURRENCY
+    versions: set[int] = set()
+
+    def client(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        i = k
+        while time.monotonic() < stop:
+            body = bodies[i % len(bodies)]
+            i += CONCURRENCY
+            t0 = time.perf_counter()
+            try:
+                status, out = _post(conn, body)
+            except (OSError, http.client.HTTPException):
+                errors[k] += 1
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                continue
+            lat[k].append(time.perf_counter() - t0)
+            if status != 200 or out is None or len(out["scores"]) != CANDIDATES:
+                errors[k] += 1
+            else:
+                versions.add(out["model_version"])
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(CONCURRENCY)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    if on_tick is not None:
+        on_tick(stop)
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    all_lat = np.array([x for per in lat for x in per]) * 1000
+    return {
+        "requests": int(all_lat.size),
+        "errors": int(sum(errors)),
+        "elapsed_s": elapsed,
+        "p50_ms": float(np.percentile(all_lat, 50)) if all_lat.size else float("nan"),
+        "p99_ms": float(np.percentile(all_lat, 99)) if all_lat.size else float("nan"),
+        "versions": sorted(versions),
+    }
+
+
+def _floor(cfg: KelpConfig, requests: list[dict[str, Any]], reps: int) -> float:
+    """p50 ms of raw MGET (frombuffer) of a request's unique rows + the bare forward, in-process."""
+    client = redis.Redis.from_url(cfg.store.urls[0])
+    layouts = {t.name: KeyLayout(cfg.deployment, t.name) for t in cfg.features.tables}
+    model = build_model(cfg.features, cfg.trainer).eval()
+    prepared = []
+    for req in requests:
+        ids = _unique_ids(req)
+        keys = {t: layouts[t].row_keys(a) for t, a in ids.items()}
+        dense = np.log1p(np.maximum(np.array([list(req["user"]["dense"].values())], np.float32), 0))
+        inverse = {
+            f: np.searchsorted(ids[f], np.array([c["sparse"][f] for c in req["candidates"]], np.uint64))
+            for f in ITEM_FEATURES
+        }
+        prepared.append((keys, torch.from_numpy(np.repeat(dense, CANDIDATES, axis=0)), inverse))
+    times = []
+    for r in range(reps):
+        keys, dense, inverse = prepared[r % len(prepared)]
+        t0 = time.perf_counter()
+        pipe = client.pipeline(transaction=False)
+        for k in keys.values():
+            pipe.execute_command("MGET", *k)
+        replies = pipe.execute()
+        pooled = []
+        for (table, _k), values in zip(keys.items(), replies, strict=True):
+            rows = np.frombuffer(bytearray(b"".join(values)), dtype=np.float32).reshape(len(values), -1)[
+                :, 4:
+            ]
+            t = torch.from_numpy(rows)
+            pooled.append(
+                t.expand(CANDIDATES, -1) if table in USER_FEATURES else t[torch.from_numpy(inverse[table])]
+            )
+        with torch.inference_mode():
+            model(dense, pooled)
+        times.append(time.perf_counter() - t0)
+    client.close()
+    return float(np.median(times) * 1000)
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    duration = 15.0 if quick else 60.0
+    warmup = 2.0 if quick else 5.0
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="kelp-bench-serve-") as tmp, RedisServer() as redis_srv:
+        workdir = Path(tmp)
+        port = free_port()
+        cfg = _config(redis_srv.url, port, workdir)
+        config_path = workdir / "kelp.yaml"
+        config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
+        progress(f"building {POOL} requests of {CANDIDATES} candidates (criteo-synth, synthetic)")
+        requests = _requests(POOL)
+        bodies = [json.dumps(r).encode() for r in requests]
+        rows = _prefill(cfg, requests)
+        progress(f"stored {rows} rows; publishing v1 and starting kelp serve on port {port}")
+        publisher = build_publisher(cfg, CollectorRegistry())
+        model = build_model(cfg.features, cfg.trainer)
+        publisher.maybe_publish(model, step=0, offsets={}, force=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kelp.daemon",
+                "--log-level",
+                "warning",
+                "serve",
+                "--config",
+                str(config_path),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=sys.stderr,
+        )
+        try:
+            _wait_ready(port, proc)
+            progress(f"warm-up {warmup:.0f} s")
+            _load(port, bodies, warmup)
+
+            def swapper(stop: float) -> None:
+                every = duration / (SWAPS + 1)
+                step = 0
+                while time.monotonic() + every <= stop + 1e-3:
+                    time.sleep(every)
+                    step += 1
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.add_(torch.randn_like(p) * 0.01)
+                    publisher.maybe_publish(model, step=step, offsets={}, force=True)
+                    progress(f"published v{publisher.last_version}")
+
+            progress(f"measuring {duration:.0f} s, concurrency {CONCURRENCY}, swapping {SWAPS} times")
+            swaps_before = _swaps(port)
+            result = _load(port, bodies, duration, on_tick=swapper)
+            swaps = _swaps(port) - swaps_before
+
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            publisher.close()
+        progress("floor: raw MGET + bare forward, in-process")
+        floor = _floor(cfg, requests, reps=200 if quick else 1000)
+    rps = result["requests"] / result["elapsed_s"]
+    progress(
+        f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, {rps:.0f} req/s, floor {floor:.1f} ms"
+    )
+    return {
+        "suite": "serve",
+        "p50_ms": round(result["p50_ms"], 3),
+        "p99_ms": round(result["p99_ms"], 3),
+        "rps": round(rps, 1),
+        "errors": result["errors"],
+        "swaps": int(swaps),
+        "floor_p50_ms": round(floor, 3),
+        "p50_over_floor": round(result["p50_ms"] / floor, 2),
+        "requests": result["requests"],
+        "concurrency": CONCURRENCY,
+        "candidates_per_request": CANDIDATES,
+        "duration_s": duration,
+        "versions_seen": result["versions"],
+        "workload": "criteo-synth (synthetic), user C1..C13 + I1..I13, 100 candidates C14..C26",
+        "server": "kelp serve, 1 uvicorn worker, torch 1 thread, gc frozen after start, local cache off",
+    }
+
+
+def _swaps(port: int) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    m = re.search(r"^kelp_serving_swaps_total ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0

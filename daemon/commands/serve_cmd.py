@@ -1,0 +1,52 @@
+"""``kelp serve --config FILE``: a serving replica on ``serving.host:serving.port`` under uvicorn.
+
+SIGTERM (and Ctrl-C) ask uvicorn to stop accepting connections and finish the
+requests in flight; the replica then stops its watcher and closes the store,
+and the command exits 0. ``serving.workers > 1`` runs that many uvicorn worker
+processes, each a full replica (own store connections, own snapshot watcher,
+own Prometheus registry: ``/metrics`` shows the answering worker only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+from kelp.config import load_config
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("serve", help="run a serving replica (HTTP scoring API)")
+    parser.add_argument("--config", required=True, help="Kelp config file (YAML)")
+    parser.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from kelp.serving.app import CONFIG_ENV, create_app
+    from kelp.serving.process import tune_process
+    from kelp.serving.replica import ServingReplica
+
+    cfg = load_config(args.config)
+    # uvicorn re-raises the signal it caught once it has shut down; a no-op handler turns SIGTERM's
+    # default (death by signal, status 143) into a normal return, so the command exits 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    common = {
+        "host": cfg.serving.host,
+        "port": cfg.serving.port,
+        "log_config": None,
+        "access_log": False,
+        "timeout_graceful_shutdown": 30,
+    }
+    if cfg.serving.workers > 1:
+        os.environ[CONFIG_ENV] = os.path.abspath(args.config)
+        uvicorn.run("kelp.serving.app:app_from_env", factory=True, workers=cfg.serving.workers, **common)
+        return 0
+    replica = ServingReplica(cfg)
+    server = uvicorn.Server(uvicorn.Config(create_app(replica), **common))
+    tune_process()  # after imports and set-up: see kelp.serving.process
+    server.run()
+    return 0

@@ -1,0 +1,134 @@
+"""The filesystem snapshot channel (``publisher.channel: filesystem``, ``publisher.path``).
+
+Layout of ``publisher.path`` (a directory shared by the trainer and the
+replicas, e.g. a ReadWriteMany volume)::
+
+    snap-000000000041.safetensors   weights of version 41
+    snap-000000000041.json          its manifest
+    snap-000000000042.safetensors
+    snap-000000000042.json
+    latest                          JSON {"version": 42}
+
+Every file is written atomically (temp file in the same directory, fsync,
+``os.replace``, fsync of the directory), in the order weights, manifest,
+``latest``: a reader that follows ``latest`` always finds both parts whole.
+A crash leaves at most an orphan ``.*.tmp`` (removed by the next publish) or a
+version that ``latest`` does not point at yet.
+
+There is no notification: :class:`FilesystemSubscription` checks ``latest``'s
+identity (inode, mtime) every ``check_every_s`` (0.1 s), a ``stat`` call, so
+replicas still notice a new version within a fraction of a second.
+One publisher per directory: versions are ``max(stored, latest) + 1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from kelp.publish.base import SnapshotChannel, Subscription
+from kelp.publish.errors import SnapshotMissingError, translate_channel_errors
+from kelp.publish.snapshot import Snapshot
+from kelp.trainer.checkpoint import _atomic_write  # the one atomic-file helper in Kelp
+
+__all__ = ["FilesystemChannel", "FilesystemSubscription"]
+
+LATEST = "latest"
+_MANIFEST = re.compile(r"^snap-(\d{12})\.json$")
+
+
+def _stat_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+class FilesystemSubscription(Subscription):
+    """Waits for ``latest`` to be replaced, checking every ``check_every_s``."""
+
+    def __init__(self, latest: Path, check_every_s: float = 0.1) -> None:
+        self._latest = latest
+        self._every = check_every_s
+        self._seen = _stat_id(latest)
+
+    def wait(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now_id = _stat_id(self._latest)
+            if now_id != self._seen:
+                self._seen = now_id
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self._every, left))
+
+
+class FilesystemChannel(SnapshotChannel):
+    """Snapshots as files in one directory; see the module docstring."""
+
+    name = "filesystem"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        with translate_channel_errors(str(self.path)):
+            self.path.mkdir(parents=True, exist_ok=True)
+
+    def _weights(self, version: int) -> Path:
+        return self.path / f"snap-{version:012d}.safetensors"
+
+    def _manifest(self, version: int) -> Path:
+        return self.path / f"snap-{version:012d}.json"
+
+    def next_version(self) -> int:
+        stored = self.versions()
+        return max([*stored, self.latest_version() or 0]) + 1
+
+    def write(self, snapshot: Snapshot) -> None:
+        version = snapshot.manifest.version
+        with translate_channel_errors(str(self.path)):
+            _atomic_write(self._weights(version), snapshot.weights)
+            _atomic_write(self._manifest(version), snapshot.manifest.to_json())
+            current = self.latest_version() or 0
+            if version > current:  # latest only moves forward
+                _atomic_write(self.path / LATEST, json.dumps({"version": version}).encode())
+            for tmp in self.path.glob(".*.tmp"):
+                if time.time() - tmp.stat().st_mtime > 60:  # a crashed writer's leftovers
+                    tmp.unlink(missing_ok=True)
+
+    def versions(self) -> list[int]:
+        with translate_channel_errors(str(self.path)):
+            names = os.listdir(self.path)
+        return sorted(int(m.group(1)) for n in names if (m := _MANIFEST.match(n)))
+
+    def latest_version(self) -> int | None:
+        with translate_channel_errors(str(self.path)):
+            try:
+                raw = (self.path / LATEST).read_bytes()
+            except FileNotFoundError:
+                return None
+        try:
+            return int(json.loads(raw)["version"])
+        except (ValueError, TypeError, KeyError):
+            return None  # never written by Kelp; treated as "nothing published"
+
+    def read_raw(self, version: int) -> tuple[bytes, bytes]:
+        with translate_channel_errors(str(self.path)):
+            try:
+                return self._manifest(version).read_bytes(), self._weights(version).read_bytes()
+            except FileNotFoundError:
+                raise SnapshotMissingError(f"snapshot v{version} is not in {self.path} (pruned?)") from None
+
+    def delete(self, versions: list[int]) -> None:
+        with translate_channel_errors(str(self.path)):
+            for v in versions:
+                self._manifest(v).unlink(missing_ok=True)  # manifest first: readers list manifests
+                self._weights(v).unlink(missing_ok=True)
+
+    def subscribe(self) -> FilesystemSubscription:
+        return FilesystemSubscription(self.path / LATEST)

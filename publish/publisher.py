@@ -1,0 +1,142 @@
+"""The trainer-side publisher: a dense snapshot every ``publisher.interval_s``, and on shutdown.
+
+The ``kelp train`` daemon calls :meth:`Publisher.maybe_publish` after every
+step; it returns at once (one clock read) unless a publish is due. Then it
+serializes the model (state_dict to safetensors), asks the channel for a new
+version, writes the snapshot, prunes to ``keep_versions`` and updates the
+``kelp_publisher_*`` metrics. Call it with ``force=True`` during the drain so
+the last trained weights are published before exit.
+
+Failures raise a :class:`~kelp.errors.KelpError` (``retriable`` for an
+unreachable channel) and are counted as ``result="failed"``; the next attempt
+waits another ``interval_s`` (no hot loop against a Redis that is down). A
+prune failure after a successful write is logged, not raised: the snapshot is
+already live.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from kelp.config.schema import FeatureSpec, KelpConfig, TrainerConfig
+from kelp.publish.base import SnapshotChannel
+from kelp.publish.metrics import PublisherMetrics
+from kelp.publish.snapshot import build_snapshot
+from prometheus_client import CollectorRegistry
+from torch import nn
+
+from kelp.errors import KelpError
+
+__all__ = ["Publisher", "build_channel", "build_publisher"]
+
+log = logging.getLogger("kelp.publish")
+
+
+class Publisher:
+    """Publishes dense snapshots of one model to one channel; used from the trainer's thread only."""
+
+    def __init__(
+        self,
+        channel: SnapshotChannel,
+        spec: FeatureSpec,
+        trainer_cfg: TrainerConfig,
+        *,
+        interval_s: float,
+        keep_versions: int,
+        metrics: PublisherMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+        self.channel = channel
+        self.spec = spec
+        self.trainer_cfg = trainer_cfg
+        self.interval_s = interval_s
+        self.keep_versions = keep_versions
+        self.metrics = metrics or PublisherMetrics(CollectorRegistry())
+        self._clock = clock
+        self._last_attempt: float | None = None  # None: the first call publishes
+        self.last_version: int | None = None
+
+    def due(self) -> bool:
+        """True when ``interval_s`` has passed since the last attempt (or there was none)."""
+        return self._last_attempt is None or self._clock() - self._last_attempt >= self.interval_s
+
+    def maybe_publish(
+        self,
+        model: nn.Module,
+        *,
+        step: int,
+        offsets: Mapping[tuple[str, int], int],
+        force: bool = False,
+    ) -> int | None:
+        """Publish if due (or ``force``); returns the new version, else None.
+
+        ``offsets`` maps ``(topic, partition)`` to the next offset to consume
+        (Kafka commit semantics) of the data the weights have seen.
+        """
+        if not force and not self.due():
+            return None
+        return self.publish(model, step=step, offsets=offsets)
+
+    def publish(self, model: nn.Module, *, step: int, offsets: Mapping[tuple[str, int], int]) -> int:
+        """Publish now; returns the version. Raises a KelpError if the channel fails."""
+        self._last_attempt = self._clock()
+        started = time.perf_counter()
+        try:
+            version = self.channel.next_version()
+            snapshot = build_snapshot(
+                model, self.spec, self.trainer_cfg, version=version, step=step, offsets=offsets
+            )
+            self.channel.write(snapshot)
+        except KelpError:
+            self.metrics.snapshots.labels(result="failed").inc()
+            raise
+        self.metrics.publish_seconds.observe(time.perf_counter() - started)
+        self.metrics.snapshots.labels(result="ok").inc()
+        self.metrics.version.set(version)
+        self.metrics.last_publish.set(snapshot.manifest.created_at)
+        self.metrics.snapshot_bytes.set(len(snapshot.weights) + len(snapshot.manifest.to_json()))
+        self.last_version = version
+        try:
+            self.channel.prune(self.keep_versions)
+        except KelpError as exc:
+            log.warning("published snapshot v%d but pruning old versions failed: %s", version, exc)
+        log.debug("published snapshot v%d (step %d, %d bytes)", version, step, len(snapshot.weights))
+        return version
+
+    def close(self) -> None:
+        """Release the channel (publish first with ``force=True`` if the last weights matter)."""
+        self.channel.close()
+
+
+def build_channel(cfg: KelpConfig) -> SnapshotChannel:
+    """The configured snapshot channel (shared by publishers and replicas)."""
+    if cfg.publisher.channel == "filesystem":
+        from kelp.publish.fs_channel import FilesystemChannel
+
+        assert cfg.publisher.path is not None  # the config validator requires it
+        return FilesystemChannel(cfg.publisher.path)
+    from kelp.publish.redis_channel import RedisChannel
+
+    return RedisChannel.from_config(cfg)
+
+
+def build_publisher(cfg: KelpConfig, registry: CollectorRegistry) -> Publisher:
+    """A :class:`Publisher` for ``cfg`` with its metrics in ``registry``.
+
+    Raises :class:`~kelp.errors.UserError` when the config cannot publish
+    (``channel: redis`` with an in-memory store and no ``publisher.redis_url``).
+    """
+    return Publisher(
+        build_channel(cfg),
+        cfg.features,
+        cfg.trainer,
+        interval_s=cfg.publisher.interval_s,
+        keep_versions=cfg.publisher.keep_versions,
+        metrics=PublisherMetrics(registry),
+    )

@@ -1,0 +1,229 @@
+"""The dense model snapshot (format version 1): safetensors weights plus a JSON manifest. Never pickle.
+
+A snapshot is two byte strings, stored side by side by a channel:
+
+* **weights**: ``safetensors`` of the model's ``state_dict`` (CPU, contiguous);
+* **manifest**: UTF-8 JSON with sorted keys::
+
+    {"format_version": 1,
+     "version": 42,                        # monotonic per deployment, allocated by the channel
+     "created_at": 1700000000.25,          # unix seconds, when the trainer serialized it
+     "step": 1200,                         # trainer step the weights are from
+     "offsets": [{"topic": "events", "partition": 0, "offset": 5120}],   # next offset to consume
+     "model": {"model": "dlrm-small", "bottom_mlp": [64, 16], "top_mlp": [256, 64]},
+     "features": {...},                    # the FeatureSpec, as config JSON
+     "config_hash": "3f2a...",             # kelp.trainer.config_hash of features + model
+     "weights_bytes": 521480,
+     "checksum": "sha256:9b1c..."}
+
+``checksum`` is SHA-256 over the manifest's canonical JSON *without* the
+``checksum`` key, a newline, then the weights. So a flipped byte in either
+part, a truncated weights blob, or weights paired with another version's
+manifest is detected before anything is deserialized. Sparse rows are never in
+a snapshot: serving reads them from the same store the trainer writes.
+
+>>> import torch
+>>> from kelp.consumers.synth import criteo_feature_spec
+>>> from kelp.config.schema import TrainerConfig
+>>> spec, cfg = criteo_feature_spec(), TrainerConfig()
+>>> from kelp.trainer import build_model
+>>> snap = build_snapshot(build_model(spec, cfg), spec, cfg, version=1, step=0, offsets={})
+>>> verify_snapshot(snap.manifest.to_json(), snap.weights).manifest.version
+1
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from kelp.config.schema import FeatureSpec, TrainerConfig
+from kelp.publish.errors import SnapshotRejectedError
+from kelp.trainer.checkpoint import config_hash
+from kelp.trainer.models import build_model
+from pydantic import ValidationError
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import nn
+
+__all__ = [
+    "SNAPSHOT_FORMAT_VERSION",
+    "Snapshot",
+    "SnapshotManifest",
+    "build_snapshot",
+    "load_model",
+    "verify_snapshot",
+]
+
+SNAPSHOT_FORMAT_VERSION = 1
+_MODEL_KEYS = ("model", "bottom_mlp", "top_mlp")
+
+
+@dataclass(frozen=True)
+class SnapshotManifest:
+    """What a snapshot says about itself; see the module docstring for the JSON form."""
+
+    version: int
+    created_at: float
+    step: int
+    offsets: dict[tuple[str, int], int]
+    model: dict[str, Any]
+    features: dict[str, Any]
+    config_hash: str
+    weights_bytes: int
+    checksum: str = ""
+    format_version: int = SNAPSHOT_FORMAT_VERSION
+
+    def _payload(self, with_checksum: bool) -> dict[str, Any]:
+        data = asdict(self)
+        data["offsets"] = [
+            {"topic": t, "partition": int(p), "offset": int(o)} for (t, p), o in sorted(self.offsets.items())
+        ]
+        if not with_checksum:
+            data.pop("checksum")
+        return data
+
+    def canonical(self) -> bytes:
+        """The bytes the checksum covers (everything but the checksum itself)."""
+        return json.dumps(self._payload(False), sort_keys=True, separators=(",", ":")).encode()
+
+    def to_json(self) -> bytes:
+        return json.dumps(self._payload(True), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> SnapshotManifest:
+        """Parse a manifest; anything malformed is :class:`SnapshotRejectedError` ``format``."""
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise TypeError("manifest is not a JSON object")
+            version = data.get("format_version")
+            if version != SNAPSHOT_FORMAT_VERSION:
+                raise SnapshotRejectedError(
+                    "format",
+                    f"snapshot format version {version!r}, this Kelp reads {SNAPSHOT_FORMAT_VERSION}",
+                )
+            return cls(
+                version=int(data["version"]),
+                created_at=float(data["created_at"]),
+                step=int(data["step"]),
+                offsets={(o["topic"], int(o["partition"])): int(o["offset"]) for o in data["offsets"]},
+                model={k: data["model"][k] for k in _MODEL_KEYS},
+                features=dict(data["features"]),
+                config_hash=str(data["config_hash"]),
+                weights_bytes=int(data["weights_bytes"]),
+                checksum=str(data["checksum"]),
+            )
+        except SnapshotRejectedError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+            raise SnapshotRejectedError("format", f"unreadable snapshot manifest: {exc}") from None
+
+    def feature_spec(self) -> FeatureSpec:
+        return FeatureSpec.model_validate(self.features)
+
+    def trainer_config(self) -> TrainerConfig:
+        """A TrainerConfig with the snapshot's model settings (the rest at defaults: unused by serving)."""
+        return TrainerConfig(**self.model)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A verified (or freshly built) snapshot: manifest plus the safetensors bytes."""
+
+    manifest: SnapshotManifest
+    weights: bytes
+
+
+def _checksum(manifest: SnapshotManifest, weights: bytes) -> str:
+    digest = hashlib.sha256(manifest.canonical())
+    digest.update(b"\n")
+    digest.update(weights)
+    return "sha256:" + digest.hexdigest()
+
+
+def build_snapshot(
+    model: nn.Module,
+    spec: FeatureSpec,
+    trainer_cfg: TrainerConfig,
+    *,
+    version: int,
+    step: int,
+    offsets: Mapping[tuple[str, int], int],
+    created_at: float | None = None,
+) -> Snapshot:
+    """Serialize ``model`` (any device) into a snapshot of ``version``."""
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    weights = st_save(tensors)
+    manifest = SnapshotManifest(
+        version=int(version),
+        created_at=time.time() if created_at is None else float(created_at),
+        step=int(step),
+        offsets={(str(t), int(p)): int(o) for (t, p), o in offsets.items()},
+        model={k: getattr(trainer_cfg, k) for k in _MODEL_KEYS},
+        features=spec.model_dump(mode="json"),
+        config_hash=config_hash(spec, trainer_cfg),
+        weights_bytes=len(weights),
+    )
+    manifest = replace(manifest, checksum=_checksum(manifest, weights))
+    return Snapshot(manifest, weights)
+
+
+def verify_snapshot(manifest_raw: bytes, weights: bytes) -> Snapshot:
+    """Parse the manifest and check size and checksum; raises :class:`SnapshotRejectedError`."""
+    manifest = SnapshotManifest.from_json(manifest_raw)
+    if len(weights) != manifest.weights_bytes:
+        raise SnapshotRejectedError(
+            "checksum",
+            f"snapshot v{manifest.version}: weights are {len(weights)} bytes, manifest says "
+            f"{manifest.weights_bytes} (partial or corrupt)",
+        )
+    if _checksum(manifest, weights) != manifest.checksum:
+        raise SnapshotRejectedError(
+            "checksum", f"snapshot v{manifest.version}: checksum mismatch (corrupt or mixed-up parts)"
+        )
+    return Snapshot(manifest, weights)
+
+
+def load_model(snapshot: Snapshot, expected_spec: FeatureSpec | None = None) -> nn.Module:
+    """Build the snapshot's model on CPU, load its weights, put it in eval mode.
+
+    With ``expected_spec`` (the replica's own config) the snapshot must have
+    been trained on exactly those features: serving computes inputs from its
+    config, so a mismatch would score garbage. Raises :class:`SnapshotRejectedError`
+    ``incompatible`` (spec or shapes differ) or ``format`` (unreadable weights).
+    """
+    m = snapshot.manifest
+    try:
+        spec = m.feature_spec()
+        trainer_cfg = m.trainer_config()
+    except ValidationError as exc:
+        raise SnapshotRejectedError(
+            "format", f"snapshot v{m.version}: bad model or feature config: {exc}"
+        ) from None
+    if expected_spec is not None and spec.model_dump(mode="json") != expected_spec.model_dump(mode="json"):
+        raise SnapshotRejectedError(
+            "incompatible",
+            f"snapshot v{m.version} was trained on other features than this replica's config "
+            f"(config hash {m.config_hash})",
+        )
+    try:
+        tensors = st_load(snapshot.weights)
+    except (SafetensorError, ValueError) as exc:
+        raise SnapshotRejectedError("format", f"snapshot v{m.version}: unreadable weights: {exc}") from None
+    model = build_model(spec, trainer_cfg)
+    try:
+        model.load_state_dict(tensors, strict=True)
+    except RuntimeError as exc:
+        raise SnapshotRejectedError(
+            "incompatible", f"snapshot v{m.version}: weights do not fit the model: {str(exc)[:300]}"
+        ) from None
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model

@@ -1,0 +1,206 @@
+"""The serving HTTP API (FastAPI): score endpoints, health, readiness, metrics, model info.
+
+Endpoints (the contract; see docs/serving.md for examples):
+
+* ``POST /v1/score``: ``{"samples": [{"dense": {...}, "sparse": {...}}, ...]}``;
+* ``POST /v1/score/candidates``: ``{"user": {...}, "candidates": [{...}, ...]}``;
+  both answer :class:`~kelp.serving.schemas.ScoreResponse`;
+* ``GET /healthz`` (the process is alive), ``GET /readyz`` (model loaded and
+  store reachable, else 503 with a reason), ``GET /metrics`` (Prometheus text
+  of this process's registry), ``GET /v1/model``, ``GET /openapi.json``.
+
+Errors are ``{"error": <reason>, "detail": ...}``: 413 for a body above
+``max_body_bytes`` or more samples than ``max_samples_per_request``, 422 for
+anything else the input gets wrong (the reason names it: ``too_many_ids``,
+``unknown_feature``, ``bad_dense``...), 503 when there is no model yet or the
+store is unreachable. Bad input is never a 5xx.
+
+Concurrency: the score endpoints and ``/readyz`` are plain ``def`` functions,
+which FastAPI runs in its worker-thread pool, so the blocking store call and
+the model forward never block the event loop; body parsing and validation run
+on the loop, and torch and the Redis client release the GIL while they work.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see the generated request types themselves.
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.requests import Request
+from fastapi.responses import JSONResponse, Response
+from kelp.serving.errors import RequestError
+from kelp.serving.middleware import BodyLimitMiddleware, MetricsMiddleware
+from kelp.serving.replica import ServingReplica
+from kelp.serving.schemas import ErrorResponse, ModelInfo, ReadyResponse, ScoreResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kelp.errors import KelpError
+
+__all__ = ["CONFIG_ENV", "app_from_env", "create_app"]
+
+CONFIG_ENV = "KELP_SERVE_CONFIG"  # config path for worker processes (serving.workers > 1)
+
+ENDPOINTS = (
+    "/v1/score",
+    "/v1/score/candidates",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/v1/model",
+    "/openapi.json",
+)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"model": ErrorResponse, "description": "body or sample count over the configured limits"},
+    422: {"model": ErrorResponse, "description": "invalid input; `error` names the reason"},
+    503: {"model": ErrorResponse, "description": "no model loaded yet, or the store is unreachable"},
+}
+
+
+def _version() -> str:
+    try:
+        return version("kelp")
+    except PackageNotFoundError:  # a source tree that is not installed
+        return "0.0.0+unknown"
+
+
+def _error(status: int, reason: str, detail: Any) -> JSONResponse:
+    return JSONResponse({"error": reason, "detail": detail}, status_code=status)
+
+
+def _validation_reason(errors: list[dict[str, Any]]) -> tuple[int, str]:
+    """Map pydantic's errors to (status, reason) using the event schema's reason names where they fit."""
+    for e in errors:
+        loc = e["loc"]
+        if e["type"] == "too_long" and len(loc) == 2 and loc[1] in ("samples", "candidates"):
+            return 413, "too_many_samples"
+    types = {e["type"] for e in errors}
+    if "json_invalid" in types:
+        return 422, "bad_json"
+    if any(e["type"] == "too_long" and "sparse" in e["loc"] for e in errors):
+        return 422, "too_many_ids"
+    if any(e["type"] == "extra_forbidden" and ("dense" in e["loc"] or "sparse" in e["loc"]) for e in errors):
+        return 422, "unknown_feature"
+    if any("sparse" in e["loc"] for e in errors):
+        return 422, "bad_id"
+    if any("dense" in e["loc"] for e in errors):
+        return 422, "bad_dense"
+    return 422, "invalid_request"
+
+
+def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> FastAPI:
+    """The FastAPI app for ``replica``; with ``manage_lifecycle`` the app starts and closes it."""
+    models = replica.models
+    score_request = models.score
+    candidates_request = models.candidates
+    serving = replica.cfg.serving
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            replica.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                replica.close()
+
+    app = FastAPI(
+        title="Kelp serving",
+        version=_version(),
+        description="Scores samples with the latest published model and embeddings from the shared store.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        status, reason = _validation_reason(errors)
+        return _error(status, reason, errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI could not decode the body (not UTF-8...): same as bad JSON
+            return _error(422, "bad_json", exc.detail)
+        reasons = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+        return _error(exc.status_code, reasons.get(exc.status_code, "http_error"), exc.detail)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_request: Request, exc: RequestError) -> JSONResponse:
+        return _error(exc.status, exc.reason, str(exc))
+
+    @app.exception_handler(KelpError)
+    async def _kelp_error(_request: Request, exc: KelpError) -> JSONResponse:
+        # Store unreachable (after the short serving retry) or another operational failure: not the client's.
+        return _error(503, "store_unavailable" if exc.retriable else "unavailable", str(exc))
+
+    @app.post(
+        "/v1/score", response_model=ScoreResponse, responses=_ERRORS, summary="Score a batch of samples"
+    )
+    def score(body: score_request) -> JSONResponse:  # type: ignore[valid-type]
+        batch = replica.encoder.samples(body.samples)  # type: ignore[attr-defined]
+        return JSONResponse(replica.scorer.score(batch).to_json())
+
+    @app.post(
+        "/v1/score/candidates",
+        response_model=ScoreResponse,
+        responses=_ERRORS,
+        summary="Score N candidates that share one user's features",
+    )
+    def score_candidates(body: candidates_request) -> JSONResponse:  # type: ignore[valid-type]
+        batch = replica.encoder.candidates(body.user, body.candidates)  # type: ignore[attr-defined]
+        return JSONResponse(replica.scorer.score(batch).to_json())
+
+    @app.get("/healthz", summary="Liveness: the process answers")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}})
+    def readyz() -> JSONResponse:
+        ready, reason = replica.readiness()
+        replica.metrics.ready.set(1 if ready else 0)
+        current = replica.slot.current
+        body = {
+            "status": "ready" if ready else "not_ready",
+            "reason": reason,
+            "model_version": current.version if current else None,
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics of this process", response_class=Response)
+    async def metrics() -> Response:
+        return Response(generate_latest(replica.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/model", response_model=ModelInfo, responses={503: {"model": ErrorResponse}})
+    async def model_info() -> JSONResponse:
+        current = replica.slot.current
+        if current is None:
+            return _error(503, "no_model", "no model snapshot loaded yet")
+        return JSONResponse(current.info())
+
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=serving.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=replica.metrics, endpoints=ENDPOINTS)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """App factory for uvicorn worker processes: reads the config path from ``KELP_SERVE_CONFIG``."""
+    from kelp.config import load_config
+
+    path = os.environ.get(CONFIG_ENV)
+    if not path:
+        raise RuntimeError(f"{CONFIG_ENV} is not set (kelp serve sets it for its workers)")
+    from kelp.serving.process import tune_process
+
+    app = create_app(ServingReplica(load_config(path)))
+    tune_process()
+    return app

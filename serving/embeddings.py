@@ -1,0 +1,192 @@
+"""Embedding rows for a request: one batched, read-only store call, plus an optional local TTL cache.
+
+Per request the fetcher receives each table's *unique* ids (the batch already
+deduplicated them) and makes one ``store.pull_many(..., count=False)``: a
+serving read never counts a sighting, admits an id, or writes anything. Ids
+without a stored row (never admitted, or evicted) read the table's default row
+(zeros, or the deterministic init row with ``default_row: init``); that is
+never an error, it is counted in ``default_row_rate``.
+
+Local cache (``serving.local_cache_ttl_ms``, 0 = off): rows read from the store
+are kept in this process for at most the TTL, so hot ids (Zipf-skewed traffic)
+skip the network. The trade-off is freshness: a trainer's update to a cached
+row becomes visible here up to TTL later (on top of the trainer's own
+write-back delay), and ``embedding_age_s`` reports the age of the copy used.
+The cache is whole-generation: it is emptied when its oldest entry reaches the
+TTL (or it holds ``capacity_rows``), which bounds staleness exactly and needs
+no per-row bookkeeping. Default rows are cached too, so a newly admitted id is
+seen up to TTL late.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from kelp.serving.metrics import ServingMetrics
+from kelp.store.base import EmbeddingStore, PullResult
+from kelp.store.index import IdIndex
+
+__all__ = ["FetchedRows", "RowFetcher"]
+
+DEFAULT_CACHE_ROWS = 500_000
+
+
+@dataclass(frozen=True)
+class FetchedRows:
+    """Rows for one request.
+
+    * ``rows``: per table float32[U, dim], in the order of the ids given;
+    * ``stored`` / ``default``: how many unique (table, id) pairs had a stored row / read the default;
+    * ``ages_s``: float64[stored], seconds since each stored row's last update (clamped at 0).
+    """
+
+    rows: dict[str, np.ndarray]
+    stored: int
+    default: int
+    ages_s: np.ndarray
+
+    @property
+    def default_rate(self) -> float:
+        total = self.stored + self.default
+        return self.default / total if total else 0.0
+
+
+class _TableCache:
+    """Cached rows of one table: ids -> slots in growable arrays."""
+
+    def __init__(self, dim: int) -> None:
+        self.index = IdIndex(1024)
+        self.rows = np.zeros((1024, dim), np.float32)
+        self.updated = np.zeros(1024, np.uint32)
+        self.admitted = np.zeros(1024, bool)
+        self.n = 0
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        return self.index.lookup(ids)
+
+    def put(self, ids: np.ndarray, got: PullResult) -> None:
+        k = len(ids)
+        if self.n + k > len(self.rows):
+            cap = len(self.rows)
+            while cap < self.n + k:
+                cap *= 2
+            self.rows = np.resize(self.rows, (cap, self.rows.shape[1]))
+            self.updated = np.resize(self.updated, cap)
+            self.admitted = np.resize(self.admitted, cap)
+        slots = np.arange(self.n, self.n + k, dtype=np.int64)
+        self.rows[slots] = got.rows
+        self.updated[slots] = got.updated_s if got.updated_s is not None else 0
+        self.admitted[slots] = got.admitted
+        self.index.insert(ids, slots)
+        self.n += k
+
+
+class RowFetcher:
+    """Fetches request rows from ``store`` (read-only), through a TTL cache when ``cache_ttl_ms > 0``.
+
+    Thread-safe: requests run in a thread pool. The store call happens outside
+    the cache lock, so concurrent requests never wait on each other's network I/O.
+    """
+
+    def __init__(
+        self,
+        store: EmbeddingStore,
+        metrics: ServingMetrics,
+        cache_ttl_ms: int = 0,
+        *,
+        capacity_rows: int = DEFAULT_CACHE_ROWS,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.ttl_s = cache_ttl_ms / 1000.0
+        self.capacity_rows = capacity_rows
+        self._clock = clock
+        self._wall = wall_clock
+        self._lock = threading.Lock()
+        self._cache: dict[str, _TableCache] = {}
+        self._cache_started = clock()
+        self._cache_rows = 0
+
+    def _fresh_cache(self, now: float) -> dict[str, _TableCache]:
+        """The current generation, emptied first if it is as old as the TTL or full."""
+        if now - self._cache_started >= self.ttl_s or self._cache_rows >= self.capacity_rows:
+            self._cache = {}
+            self._cache_started = now
+            self._cache_rows = 0
+        return self._cache
+
+    def fetch(self, unique_ids: Mapping[str, np.ndarray]) -> FetchedRows:
+        """Rows for each table's unique uint64 ids (one store round trip for whatever is not cached)."""
+        if self.ttl_s <= 0:
+            got = self._pull(unique_ids)
+            return self._result({t: (g.rows, g.admitted, g.updated_s) for t, g in got.items()})
+        need: dict[str, np.ndarray] = {}
+        parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        with self._lock:
+            cache = self._fresh_cache(self._clock())
+            for table, ids in unique_ids.items():
+                dim = self.store.table(table).dim
+                rows = np.empty((len(ids), dim), np.float32)
+                admitted = np.zeros(len(ids), bool)
+                updated = np.zeros(len(ids), np.uint32)
+                tc = cache.get(table)
+                slots = tc.get(ids) if tc is not None else np.full(len(ids), -1, np.int64)
+                hit = slots >= 0
+                if tc is not None and hit.any():
+                    hs = slots[hit]
+                    rows[hit], admitted[hit], updated[hit] = tc.rows[hs], tc.admitted[hs], tc.updated[hs]
+                parts[table] = (rows, admitted, updated, hit)
+                if not hit.all():
+                    need[table] = ids[~hit]
+        got = self._pull(need) if need else {}
+        with self._lock:
+            cache = self._fresh_cache(self._clock())
+            for table, g in got.items():
+                rows, admitted, updated, hit = parts[table]
+                miss = ~hit
+                rows[miss], admitted[miss] = g.rows, g.admitted
+                updated[miss] = g.updated_s if g.updated_s is not None else 0
+                tc = cache.setdefault(table, _TableCache(rows.shape[1]))
+                fresh = tc.get(need[table]) < 0  # another request may have cached some meanwhile
+                if fresh.any():
+                    sub = PullResult(
+                        g.rows[fresh],
+                        g.state[fresh],
+                        g.admitted[fresh],
+                        None if g.updated_s is None else g.updated_s[fresh],
+                    )
+                    tc.put(need[table][fresh], sub)
+                    self._cache_rows += int(fresh.sum())
+        return self._result({t: (r, a, u) for t, (r, a, u, _h) in parts.items()})
+
+    def _pull(self, ids: Mapping[str, np.ndarray]) -> dict[str, PullResult]:
+        started = time.perf_counter()
+        got = self.store.pull_many(ids, count=False)
+        self.metrics.store_fetch_seconds.observe(time.perf_counter() - started)
+        return got
+
+    def _result(self, parts: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> FetchedRows:
+        now = self._wall()
+        stored = default = 0
+        ages: list[np.ndarray] = []
+        for rows, admitted, updated in parts.values():
+            n_stored = int(admitted.sum())
+            stored += n_stored
+            default += len(rows) - n_stored
+            if updated is not None and n_stored:
+                known = admitted & (updated > 0)
+                ages.append(np.maximum(now - updated[known].astype(np.float64), 0.0))
+        self.metrics.rows.labels(result="stored").inc(stored)
+        self.metrics.rows.labels(result="default").inc(default)
+        all_ages = np.concatenate(ages) if ages else np.zeros(0)
+        if all_ages.size:
+            # One observation per request (the mean), not per row: a histogram observe per row would
+            # cost more than the store call itself.
+            self.metrics.embedding_age.observe(float(all_ages.mean()))
+        return FetchedRows({t: p[0] for t, p in parts.items()}, stored, default, all_ages)

@@ -1,0 +1,136 @@
+"""Request and response models of the HTTP API, built from the replica's feature spec.
+
+The request models are generated per config (pydantic ``create_model``), so the
+OpenAPI spec lists the real feature names and limits, and pydantic rejects
+what the event schema rejects before any work is done:
+
+* ``dense``: feature name -> finite number or null (null or absent = the
+  feature's ``default``, as in event schema v1); booleans, strings, NaN and
+  infinities are rejected;
+* ``sparse``: feature name -> one id or a list of ids, each an integer in
+  ``[0, 2**64)`` (absent, null or ``[]`` = no ids, pooled to zeros);
+  a list may hold at most ``min(feature.max_ids, serving.max_ids_per_feature)``;
+* unknown feature names are rejected (event schema: ``unknown_feature``);
+* ``samples`` / ``candidates`` hold 1 to ``serving.max_samples_per_request`` items.
+
+String ids are not accepted: hash them client-side the way producers do
+(``kelp.consumers.codec.hash_str_id``, xxh3-64 of the UTF-8 bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from kelp.config.schema import FeatureSpec, ServingConfig
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+__all__ = [
+    "EmbeddingAge",
+    "ErrorResponse",
+    "ModelInfo",
+    "ReadyResponse",
+    "RequestModels",
+    "ScoreResponse",
+    "build_request_models",
+]
+
+U64_MAX = 2**64 - 1
+Id = Annotated[int, Field(strict=True, ge=0, le=U64_MAX)]
+Dense = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=False)
+
+
+@dataclass(frozen=True)
+class RequestModels:
+    """The generated models; ``dense_fields[j]`` / ``sparse_fields[f]`` are attribute names in spec order."""
+
+    features: type[BaseModel]
+    score: type[BaseModel]
+    candidates: type[BaseModel]
+    dense_fields: tuple[str, ...]
+    sparse_fields: tuple[str, ...]
+
+
+def build_request_models(spec: FeatureSpec, serving: ServingConfig) -> RequestModels:
+    """Request models for ``spec``; field names are ``d<j>``/``s<f>`` with the feature name as alias."""
+    dense_fields = tuple(f"d{j}" for j in range(len(spec.dense)))
+    sparse_fields = tuple(f"s{i}" for i in range(len(spec.sparse)))
+    dense_defs: dict[str, Any] = {
+        name: (Dense | None, Field(None, alias=f.name, description=f"default {f.default}"))
+        for name, f in zip(dense_fields, spec.dense, strict=True)
+    }
+    sparse_defs: dict[str, Any] = {}
+    for name, f in zip(sparse_fields, spec.sparse, strict=True):
+        limit = min(f.max_ids, serving.max_ids_per_feature)
+        ids = Annotated[list[Id], Field(max_length=limit)]
+        sparse_defs[name] = (
+            Id | ids | None,
+            Field(None, alias=f.name, description=f"table {f.table_name}, at most {limit} ids"),
+        )
+    dense_model = create_model("DenseFeatures", __base__=_Strict, **dense_defs)
+    sparse_model = create_model("SparseFeatures", __base__=_Strict, **sparse_defs)
+    features = create_model(
+        "Features",
+        __base__=_Strict,
+        dense=(dense_model, Field(default_factory=dense_model, description="absent features use defaults")),
+        sparse=(sparse_model, Field(default_factory=sparse_model, description="absent features have no ids")),
+    )
+    limit = serving.max_samples_per_request
+    score = create_model(
+        "ScoreRequest",
+        __base__=_Strict,
+        samples=(list[features], Field(min_length=1, max_length=limit)),  # type: ignore[valid-type]
+    )
+    candidates = create_model(
+        "CandidatesRequest",
+        __base__=_Strict,
+        user=(features, Field(default_factory=features, description="shared by every candidate")),
+        candidates=(
+            list[features],  # type: ignore[valid-type]
+            Field(min_length=1, max_length=limit, description="per feature, overrides the user's"),
+        ),
+    )
+    return RequestModels(features, score, candidates, dense_fields, sparse_fields)
+
+
+class EmbeddingAge(BaseModel):
+    """Seconds since the last update of the stored rows a request used (null: none was stored)."""
+
+    max: float | None
+    mean: float | None
+
+
+class ScoreResponse(BaseModel):
+    scores: list[float] = Field(description="sigmoid(logit) per sample or candidate, in request order")
+    model_version: int
+    model_created_at: float = Field(description="unix seconds the snapshot was created by the trainer")
+    model_age_s: float
+    embedding_age_s: EmbeddingAge
+    default_row_rate: float = Field(
+        description="share of the request's unique (table, id) pairs that read the default row"
+    )
+
+
+class ModelInfo(BaseModel):
+    version: int
+    created_at: float
+    step: int
+    offsets: list[dict[str, Any]]
+    checksum: str
+    config_hash: str
+    model: dict[str, Any]
+
+
+class ReadyResponse(BaseModel):
+    status: str
+    reason: str | None = None
+    model_version: int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="machine-readable reason, e.g. too_many_samples, body_too_large")
+    detail: Any = Field(description="human-readable explanation, or the list of validation errors")

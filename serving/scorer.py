@@ -1,0 +1,77 @@
+"""Scoring one batch: fetch rows (one store call), pool them as the trainer does, forward, sigmoid.
+
+Everything here is synchronous and CPU-bound or blocking on Redis, so the app
+runs it in a worker thread (never on the event loop). The model is read from
+the slot once per request: the scores and the reported version always belong
+to the same snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from kelp.config.schema import FeatureSpec
+from kelp.consumers.batch import MicroBatch
+from kelp.serving.embeddings import RowFetcher
+from kelp.serving.errors import NoModelError
+from kelp.serving.model import ModelSlot
+from kelp.trainer.embedding import BatchTensors, pool_features
+
+__all__ = ["ScoreResult", "Scorer"]
+
+_CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """What the score endpoints return (see :class:`~kelp.serving.schemas.ScoreResponse`)."""
+
+    scores: list[float]
+    model_version: int
+    model_created_at: float
+    model_age_s: float
+    embedding_age_max_s: float | None
+    embedding_age_mean_s: float | None
+    default_row_rate: float
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "scores": self.scores,
+            "model_version": self.model_version,
+            "model_created_at": self.model_created_at,
+            "model_age_s": self.model_age_s,
+            "embedding_age_s": {"max": self.embedding_age_max_s, "mean": self.embedding_age_mean_s},
+            "default_row_rate": self.default_row_rate,
+        }
+
+
+class Scorer:
+    """Scores micro-batches with the slot's current model and rows from the fetcher."""
+
+    def __init__(self, spec: FeatureSpec, slot: ModelSlot, fetcher: RowFetcher) -> None:
+        self.spec = spec
+        self.slot = slot
+        self.fetcher = fetcher
+
+    def score(self, batch: MicroBatch) -> ScoreResult:
+        served = self.slot.current  # read once: this request uses this version throughout
+        if served is None:
+            raise NoModelError()
+        fetched = self.fetcher.fetch({t: ids.unique_ids for t, ids in batch.tables.items()})
+        bt = BatchTensors.from_batch(batch, self.spec, _CPU)
+        rows = {t: torch.from_numpy(r) for t, r in fetched.rows.items()}
+        with torch.inference_mode():
+            logits = served.module(bt.dense, pool_features(bt, rows))
+            scores = torch.sigmoid(logits).tolist()
+        ages = fetched.ages_s
+        return ScoreResult(
+            scores=scores,
+            model_version=served.version,
+            model_created_at=served.created_at,
+            model_age_s=served.age_s(),
+            embedding_age_max_s=float(ages.max()) if ages.size else None,
+            embedding_age_mean_s=float(np.mean(ages)) if ages.size else None,
+            default_row_rate=fetched.default_rate,
+        )

@@ -1,0 +1,107 @@
+"""Shared pieces of the serving tests: a small config, deterministic models, and a live uvicorn server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import uvicorn
+from kelp.config.schema import KelpConfig
+from kelp.harness import free_port
+from kelp.publish import Publisher, build_publisher
+from kelp.serving import ServingReplica, create_app
+from kelp.trainer import build_model
+from prometheus_client import CollectorRegistry
+from torch import nn
+
+DEPLOYMENT = "svc"
+
+
+def small_config(redis_url: str, tmp_path: Path, **sections: Any) -> KelpConfig:
+    """Three sparse features over two tables (one shared, one multi-hot), two dense features."""
+    data: dict[str, Any] = {
+        "deployment": DEPLOYMENT,
+        "source": {"kind": "file", "file": {"path": str(tmp_path / "none.msgpack"), "format": "msgpack"}},
+        "features": {
+            "dense": [{"name": "I1", "transforms": ["log1p"]}, {"name": "I2", "default": 1.5}],
+            "sparse": [
+                {"name": "C1", "table": "ads"},
+                {"name": "C2", "table": "ads", "max_ids": 4, "pooling": "mean"},
+                {"name": "C3"},
+            ],
+            "tables": [{"name": "ads", "dim": 4}, {"name": "C3", "dim": 4}],
+        },
+        "store": {"backend": "redis", "urls": [redis_url]},
+        "trainer": {"bottom_mlp": [8, 4], "top_mlp": [16], "device": "cpu"},
+        "publisher": {"interval_s": 0.2, "keep_versions": 3},
+        "serving": {
+            "poll_interval_s": 0.5,
+            "max_samples_per_request": 64,
+            "max_ids_per_feature": 3,
+            "max_body_bytes": 65_536,
+        },
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return KelpConfig.model_validate(data)
+
+
+def constant_model(cfg: KelpConfig, logit: float) -> nn.Module:
+    """A model whose every score is ``sigmoid(logit)``: identifies the version from any response."""
+    model = build_model(cfg.features, cfg.trainer)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+        last.bias.fill_(logit)
+    return model
+
+
+def logit_for(version: int) -> float:
+    return -2.0 + 0.25 * version
+
+
+def publisher_for(cfg: KelpConfig) -> Publisher:
+    return build_publisher(cfg, CollectorRegistry())
+
+
+class LiveServer:
+    """The real app under uvicorn in a thread on a free loopback port (real HTTP, real sockets)."""
+
+    def __init__(self, replica: ServingReplica) -> None:
+        self.replica = replica
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            create_app(replica), host="127.0.0.1", port=self.port, log_config=None, access_log=False
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def wait_until(predicate: Any, timeout_s: float = 15.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` until truthy; fail after ``timeout_s`` (a bound on waiting, not a timing check)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
