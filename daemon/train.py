@@ -328,9 +328,15 @@ class TrainDaemon:
         if publisher is None:
             return
         started = time.perf_counter()
-        version = publisher.maybe_publish(
-            self.step.model, step=self.step_no, offsets=self.offsets, force=force
-        )
+        try:
+            version = publisher.maybe_publish(
+                self.step.model, step=self.step_no, offsets=self.offsets, force=force
+            )
+        except KelpError as exc:
+            # Serving keeps its current snapshot; training must not stop for it. Retried next interval.
+            self.metrics.errors.labels(stage="publish", kind="retried" if exc.retriable else "fatal").inc()
+            log.error("publishing a snapshot failed (serving keeps the previous one): %s", exc)
+            return
         if version is not None:
             self.report.published_version = version
             self.metrics.stage_seconds.labels(stage="publish").observe(time.perf_counter() - started)

@@ -21,7 +21,7 @@ from kelp.daemon.train import TrainDaemon, TrainReport
 from kelp.harness import RedisServer, TansuBroker
 from kelp.store.factory import build_store
 
-from .conftest import CRITEO_ROWS, base_config, group_offsets, on_kafka, wait_for
+from .conftest import CRITEO, CRITEO_ROWS, base_config, group_offsets, on_kafka, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -214,3 +214,30 @@ def test_store_down_past_the_budget_is_fatal_not_a_hang(tmp_path: Path) -> None:
             daemon.run()
         assert daemon.readiness()[0] is False
         assert daemon.registry.get_sample_value("kelp_trainer_ready") == 0
+
+
+def test_publishes_snapshots_while_training_and_on_drain(tmp_path: Path, redis_url: str) -> None:
+    from kelp.publish import build_channel, load_model
+
+    cfg = _file_config(tmp_path, redis_url, "publishing")
+    cfg.metrics.enabled = False
+    cfg.batching.batch_size = 128
+    cfg.publisher.enabled = True
+    cfg.publisher.channel = "redis"
+    cfg.publisher.interval_s = 0.01
+    cfg.publisher.keep_versions = 3
+    daemon = TrainDaemon(cfg)
+    report = daemon.run()
+
+    published = daemon.registry.get_sample_value("kelp_publisher_snapshots_total", {"result": "ok"})
+    assert published is not None and published >= 2  # the first step, at least one more, and the drain
+    with build_channel(cfg) as channel:
+        assert channel.latest_version() == report.published_version
+        assert len(channel.versions()) == 3  # keep_versions prunes the rest
+        snapshot = channel.read(report.published_version)
+    # The drain's snapshot holds the final weights and says which records they have seen.
+    assert snapshot.manifest.step == report.steps
+    assert snapshot.manifest.offsets == {(str(CRITEO), 0): CRITEO_ROWS}
+    served = load_model(snapshot, cfg.features)
+    for name, tensor in daemon.step.model.state_dict().items():
+        assert torch.equal(served.state_dict()[name].cpu(), tensor.cpu()), name

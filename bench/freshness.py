@@ -1,0 +1,229 @@
+"""``kelp bench freshness``: seconds from producing a record to serving what was learned from it.
+
+Starts Tansu and redis-server, then runs together, in one process:
+
+* a producer sending criteo-synth at a steady rate, in messages of
+  ``PER_MESSAGE`` samples every ``1/messages-per-second``; the first sample
+  of each message carries a *probe*: a fresh id in table C1 that no other
+  sample uses, and the send time is recorded with the record's offset;
+* the ``kelp train`` daemon (:class:`~kelp.daemon.train.TrainDaemon`, default
+  pipeline) publishing dense snapshots to Redis every ``PUBLISH_INTERVAL_S``;
+* a serving replica (:class:`~kelp.serving.replica.ServingReplica`) on the
+  same store and channel.
+
+Measured per probe:
+
+* **sparse lag**: produce -> the probe's row is readable through the
+  replica's store (``pull(count=False)`` reports a stored row, i.e. the
+  trainer's push landed). Polled every 10 ms;
+* **dense lag**: produce -> the replica serves a snapshot whose source
+  offsets cover the probe's record. Polled every 10 ms.
+
+Floor context: the trainer batches up to ``BATCH`` samples or
+``MAX_BATCH_DELAY_MS``, so some of the lag is batching by design.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from kelp.bench.runner import progress
+from kelp.bench.train import _config
+from kelp.config import KelpConfig
+from kelp.consumers.codec import encode_columns
+from kelp.consumers.synth import SPARSE_NAMES, CriteoSynth
+from kelp.daemon.train import TrainDaemon
+from kelp.harness import RedisServer, TansuBroker
+from prometheus_client import CollectorRegistry
+
+__all__ = ["run"]
+
+PUBLISH_INTERVAL_S = 2.0
+PER_MESSAGE = 100
+BATCH = 1024
+MAX_BATCH_DELAY_MS = 100
+PROBE_BASE = 10**12  # criteo-synth ids are < 10**6: a probe id is never used by anything else
+
+
+class _Probes:
+    """Send time and offset of every probe; the first time each became visible."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent: dict[int, float] = {}
+        self.offset: dict[int, int] = {}
+        self.sparse_seen: dict[int, float] = {}
+        self.dense_seen: dict[int, float] = {}
+
+
+def _produce(bootstrap: str, topic: str, rate: float, stop: threading.Event, probes: _Probes) -> int:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1)
+    synth = CriteoSynth(seed=1)
+    period = PER_MESSAGE / rate
+    sent = 0
+    next_at = time.perf_counter()
+    try:
+        while not stop.is_set():
+            cols = synth.batch(PER_MESSAGE)
+            sparse = {name: cols.sparse[:, i].copy() for i, name in enumerate(SPARSE_NAMES)}
+            probe = PROBE_BASE + sent // PER_MESSAGE
+            sparse["C1"][0] = probe
+            value = encode_columns(cols.label, cols.dense, sparse)
+            with probes.lock:
+                probes.sent[probe] = time.time()
+            future = producer.send(topic, value, partition=0)
+            future.add_callback(lambda md, p=probe: _record_offset(probes, p, md.offset))
+            sent += PER_MESSAGE
+            next_at += period
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+        producer.flush()
+    finally:
+        producer.close()
+    return sent
+
+
+def _record_offset(probes: _Probes, probe: int, offset: int) -> None:
+    with probes.lock:
+        probes.offset[probe] = offset
+
+
+def _watch(replica: Any, table: str, topic: str, stop: threading.Event, probes: _Probes) -> None:
+    """Poll the replica's view: stored probe rows (sparse) and the served snapshot's offsets (dense)."""
+    while not stop.wait(0.01):
+        with probes.lock:
+            sparse_pending = [p for p in probes.sent if p not in probes.sparse_seen]
+            dense_pending = [(p, o) for p, o in probes.offset.items() if p not in probes.dense_seen]
+        now = time.time()
+        if sparse_pending:
+            ids = np.array(sparse_pending, dtype=np.uint64)
+            got = replica.store.pull_many({table: ids}, count=False)[table]
+            stored = got.updated_s > 0 if got.updated_s is not None else np.zeros(len(ids), bool)
+            with probes.lock:
+                for probe in ids[stored].tolist():
+                    probes.sparse_seen[probe] = now
+        served = replica.slot.current
+        if served is not None and dense_pending:
+            covered = served.manifest.offsets.get((topic, 0), 0)
+            with probes.lock:
+                for probe, offset in dense_pending:
+                    if offset < covered:
+                        probes.dense_seen[probe] = now
+
+
+def _lags(seen: dict[int, float], sent: dict[int, float]) -> np.ndarray:
+    return np.array([seen[p] - sent[p] for p in seen], dtype=np.float64)
+
+
+def _stream_config(bootstrap: str, topic: str, redis_url: str, workdir: Any) -> KelpConfig:
+    cfg = _config(bootstrap, topic, redis_url, workdir, hot_cache=False)
+    cfg.batching.batch_size = BATCH
+    cfg.batching.max_batch_delay_ms = MAX_BATCH_DELAY_MS
+    cfg.publisher.enabled = True
+    cfg.publisher.channel = "redis"
+    cfg.publisher.interval_s = PUBLISH_INTERVAL_S
+    cfg.serving.poll_interval_s = 1.0
+    return cfg
+
+
+def run(quick: bool) -> dict[str, Any]:
+    import tempfile
+    from pathlib import Path
+
+    from kelp.serving.replica import ServingReplica
+
+    rate = 2000.0
+    duration = 25.0 if quick else 120.0
+    probes = _Probes()
+    progress("starting tansu and redis-server")
+    with TansuBroker() as broker, RedisServer() as redis_srv, tempfile.TemporaryDirectory() as tmp:
+        topic = f"fresh-{uuid.uuid4().hex[:6]}"
+        broker.create_topic(topic, 1)
+        cfg = _stream_config(broker.bootstrap, topic, redis_srv.url, Path(tmp))
+        table = cfg.features.sparse_table("C1")
+        daemon = TrainDaemon(cfg, registry=CollectorRegistry(), http=False)
+        failures: list[BaseException] = []
+
+        def train() -> None:
+            try:
+                daemon.run()
+            except BaseException as exc:
+                failures.append(exc)
+
+        trainer = threading.Thread(target=train, name="bench-trainer", daemon=True)
+        trainer.start()
+        replica = ServingReplica(cfg, CollectorRegistry())
+        replica.start()
+        stop_produce, stop_watch = threading.Event(), threading.Event()
+        watcher = threading.Thread(
+            target=_watch, args=(replica, table, topic, stop_watch, probes), daemon=True
+        )
+        watcher.start()
+        progress(
+            f"producing {rate:,.0f} samples/s for {duration:.0f}s; "
+            f"the trainer publishes every {PUBLISH_INTERVAL_S}s"
+        )
+        produced: list[int] = []
+        producer = threading.Thread(
+            target=lambda: produced.append(_produce(broker.bootstrap, topic, rate, stop_produce, probes)),
+            daemon=True,
+        )
+        started = time.perf_counter()
+        producer.start()
+        time.sleep(duration)
+        stop_produce.set()
+        producer.join(30)
+        elapsed = time.perf_counter() - started
+        # Let the last probes arrive: up to a publish interval plus a few batches.
+        deadline = time.monotonic() + PUBLISH_INTERVAL_S + 10
+        while time.monotonic() < deadline:
+            with probes.lock:
+                if len(probes.dense_seen) >= len(probes.offset) and len(probes.sparse_seen) >= len(
+                    probes.sent
+                ):
+                    break
+            time.sleep(0.1)
+        stop_watch.set()
+        watcher.join(5)
+        daemon.request_stop("benchmark over")
+        trainer.join(60)
+        replica.close()
+
+    if failures:
+        raise failures[0]
+    total = len(probes.sent)
+    # The first seconds include the consumer group join and the first snapshot: warm-up, not lag.
+    warm = 5.0
+    first_sent = min(probes.sent.values()) if probes.sent else 0.0
+    keep_s = [p for p in probes.sparse_seen if probes.sent[p] - first_sent >= warm]
+    keep_d = [p for p in probes.dense_seen if probes.sent[p] - first_sent >= warm]
+    sparse = _lags({p: probes.sparse_seen[p] for p in keep_s}, probes.sent)
+    dense = _lags({p: probes.dense_seen[p] for p in keep_d}, probes.sent)
+    out: dict[str, Any] = {
+        "workload": "criteo-synth (synthetic), 1 partition",
+        "produce_rate": round((produced[0] if produced else 0) / elapsed, 1),
+        "publish_interval_s": PUBLISH_INTERVAL_S,
+        "batch_size": BATCH,
+        "max_batch_delay_ms": MAX_BATCH_DELAY_MS,
+        "probes": total,
+        "probes_measured_sparse": len(sparse),
+        "probes_measured_dense": len(dense),
+        "warmup_excluded_s": warm,
+    }
+    for name, lags in (("sparse", sparse), ("dense", dense)):
+        if len(lags):
+            out[f"{name}_lag_p50_s"] = round(float(np.percentile(lags, 50)), 3)
+            out[f"{name}_lag_p99_s"] = round(float(np.percentile(lags, 99)), 3)
+            out[f"{name}_lag_max_s"] = round(float(lags.max()), 3)
+        else:
+            out[f"{name}_lag_p50_s"] = out[f"{name}_lag_p99_s"] = None
+    progress(
+        f"sparse lag p50 {out['sparse_lag_p50_s']}s p99 {out['sparse_lag_p99_s']}s; "
+        f"dense lag p50 {out['dense_lag_p50_s']}s"
+    )
+    return out
