@@ -11,9 +11,13 @@ The demo grows with the system. Today it:
    produces the sample (plus three malformed records) into a topic, and runs
    the trainer's loop on it: micro-batches from a consumer group, rows pulled
    from Redis with admission, dlrm-small trained with progressive validation,
-   rows pushed back, offsets committed only after the store acknowledged. It
-   prints the AUC progression, the dead-lettered records and how many rows
-   Redis holds, then stops everything.
+   rows pushed back, offsets committed only after the store acknowledged, a
+   dense snapshot published to Redis. It prints the AUC progression, the
+   dead-lettered records and how many rows Redis holds;
+4. starts ``kelp serve`` on the same Redis, scores real rows and a
+   user-with-candidates request, shows a pushed embedding row changing a
+   score without any publish, and stops everything
+   (:mod:`kelp.daemon.demo_serving`).
 
 Without the binaries it says so and runs the embedded path instead (file
 source, in-memory store); it never fakes a service.
@@ -60,6 +64,7 @@ class DemoReport:
     progressive_auc: float = float("nan")
     redis_rows: int = 0
     rejected: dict[str, int] | None = None
+    serving: dict[str, Any] | None = None
 
 
 def _id_counts(cfg: KelpConfig) -> tuple[int, float, dict[str, np.ndarray]]:
@@ -119,7 +124,7 @@ def _poison_records() -> list[bytes]:
 
 def _stream_config(cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str | None) -> KelpConfig:
     """The demo config moved onto the production path: Kafka source and (when given) a Redis store."""
-    from kelp.config.schema import KafkaConfig, StoreConfig
+    from kelp.config.schema import KafkaConfig, PublisherConfig, StoreConfig
 
     stream = cfg.model_copy(deep=True)
     stream.kafka = KafkaConfig(
@@ -135,10 +140,13 @@ def _stream_config(cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str |
     stream.source.kind = "kafka"
     if redis_url is not None:
         stream.store = StoreConfig(backend="redis", urls=[redis_url])
+        stream.publisher = PublisherConfig(channel="redis", interval_s=2.0, keep_versions=3)
     return stream
 
 
-def _train(cfg: KelpConfig, out: Printer, expected_samples: int, registry: CollectorRegistry) -> TrainSummary:
+def _train(
+    cfg: KelpConfig, out: Printer, expected_samples: int, registry: CollectorRegistry, publish: bool = False
+) -> TrainSummary:
     """Run the ``kelp train`` daemon on the stream until every sample is trained, then drain it."""
     import tempfile
     import threading
@@ -150,7 +158,7 @@ def _train(cfg: KelpConfig, out: Printer, expected_samples: int, registry: Colle
     cfg.trainer.checkpoint_dir = workdir / "checkpoints"  # a fresh model each demo
     cfg.trainer.eval_window_batches = 8
     cfg.trainer.log_every_s = 3600.0  # the demo prints its own progress lines
-    cfg.publisher.enabled = False
+    cfg.publisher.enabled = publish
     summary = TrainSummary()
 
     def on_step(step: int, batch: Any, result: Any) -> None:
@@ -184,6 +192,7 @@ def _train(cfg: KelpConfig, out: Printer, expected_samples: int, registry: Colle
     summary.seconds = report.seconds
     summary.auc = report.auc
     summary.checkpoint = report.checkpoint
+    summary.published_version = report.published_version
     return summary
 
 
@@ -195,6 +204,7 @@ class TrainSummary:
     auc: float = float("nan")
     losses: list[float] = field(default_factory=list)
     checkpoint: str | None = None
+    published_version: int | None = None
 
 
 def _stored_rows(redis_url: str, deployment: str) -> int:
@@ -211,6 +221,7 @@ def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> D
     """Produce the sample into a real broker, train from it against a real Redis, report."""
     from kafka import KafkaProducer
     from kelp.consumers.produce import file_messages, produce
+    from kelp.daemon.demo_serving import demo_serving
     from kelp.harness import RedisServer, TansuBroker
 
     source = cfg.source.file
@@ -242,15 +253,21 @@ def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> D
             f"({produced.bytes / 1e6:.1f} MB) + 3 malformed records"
         )
         stream_cfg = _stream_config(cfg, broker.bootstrap, topic, redis_srv.url)
-        summary = _train(stream_cfg, out, produced.records, registry)
+        summary = _train(stream_cfg, out, produced.records, registry, publish=True)
         rejected = {
             reason: int(registry.get_sample_value("kelp_records_rejected_total", {"reason": reason}) or 0)
             for reason in ("bad_msgpack", "bad_version", "bad_dense")
         }
         rows = _stored_rows(redis_srv.url, cfg.deployment)
-    out(f"  dead-lettered with reasons: {rejected}")
+        out(f"  dead-lettered with reasons: {rejected}")
+        out(
+            f"  trained {summary.samples} samples in {summary.steps} steps; published snapshot "
+            f"v{summary.published_version}; Redis holds {rows} embedding rows"
+        )
+        out("[4/4] serve: kelp serve on the same Redis -> score requests -> a sparse update without publish")
+        serving = demo_serving(stream_cfg, source.path, out)
     out("  services stopped")
-    return DemoStream(summary, True, rows, rejected)
+    return DemoStream(summary, True, rows, rejected, serving)
 
 
 @dataclass
@@ -259,6 +276,7 @@ class DemoStream:
     services_ran: bool
     redis_rows: int
     rejected: dict[str, int] | None
+    serving: dict[str, Any] | None = None
 
 
 def _take_samples(messages: Iterator[tuple[bytes, int]], limit: int) -> Iterator[tuple[bytes, int]]:
@@ -272,15 +290,15 @@ def _take_samples(messages: Iterator[tuple[bytes, int]], limit: int) -> Iterator
 
 def run_demo(config_path: Path | None = None, out: Printer = print, limit: int | None = None) -> DemoReport:
     path = config_path or default_config_path()
-    out(f"[1/3] config {path}")
+    out(f"[1/4] config {path}")
     cfg = load_config(path)
     out(
         f"  deployment={cfg.deployment} model={cfg.trainer.model} "
         f"({len(cfg.features.dense)} dense, {len(cfg.features.sparse)} sparse features)"
     )
-    out("[2/3] profile of the real Criteo sample")
+    out("[2/4] profile of the real Criteo sample")
     report = _profile(cfg, out)
-    out("[3/3] stream: Criteo sample -> Tansu (Kafka protocol) -> micro-batches -> Redis store -> dlrm-small")
+    out("[3/4] train: Criteo sample -> Tansu (Kafka protocol) -> kelp train -> Redis store -> dlrm-small")
     stream = _stream(cfg, out, limit, report.samples)
     summary = stream.summary
     report.services_ran = stream.services_ran
@@ -288,6 +306,7 @@ def run_demo(config_path: Path | None = None, out: Printer = print, limit: int |
     report.progressive_auc = summary.auc
     report.redis_rows = stream.redis_rows
     report.rejected = stream.rejected
+    report.serving = stream.serving
     rate = summary.samples / summary.seconds if summary.seconds else 0.0
     out(
         f"  trained {summary.samples} samples in {summary.steps} steps ({rate:,.0f} samples/s); "

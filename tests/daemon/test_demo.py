@@ -27,3 +27,8 @@ def test_demo_trains_from_tansu_into_redis_and_dead_letters_bad_records() -> Non
     # Admission (min_count=2) keeps most one-off ids out of Redis, but repeated ids got rows.
     assert 0 < report.redis_rows < report.distinct_ids
     assert report.progressive_auc == report.progressive_auc  # a number, not NaN: both classes were seen
+    # The serving half: a real `kelp serve` scored with the published model, saw a pushed row, exited 0.
+    assert report.serving is not None
+    assert report.serving["version"] >= 1
+    assert report.serving["score_after"] != report.serving["score_before"]
+    assert report.serving["exit"] == 0
