@@ -32,7 +32,8 @@ from pathlib import Path
 from kelp.publish.base import SnapshotChannel, Subscription
 from kelp.publish.errors import SnapshotMissingError, translate_channel_errors
 from kelp.publish.snapshot import Snapshot
-from kelp.trainer.checkpoint import _atomic_write  # the one atomic-file helper in Kelp
+
+from kelp.files import atomic_write
 
 __all__ = ["FilesystemChannel", "FilesystemSubscription"]
 
@@ -92,11 +93,11 @@ class FilesystemChannel(SnapshotChannel):
     def write(self, snapshot: Snapshot) -> None:
         version = snapshot.manifest.version
         with translate_channel_errors(str(self.path)):
-            _atomic_write(self._weights(version), snapshot.weights)
-            _atomic_write(self._manifest(version), snapshot.manifest.to_json())
+            atomic_write(self._weights(version), snapshot.weights)
+            atomic_write(self._manifest(version), snapshot.manifest.to_json())
             current = self.latest_version() or 0
             if version > current:  # latest only moves forward
-                _atomic_write(self.path / LATEST, json.dumps({"version": version}).encode())
+                atomic_write(self.path / LATEST, json.dumps({"version": version}).encode())
             for tmp in self.path.glob(".*.tmp"):
                 if time.time() - tmp.stat().st_mtime > 60:  # a crashed writer's leftovers
                     tmp.unlink(missing_ok=True)

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from kelp.errors import UserError
+from kelp.files import atomic_write
 
 __all__ = [
     "FORMAT_VERSION",
@@ -127,29 +126,6 @@ def _unflatten_optimizer(tensors: Mapping[str, torch.Tensor], meta: Mapping[str,
 # --------------------------------------------------------------------------- files
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one, never a part."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def save_checkpoint(
     directory: str | Path,
     model: nn.Module,
@@ -179,14 +155,14 @@ def save_checkpoint(
     }
     data = st_save(tensors, metadata={"kelp": json.dumps(meta)})
     path = directory / f"ckpt-{int(step):012d}.safetensors"
-    _atomic_write(path, data)
+    atomic_write(path, data)
     pointer = {
         "file": path.name,
         "sha256": hashlib.sha256(data).hexdigest(),
         "step": int(step),
         "format_version": FORMAT_VERSION,
     }
-    _atomic_write(directory / LATEST, json.dumps(pointer).encode())
+    atomic_write(directory / LATEST, json.dumps(pointer).encode())
     _prune(directory, keep, current=path.name)
     return path
 
