@@ -119,15 +119,24 @@ class MetricFactory:
         return list(self._created)
 
 
+_SERIES_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+    "summary": ("", "_sum", "_count"),
+    "info": ("_info",),
+}
+
+
 def registered_names(registry: CollectorRegistry | None = None) -> set[str]:
-    """Every sample-family name exposed by a registry (counters as ``..._total``).
+    """Every series name a PromQL query can use against this registry (counters as ``..._total``,
+    histograms as ``_bucket``/``_sum``/``_count``), whether or not a labelled metric has samples yet.
 
     Used to cross-check dashboards and alert rules against what Kelp exports.
     """
     reg = registry if registry is not None else REGISTRY
-    names: set[str] = set()
-    for family in reg.collect():
-        for sample in family.samples:
-            names.add(sample.name)
-        names.add(family.name)
-    return names
+    return {
+        family.name + suffix
+        for family in reg.collect()
+        for suffix in _SERIES_SUFFIXES.get(family.type, ("",))
+    }

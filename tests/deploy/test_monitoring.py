@@ -81,13 +81,9 @@ def _exposed_names() -> set[str]:
     registry = CollectorRegistry()
     for metrics in (ConsumerMetrics, StoreMetrics, TrainerMetrics, PublisherMetrics, ServingMetrics):
         metrics(registry)
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-    families = list(registry.collect())
-    names = {family.name + suffix for family in families for suffix in suffixes[family.type]}
-    # registered_names() lists family names (a counter's without "_total") plus only the samples that
-    # exist so far (none for a labelled metric never used), so it is not the set of queryable names.
-    # The samples it does list must all be in ours.
-    samples = registered_names(registry) - {f.name for f in families}
+    names = registered_names(registry)
+    # Every sample that exists already is among them.
+    samples = {s.name for family in registry.collect() for s in family.samples}
     assert {n for n in samples if not n.endswith("_created")} <= names
     return names
 
