@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 from kelp.bench.runner import progress
-from kelp.bench.train import _config
+from kelp.bench.train import stream_config
 from kelp.config import KelpConfig
 from kelp.consumers.codec import encode_columns
 from kelp.consumers.synth import SPARSE_NAMES, CriteoSynth
@@ -121,7 +121,7 @@ def _lags(seen: dict[int, float], sent: dict[int, float]) -> np.ndarray:
 
 
 def _stream_config(bootstrap: str, topic: str, redis_url: str, workdir: Any) -> KelpConfig:
-    cfg = _config(bootstrap, topic, redis_url, workdir, hot_cache=False)
+    cfg = stream_config(bootstrap, topic, redis_url, workdir, hot_cache=False)
     cfg.batching.batch_size = BATCH
     cfg.batching.max_batch_delay_ms = MAX_BATCH_DELAY_MS
     cfg.publisher.enabled = True

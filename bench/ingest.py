@@ -25,12 +25,12 @@ from kelp.consumers.synth import criteo_feature_spec
 from kelp.harness import TansuBroker
 from prometheus_client import CollectorRegistry
 
-__all__ = ["run"]
+__all__ = ["bench_kafka", "run"]
 
 PER_MESSAGE = 256
 
 
-def _kafka(bootstrap: str, topic: str) -> KafkaConfig:
+def bench_kafka(bootstrap: str, topic: str) -> KafkaConfig:
     return KafkaConfig(
         bootstrap_servers=[bootstrap],
         topics=[topic],
@@ -46,7 +46,7 @@ def _kafka(bootstrap: str, topic: str) -> KafkaConfig:
 
 def _kelp(bootstrap: str, topic: str, samples: int) -> tuple[float, dict[str, Any]]:
     src = KafkaSource(
-        _kafka(bootstrap, topic),
+        bench_kafka(bootstrap, topic),
         criteo_feature_spec(),
         BatchingConfig(batch_size=4096, max_batch_delay_ms=200, queue_depth=8),
         CollectorRegistry(),
@@ -75,7 +75,7 @@ def _kelp(bootstrap: str, topic: str, samples: int) -> tuple[float, dict[str, An
 def _raw(bootstrap: str, topic: str, messages: int, per_message: int) -> float:
     from kafka import KafkaConsumer
 
-    settings = consumer_settings(_kafka(bootstrap, topic))
+    settings = consumer_settings(bench_kafka(bootstrap, topic))
     consumer = KafkaConsumer(topic, **settings)
     got = 0
     start = None

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from kelp.bench.ingest import bench_kafka
 from kelp.bench.runner import progress
 from kelp.config import KelpConfig, load_config
-from kelp.config.schema import KafkaConfig, StoreConfig
+from kelp.config.schema import StoreConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.consumers.produce import produce, synth_messages
 from kelp.daemon.train import TrainDaemon
@@ -51,20 +52,11 @@ def _example() -> Path:
     raise FileNotFoundError("examples/criteo-synth.yaml")
 
 
-def _config(bootstrap: str, topic: str, redis_url: str, workdir: Path, hot_cache: bool) -> KelpConfig:
+def stream_config(bootstrap: str, topic: str, redis_url: str, workdir: Path, hot_cache: bool) -> KelpConfig:
     cfg = load_config(_example())
-    cfg.kafka = KafkaConfig(
-        bootstrap_servers=[bootstrap],
-        topics=[topic],
-        group_id=f"bench-train-{uuid.uuid4().hex[:8]}",
-        dead_letter_topic=None,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=1000,
-        max_poll_interval_ms=5000,
-        max_poll_records=8192,
-        max_message_bytes=4_194_304,
-        max_partition_fetch_bytes=8_388_608,
-        incremental_fetch_sessions=False,
+    # The trainer pauses partitions under back-pressure: Tansu needs fetch sessions off for that.
+    cfg.kafka = bench_kafka(bootstrap, topic).model_copy(
+        update={"max_poll_records": 8192, "incremental_fetch_sessions": False}
     )
     cfg.deployment = f"bench-{uuid.uuid4().hex[:6]}"
     cfg.store = StoreConfig(backend="redis", urls=[redis_url])
@@ -168,7 +160,7 @@ def run(quick: bool) -> dict[str, Any]:
                 quiet=True,
             )
             progress(f"produced {summary.records:,} samples in {summary.seconds:.1f}s")
-            cfg = _config(broker.bootstrap, topic, redis_srv.url, Path(tmp) / topic, hot_cache=hot)
+            cfg = stream_config(broker.bootstrap, topic, redis_srv.url, Path(tmp) / topic, hot_cache=hot)
             progress(f"stream: kelp train on {topic} (hot cache {'on' if hot else 'off'})")
             stream, batches = _stream(cfg, samples)
             progress(f"stream: {stream['samples_per_s']:,.0f} samples/s over {stream['steps']} steps")

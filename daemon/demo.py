@@ -317,7 +317,5 @@ def run_demo(config_path: Path | None = None, out: Printer = print, limit: int |
             f"  Redis holds {stream.redis_rows} embedding rows for {report.distinct_ids} distinct ids "
             f"(admission min_count keeps one-off ids out)"
         )
-    out(
-        "demo finished."
-    )
+    out("demo finished.")
     return report

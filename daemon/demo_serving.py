@@ -102,15 +102,17 @@ def _freshness(reply: dict[str, Any]) -> str:
 
 
 def _a_stored_row(cfg: KelpConfig, sample: dict[str, Any]) -> tuple[str, int, Any] | None:
-    """(table, id, store) of the first of the sample's ids that has a stored row."""
+    """(table, id, store) of the first of the sample's ids that has a stored row (one batched read)."""
     from kelp.store.factory import build_store
 
     store = build_store(cfg.store, list(cfg.features.tables), cfg.deployment)
-    for feature, ids in sample["sparse"].items():
+    first = {cfg.features.sparse_table(f): ids[0] for f, ids in reversed(sample["sparse"].items()) if ids}
+    got = store.pull_many({t: np.array([i], dtype=np.uint64) for t, i in first.items()}, count=False)
+    for feature in sample["sparse"]:
         table = cfg.features.sparse_table(feature)
-        got = store.pull(table, np.array(ids, dtype=np.uint64), count=False)
-        if got.updated_s is not None and got.updated_s[0] > 0:
-            return table, ids[0], store
+        stored = got[table].updated_s if table in got else None
+        if stored is not None and stored[0] > 0:
+            return table, first[table], store
     store.close()
     return None
 

@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kelp.config.schema import HotCacheConfig
 from kelp.consumers.base import Source
@@ -161,7 +161,6 @@ class _Pending:
     step: int
     batch: MicroBatch
     updates: Mapping[str, SparseUpdate]
-    submitted: float = field(default_factory=time.perf_counter)
 
 
 class PushWriter:

@@ -254,7 +254,7 @@ class TrainDaemon:
                 self._train_one(item, ledger, writer)
                 if cfg.max_steps is not None and self.step_no - self.report.first_step >= cfg.max_steps:
                     self.request_stop("max_steps")
-                self._maybe_checkpoint(writer, force=False)
+                self._maybe_checkpoint(force=False)
                 self._maybe_publish(publisher, force=False)
                 self._maybe_log()
         except BaseException:
@@ -290,7 +290,7 @@ class TrainDaemon:
 
     # ------------------------------------------------------------------ periodic work
 
-    def _maybe_checkpoint(self, writer: PushWriter, force: bool) -> None:
+    def _maybe_checkpoint(self, force: bool) -> None:
         from kelp.trainer.checkpoint import save_checkpoint
 
         cfg = self.cfg.trainer
@@ -383,7 +383,7 @@ class TrainDaemon:
                 f"(store slow or down); batches after step {writer.committed_step} will be read again"
             )
         self._last_tick = time.monotonic()
-        self._maybe_checkpoint(writer, force=True)
+        self._maybe_checkpoint(force=True)
         self._maybe_publish(publisher, force=True)
         self._export_eval()
         self._state = "stopped"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kelp.config import KelpConfig, load_config
 from kelp.config.schema import KafkaConfig, StoreConfig
 from kelp.consumers.produce import file_messages, produce
+from kelp.daemon.train import TrainDaemon, TrainReport
 from kelp.harness import TansuBroker, free_port
 
 from kelp.errors import MissingBinaryError
@@ -96,6 +98,32 @@ def group_offsets(broker: TansuBroker, group: str, topic: str) -> list[int]:
         return [consumer.committed(TopicPartition(topic, p)) or 0 for p in range(PARTITIONS)]
     finally:
         consumer.close()
+
+
+class Running:
+    """A daemon's ``run()`` on a thread, with its report or its exception."""
+
+    def __init__(self, daemon: TrainDaemon) -> None:
+        self.daemon = daemon
+        self.report: TrainReport | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.report = self.daemon.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self, timeout_s: float = 60) -> TrainReport:
+        self.daemon.request_stop("test")
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "daemon did not stop"
+        if self.error is not None:
+            raise self.error
+        assert self.report is not None
+        return self.report
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:

@@ -17,39 +17,13 @@ import torch
 from kelp.config import KelpConfig
 from kelp.config.schema import StoreConfig
 from kelp.daemon.outage import StoreOutageError
-from kelp.daemon.train import TrainDaemon, TrainReport
+from kelp.daemon.train import TrainDaemon
 from kelp.harness import RedisServer, TansuBroker
 from kelp.store.factory import build_store
 
-from .conftest import CRITEO, CRITEO_ROWS, base_config, group_offsets, on_kafka, wait_for
+from .conftest import CRITEO, CRITEO_ROWS, Running, base_config, group_offsets, on_kafka, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-class Running:
-    """A daemon's ``run()`` on a thread, with its report or its exception."""
-
-    def __init__(self, daemon: TrainDaemon) -> None:
-        self.daemon = daemon
-        self.report: TrainReport | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.report = self.daemon.run()
-        except BaseException as exc:
-            self.error = exc
-
-    def stop(self, timeout_s: float = 60) -> TrainReport:
-        self.daemon.request_stop("test")
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "daemon did not stop"
-        if self.error is not None:
-            raise self.error
-        assert self.report is not None
-        return self.report
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

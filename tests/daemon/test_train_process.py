@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -17,7 +16,7 @@ from kelp.daemon.train import TrainDaemon, TrainReport
 from kelp.harness import TansuBroker
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import CRITEO_ROWS, base_config, group_offsets, on_kafka, wait_for, write_config
+from .conftest import CRITEO_ROWS, Running, base_config, group_offsets, on_kafka, wait_for, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -52,16 +51,13 @@ def _checkpoint_pointer(directory: Path) -> dict | None:
 
 def _finish_in_process(config: Path, expected_samples: int) -> TrainReport:
     """Restart the trainer (in-process, same config) and let it train the rest of the topic."""
-    daemon = TrainDaemon(load_config(config))
-    result: list[TrainReport] = []
-    thread = threading.Thread(target=lambda: result.append(daemon.run()), daemon=True)
-    thread.start()
-    wait_for(lambda: daemon.report.samples >= expected_samples or not thread.is_alive(), 120, "the rest")
+    running = Running(TrainDaemon(load_config(config)))
+    daemon = running.daemon
+    wait_for(
+        lambda: daemon.report.samples >= expected_samples or not running.thread.is_alive(), 120, "the rest"
+    )
     time.sleep(0.5)  # anything beyond the expected count would show up as extra samples
-    daemon.request_stop("test")
-    thread.join(60)
-    assert result, "the restarted trainer failed"
-    return result[0]
+    return running.stop()
 
 
 def _config(tmp_path: Path, tansu: TansuBroker, topic: str, redis_url: str) -> Path:
