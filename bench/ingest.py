@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from kelp.bench.runner import progress
-from kelp.config.schema import BatchingConfig, KafkaConfig
+from kelp.config import BatchingConfig, KafkaConfig
 from kelp.consumers.kafka_source import KafkaSource, consumer_settings
 from kelp.consumers.produce import produce, synth_messages
 from kelp.consumers.synth import criteo_feature_spec

@@ -43,7 +43,7 @@ import redis
 import torch
 import yaml
 from kelp.bench.runner import progress
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.consumers.synth import DENSE_NAMES, SPARSE_NAMES, CriteoSynth, criteo_feature_spec
 from kelp.harness import RedisServer, free_port
 from kelp.publish import build_publisher

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import redis
 from kelp.bench.runner import progress
-from kelp.config.schema import StoreConfig, TableSpec
+from kelp.config import StoreConfig, TableSpec
 from kelp.harness import RedisServer
 from kelp.store.redis import RedisStore
 

@@ -28,8 +28,7 @@ from typing import Any
 import torch
 from kelp.bench.ingest import bench_kafka
 from kelp.bench.runner import progress
-from kelp.config import KelpConfig, load_config
-from kelp.config.schema import StoreConfig
+from kelp.config import KelpConfig, StoreConfig, load_config
 from kelp.consumers.batch import MicroBatch
 from kelp.consumers.produce import produce, synth_messages
 from kelp.daemon.train import TrainDaemon

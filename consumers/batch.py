@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from kelp.config.schema import FeatureSpec
+    from kelp.config import FeatureSpec
 
 __all__ = ["JaggedIds", "MicroBatch", "SourceRange", "TableIds", "dedup_ids"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.consumers.base import Source
 from prometheus_client import CollectorRegistry
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import msgpack
 import numpy as np
-from kelp.config.schema import FeatureSpec
+from kelp.config import FeatureSpec
 from kelp.consumers.codec import SCHEMA_VERSION, hash_str_id
 from kelp.consumers.transforms import apply_transforms, defaults_of
 

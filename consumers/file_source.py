@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgpack
-from kelp.config.schema import BatchingConfig, FeatureSpec, FileSourceConfig
+from kelp.config import BatchingConfig, FeatureSpec, FileSourceConfig
 from kelp.consumers.base import Source, ranges_of
 from kelp.consumers.batch import MicroBatch, SourceRange
 from kelp.consumers.batcher import Batcher

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from kelp.config.schema import BatchingConfig, FeatureSpec, KafkaConfig
+from kelp.config import BatchingConfig, FeatureSpec, KafkaConfig
 from kelp.consumers.base import Source, ranges_of
 from kelp.consumers.batch import MicroBatch, SourceRange
 from kelp.consumers.batcher import Batcher, Emitted

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from kelp.config.schema import FeatureSpec
+    from kelp.config import FeatureSpec
     from kelp.consumers.batch import MicroBatch
 
 __all__ = [
@@ -242,7 +242,7 @@ class CriteoSynth:
 
 def criteo_feature_spec(max_ids: int = 1) -> FeatureSpec:
     """Features of criteo-synth and Criteo TSV: label, I1..I13 (clip 0, log1p), C1..C26 (own tables)."""
-    from kelp.config.schema import ClipTransform, DenseFeature, FeatureSpec, Log1pTransform, SparseFeature
+    from kelp.config import ClipTransform, DenseFeature, FeatureSpec, Log1pTransform, SparseFeature
 
     # Criteo's integer columns have a few negatives (I2 = -1...): clip at 0 before log1p.
     return FeatureSpec(

@@ -124,7 +124,7 @@ def _poison_records() -> list[bytes]:
 
 def _stream_config(cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str | None) -> KelpConfig:
     """The demo config moved onto the production path: Kafka source and (when given) a Redis store."""
-    from kelp.config.schema import KafkaConfig, PublisherConfig, StoreConfig
+    from kelp.config import KafkaConfig, PublisherConfig, StoreConfig
 
     stream = cfg.model_copy(deep=True)
     stream.kafka = KafkaConfig(

@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kelp.config.schema import HotCacheConfig
+from kelp.config import HotCacheConfig
 from kelp.consumers.base import Source
 from kelp.consumers.batch import MicroBatch
 from kelp.consumers.errors import SourceClosedError

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.daemon.health import HealthServer
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard

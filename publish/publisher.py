@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from kelp.config.schema import FeatureSpec, KelpConfig, TrainerConfig
+from kelp.config import FeatureSpec, KelpConfig, TrainerConfig
 from kelp.publish.base import SnapshotChannel
 from kelp.publish.metrics import PublisherMetrics
 from kelp.publish.snapshot import build_snapshot

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.publish.base import SnapshotChannel, Subscription
 from kelp.publish.errors import ChannelUnavailableError, SnapshotMissingError, translate_channel_errors
 from kelp.publish.snapshot import Snapshot

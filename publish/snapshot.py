@@ -24,7 +24,7 @@ a snapshot: serving reads them from the same store the trainer writes.
 
 >>> import torch
 >>> from kelp.consumers.synth import criteo_feature_spec
->>> from kelp.config.schema import TrainerConfig
+>>> from kelp.config import TrainerConfig
 >>> spec, cfg = criteo_feature_spec(), TrainerConfig()
 >>> from kelp.trainer import build_model
 >>> snap = build_snapshot(build_model(spec, cfg), spec, cfg, version=1, step=0, offsets={})
@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kelp.config.schema import FeatureSpec, TrainerConfig
+from kelp.config import FeatureSpec, TrainerConfig
 from kelp.publish.errors import SnapshotRejectedError
 from kelp.trainer.checkpoint import config_hash
 from kelp.trainer.models import build_model

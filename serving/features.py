@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from kelp.config.schema import FeatureSpec
+from kelp.config import FeatureSpec
 from kelp.consumers.batch import JaggedIds, MicroBatch
 from kelp.consumers.transforms import apply_transforms, defaults_of
 from kelp.serving.errors import BadRequestError

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.publish.base import SnapshotChannel
 from kelp.publish.publisher import build_channel
 from kelp.serving.embeddings import RowFetcher

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from kelp.config.schema import FeatureSpec, ServingConfig
+from kelp.config import FeatureSpec, ServingConfig
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 __all__ = [

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 
-from kelp.config.schema import FeatureSpec
+from kelp.config import FeatureSpec
 from kelp.publish.base import SnapshotChannel, Subscription
 from kelp.publish.errors import SnapshotMissingError, SnapshotRejectedError
 from kelp.publish.snapshot import load_model

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-from kelp.config.schema import TableSpec
+from kelp.config import TableSpec
 from kelp.store.codec import RowCodec
 from kelp.store.init import init_rows
 from kelp.store.policies import AdmissionPolicy

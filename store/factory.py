@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kelp.config.schema import StoreConfig, TableSpec
+from kelp.config import StoreConfig, TableSpec
 from kelp.store.base import EmbeddingStore
 from prometheus_client import CollectorRegistry
 

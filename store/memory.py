@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
-from kelp.config.schema import TableSpec
+from kelp.config import TableSpec
 from kelp.store.base import EmbeddingStore, PullResult, StoreStats, Table
 from kelp.store.index import IdIndex
 from kelp.store.metrics import StoreMetrics
@@ -162,7 +162,7 @@ class _Arena:
 class MemoryStore(EmbeddingStore):
     """Embedded store: everything in this process's memory, lost on exit.
 
-    >>> from kelp.config.schema import TableSpec
+    >>> from kelp.config import TableSpec
     >>> store = MemoryStore([TableSpec(name="ads", dim=4)])
     >>> ids = np.array([1, 2], dtype=np.uint64)
     >>> store.push("ads", ids, np.ones((2, 4), np.float32), np.zeros(2, np.float32))

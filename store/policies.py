@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from kelp.config.schema import AdmissionSpec
+from kelp.config import AdmissionSpec
 
 __all__ = ["AdmissionPolicy"]
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import redis
-from kelp.config.schema import StoreConfig, TableSpec
+from kelp.config import StoreConfig, TableSpec
 from kelp.store.base import EmbeddingStore, PullResult, StoreStats, Table
 from kelp.store.errors import translate_redis_errors
 from kelp.store.hashing import name_seed, rendezvous

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from kelp.config.schema import FeatureSpec, InitSpec, TrainerConfig
+from kelp.config import FeatureSpec, InitSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.store.index import IdIndex
 from kelp.store.init import init_rows

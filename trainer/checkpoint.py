@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from kelp.config.schema import FeatureSpec, TrainerConfig
+from kelp.config import FeatureSpec, TrainerConfig
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 - the PyTorch convention
-from kelp.config.schema import FeatureSpec
+from kelp.config import FeatureSpec
 from kelp.consumers.batch import MicroBatch
 from torch import Tensor
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from kelp.config.schema import FeatureSpec, TrainerConfig
+from kelp.config import FeatureSpec, TrainerConfig
 from torch import Tensor, nn
 
 from kelp.errors import UserError

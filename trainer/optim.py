@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from kelp.config.schema import DenseOptimizerSpec, SparseOptimizerSpec
+from kelp.config import DenseOptimizerSpec, SparseOptimizerSpec
 from torch import Tensor
 
 __all__ = ["RowWiseAdagrad", "SparseUpdate", "build_dense_optimizer"]

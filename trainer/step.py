@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 - the PyTorch convention
-from kelp.config.schema import FeatureSpec, TrainerConfig
+from kelp.config import FeatureSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.trainer.embedding import BatchTensors, pool_features, rows_to_leaf
 from kelp.trainer.evaluation import ProgressiveValidator

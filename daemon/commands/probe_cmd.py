@@ -16,8 +16,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from kelp.config import load_config
-from kelp.config.schema import FeatureSpec
+from kelp.config import FeatureSpec, load_config
 
 __all__ = ["probe_sample", "register"]
 

@@ -80,7 +80,7 @@ def _narrow(config: dict[str, Any], defs: dict[str, Any]) -> None:
 
 def config_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     """The schema of the chart's ``config`` value and the ``$defs`` it refers to."""
-    from kelp.config.schema import KelpConfig
+    from kelp.config import KelpConfig
 
     full = _strip_titles(copy.deepcopy(KelpConfig.model_json_schema()))
     defs = full.pop("$defs")

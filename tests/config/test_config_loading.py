@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kelp.config import effective_config, load_config, parse_config
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig, effective_config, load_config, parse_config
 
 from kelp.errors import ConfigError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kelp.config.schema import KafkaConfig
+from kelp.config import KafkaConfig
 from kelp.harness import TansuBroker
 
 from kelp.errors import MissingBinaryError

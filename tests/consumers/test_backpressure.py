@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
-from kelp.config.schema import BatchingConfig, FeatureSpec, KafkaConfig, SparseFeature
+from kelp.config import BatchingConfig, FeatureSpec, KafkaConfig, SparseFeature
 from kelp.consumers import encode_columns
 from kelp.consumers.kafka_source import KafkaSource
 from prometheus_client import CollectorRegistry

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from kelp.config.schema import FeatureSpec, SparseFeature
+from kelp.config import FeatureSpec, SparseFeature
 from kelp.consumers.batch import JaggedIds, MicroBatch, dedup_ids
 
 ids_lists = st.lists(st.integers(min_value=0, max_value=2**64 - 1), max_size=300)

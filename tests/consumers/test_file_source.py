@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from kelp.config.schema import (
+from kelp.config import (
     BatchingConfig,
     CsvMapping,
     FeatureSpec,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from kelp.config.schema import KafkaConfig
+from kelp.config import KafkaConfig
 from kelp.consumers.kafka_source import KafkaSource
 from prometheus_client import CollectorRegistry
 

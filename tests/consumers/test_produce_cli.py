@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
-from kelp.config.schema import BatchingConfig, FileSourceConfig
+from kelp.config import BatchingConfig, FileSourceConfig
 from kelp.consumers import CriteoSynth, criteo_feature_spec
 from kelp.consumers.decode import Chunk, Decoder
 from kelp.consumers.file_source import FileSource

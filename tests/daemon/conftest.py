@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from kafka import KafkaConsumer, TopicPartition
-from kelp.config import KelpConfig, load_config
-from kelp.config.schema import KafkaConfig, StoreConfig
+from kelp.config import KafkaConfig, KelpConfig, StoreConfig, load_config
 from kelp.consumers.produce import file_messages, produce
 from kelp.daemon.train import TrainDaemon, TrainReport
 from kelp.harness import TansuBroker, free_port

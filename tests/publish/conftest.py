@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.publish import SnapshotChannel
 from kelp.publish.fs_channel import FilesystemChannel
 from kelp.publish.redis_channel import RedisChannel

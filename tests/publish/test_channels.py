@@ -7,7 +7,7 @@ import threading
 import pytest
 import redis
 import torch
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.publish import Publisher, SnapshotChannel, SnapshotMissingError, SnapshotRejectedError
 from kelp.publish.fs_channel import FilesystemChannel
 from kelp.publish.redis_channel import RedisChannel, channel_prefix

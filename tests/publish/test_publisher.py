@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.harness import free_port
 from kelp.publish import ChannelUnavailableError, Publisher, PublisherMetrics, build_publisher
 from kelp.publish.fs_channel import FilesystemChannel

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.publish import SnapshotRejectedError, build_snapshot, load_model, verify_snapshot
 from kelp.trainer import build_model
 from serving.helpers import small_config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.publish import Publisher
 from kelp.serving import ServingReplica
 from prometheus_client import CollectorRegistry

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 import uvicorn
-from kelp.config.schema import KelpConfig
+from kelp.config import KelpConfig
 from kelp.harness import free_port
 from kelp.publish import Publisher, build_publisher
 from kelp.serving import ServingReplica, create_app

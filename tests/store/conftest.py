@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
-from kelp.config.schema import StoreConfig, TableSpec
+from kelp.config import StoreConfig, TableSpec
 from kelp.harness import RedisCluster, RedisServer
 from kelp.store import MemoryStore, build_store
 from kelp.store.checks import MakeStore

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import redis
-from kelp.config.schema import StoreConfig, TableSpec
+from kelp.config import StoreConfig, TableSpec
 from kelp.harness import RedisCluster, RedisServer
 from kelp.store import build_store
 from kelp.store.errors import ShardUnavailableError, StoreAuthError

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from kelp.config.schema import StoreConfig, TableSpec
+from kelp.config import StoreConfig, TableSpec
 from kelp.daemon.commands import store_cmd
 from kelp.store import build_store
 

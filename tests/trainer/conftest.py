@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from kelp.config.schema import DenseFeature, FeatureSpec, SparseFeature, TableSpec, TrainerConfig
+from kelp.config import DenseFeature, FeatureSpec, SparseFeature, TableSpec, TrainerConfig
 from kelp.consumers.batch import JaggedIds, MicroBatch
 from kelp.trainer.baseline import InitFn
 

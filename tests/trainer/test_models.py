@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kelp.config.schema import TrainerConfig
+from kelp.config import TrainerConfig
 from kelp.consumers.synth import criteo_feature_spec
 from kelp.trainer.models import DLRM, DCNv2, build_model
 from torch import nn

@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from kelp.config.schema import InitSpec
+from kelp.config import InitSpec
 from kelp.consumers.synth import CriteoSynth, criteo_feature_spec
 from kelp.trainer.baseline import InMemoryBaseline, spec_init
 from kelp.trainer.evaluation import ProgressiveValidator
