@@ -32,10 +32,11 @@ from typing import Any
 
 import numpy as np
 from kelp.bench.runner import progress
+from kelp.bench.synth import CriteoSynth
 from kelp.bench.train import stream_config
 from kelp.config import KelpConfig
 from kelp.consumers.codec import encode_columns
-from kelp.consumers.synth import SPARSE_NAMES, CriteoSynth
+from kelp.consumers.criteo import SPARSE_NAMES
 from kelp.daemon.train import TrainDaemon
 from kelp.harness import RedisServer, TansuBroker
 from prometheus_client import CollectorRegistry

@@ -18,10 +18,11 @@ import uuid
 from typing import Any
 
 from kelp.bench.runner import progress
-from kelp.config import BatchingConfig, KafkaConfig
+from kelp.bench.synth import synth_messages
+from kelp.config import BatchingConfig, KafkaSourceConfig
+from kelp.consumers.criteo import criteo_feature_spec
 from kelp.consumers.kafka_source import KafkaSource, consumer_settings
-from kelp.consumers.produce import produce, synth_messages
-from kelp.consumers.synth import criteo_feature_spec
+from kelp.consumers.produce import produce
 from kelp.harness import TansuBroker
 from prometheus_client import CollectorRegistry
 
@@ -30,8 +31,8 @@ __all__ = ["bench_kafka", "run"]
 PER_MESSAGE = 256
 
 
-def bench_kafka(bootstrap: str, topic: str) -> KafkaConfig:
-    return KafkaConfig(
+def bench_kafka(bootstrap: str, topic: str) -> KafkaSourceConfig:
+    return KafkaSourceConfig(
         bootstrap_servers=[bootstrap],
         topics=[topic],
         group_id=f"bench-{uuid.uuid4().hex[:8]}",

@@ -43,8 +43,9 @@ import redis
 import torch
 import yaml
 from kelp.bench.runner import progress
+from kelp.bench.synth import CriteoSynth
 from kelp.config import KelpConfig
-from kelp.consumers.synth import DENSE_NAMES, SPARSE_NAMES, CriteoSynth, criteo_feature_spec
+from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES, criteo_feature_spec
 from kelp.harness import RedisServer, free_port
 from kelp.publish import build_publisher
 from kelp.store import build_store
@@ -94,7 +95,7 @@ def _unique_ids(req: dict[str, Any]) -> dict[str, np.ndarray]:
 def _config(redis_url: str, port: int, workdir: Path) -> KelpConfig:
     data = {
         "deployment": DEPLOYMENT,
-        "source": {"kind": "file", "file": {"path": str(workdir / "unused.msgpack"), "format": "msgpack"}},
+        "source": {"kind": "file", "path": str(workdir / "unused.msgpack"), "format": "msgpack"},
         "features": criteo_feature_spec().model_dump(mode="json"),
         "store": {"backend": "redis", "urls": [redis_url]},
         "trainer": {"device": "cpu"},

@@ -38,7 +38,7 @@ BATCH = 4096
 
 def _batches(steps: int) -> list[dict[str, np.ndarray]]:
     try:
-        from kelp.consumers.synth import CriteoSynth
+        from kelp.bench.synth import CriteoSynth
 
         gen = CriteoSynth(seed=0)
         out = []

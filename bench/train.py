@@ -9,7 +9,7 @@ Starts its own Tansu broker and redis-server, produces criteo-synth
   drain has pushed, flushed and committed everything; once with the default
   write-through store (the headline ``ratio``) and once with the hot-row
   cache (``hotcache_ratio``, ``hot_cache_hit_rate``);
-* **baseline**: :class:`~kelp.trainer.baseline.InMemoryBaseline`, the same
+* **baseline**: :class:`~kelp.bench.baseline.InMemoryBaseline`, the same
   model and optimizers with every embedding in one in-memory table, on the
   very batches the stream trained (kept as decoded), in the same process.
 
@@ -26,14 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from kelp.bench.baseline import InMemoryBaseline
 from kelp.bench.ingest import bench_kafka
 from kelp.bench.runner import progress
+from kelp.bench.synth import synth_messages
 from kelp.config import KelpConfig, StoreConfig, load_config
 from kelp.consumers.batch import MicroBatch
-from kelp.consumers.produce import produce, synth_messages
+from kelp.consumers.produce import produce
 from kelp.daemon.train import TrainDaemon
 from kelp.harness import RedisServer, TansuBroker
-from kelp.trainer import InMemoryBaseline, ProgressiveValidator, build_model, resolve_device
+from kelp.trainer import ProgressiveValidator, build_model, resolve_device
 from prometheus_client import CollectorRegistry
 
 __all__ = ["run"]
@@ -54,7 +56,7 @@ def _example() -> Path:
 def stream_config(bootstrap: str, topic: str, redis_url: str, workdir: Path, hot_cache: bool) -> KelpConfig:
     cfg = load_config(_example())
     # The trainer pauses partitions under back-pressure: Tansu needs fetch sessions off for that.
-    cfg.kafka = bench_kafka(bootstrap, topic).model_copy(
+    cfg.source = bench_kafka(bootstrap, topic).model_copy(
         update={"max_poll_records": 8192, "incremental_fetch_sessions": False}
     )
     cfg.deployment = f"bench-{uuid.uuid4().hex[:6]}"

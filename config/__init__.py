@@ -2,57 +2,64 @@
 
 Use :func:`load_config` in processes; it raises :class:`~kelp.errors.ConfigError`
 with one line per problem, each naming the field, the given value and what was
-expected. Every config model is importable from here.
+expected. Every config model is importable from here; each room's slice lives in
+its own module:
+
+* :mod:`~kelp.config.features`: label, dense and sparse features, tables (admission, eviction);
+* :mod:`~kelp.config.sources`: ``source`` (kafka | file) and ``batching``;
+* :mod:`~kelp.config.store`: the embedding store and its hot-row cache;
+* :mod:`~kelp.config.trainer`: model, optimizers, checkpoints, pipeline;
+* :mod:`~kelp.config.processes`: publisher, serving, metrics, logging;
+* :mod:`~kelp.config.root`: :class:`KelpConfig` and the rules that span sections.
 """
 
-from kelp.config.loader import apply_env_overrides, format_validation_error, load_config, parse_config
-from kelp.config.redact import effective_config
-from kelp.config.schema import (
+from kelp.config.features import (
     AdmissionSpec,
-    BatchingConfig,
     ClipTransform,
-    CsvMapping,
     DenseFeature,
-    DenseOptimizerSpec,
+    DenseTransform,
     EvictionSpec,
     FeatureSpec,
-    FileSourceConfig,
-    HotCacheConfig,
     InitSpec,
-    KafkaConfig,
-    KafkaSecurity,
-    KelpConfig,
     LabelSpec,
     Log1pTransform,
-    LoggingConfig,
-    MetricsConfig,
-    PublisherConfig,
-    RedisTls,
-    RetrySpec,
-    ServingConfig,
-    SourceConfig,
     SparseFeature,
-    SparseOptimizerSpec,
     StandardizeTransform,
-    StoreConfig,
+    TableDefaults,
     TableSpec,
-    TrainerConfig,
 )
+from kelp.config.loader import apply_env_overrides, format_validation_error, load_config, parse_config
+from kelp.config.processes import LoggingConfig, MetricsConfig, PublisherConfig, ServingConfig
+from kelp.config.redact import effective_config
+from kelp.config.root import CONFIG_VERSION, KelpConfig
+from kelp.config.sources import (
+    BatchingConfig,
+    CsvMapping,
+    FileSourceConfig,
+    KafkaSecurity,
+    KafkaSourceConfig,
+    SourceConfig,
+)
+from kelp.config.store import HotCacheConfig, RedisTls, RetrySpec, StoreConfig
+from kelp.config.trainer import MODEL_NAMES, DenseOptimizerSpec, SparseOptimizerSpec, TrainerConfig
 
 __all__ = [
+    "CONFIG_VERSION",
+    "MODEL_NAMES",
     "AdmissionSpec",
     "BatchingConfig",
     "ClipTransform",
     "CsvMapping",
     "DenseFeature",
     "DenseOptimizerSpec",
+    "DenseTransform",
     "EvictionSpec",
     "FeatureSpec",
     "FileSourceConfig",
     "HotCacheConfig",
     "InitSpec",
-    "KafkaConfig",
     "KafkaSecurity",
+    "KafkaSourceConfig",
     "KelpConfig",
     "LabelSpec",
     "Log1pTransform",
@@ -67,6 +74,7 @@ __all__ = [
     "SparseOptimizerSpec",
     "StandardizeTransform",
     "StoreConfig",
+    "TableDefaults",
     "TableSpec",
     "TrainerConfig",
     "apply_env_overrides",

@@ -21,12 +21,14 @@ expected.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from kelp.config.schema import KelpConfig
+from kelp.config.root import CONFIG_VERSION, KelpConfig
+from kelp.config.sources import FileSourceConfig
 from pydantic import BaseModel, ValidationError
 
 from kelp.errors import ConfigError
@@ -77,7 +79,7 @@ def apply_env_overrides(
     """
     result: dict[str, Any] = _deep_copy(data)
     sources: dict[tuple[str | int, ...], str] = {}
-    top_level = set(KelpConfig.model_fields)
+    top_level = set(KelpConfig.model_fields) | {"kafka"}  # kafka: layout 1, answered with a hint
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX):
             continue
@@ -126,28 +128,63 @@ def _set_path(root: dict[str, Any], path: list[str], value: Any, var: str) -> tu
 
 
 def _allowed_fields(loc: tuple[int | str, ...]) -> list[str] | None:
-    """Field names of the model that owns ``loc``'s parent, for 'unknown field' hints."""
+    """Field names of the model that owns ``loc``'s parent, for 'unknown field' hints.
+
+    ``loc`` is pydantic's raw location: inside a discriminated union (``source``,
+    dense ``transforms``) the part after the field is the member's tag.
+    """
     model: type[BaseModel] | None = KelpConfig
+    members: list[type[BaseModel]] = []
     for part in loc[:-1]:
-        if model is None:
-            return None
         if isinstance(part, int):
             continue
+        if members:  # the previous field was a union: this part is the tag picking the member
+            model = next((m for m in members if _tag_of(m) == part), None)
+            members = []
+            continue
+        if model is None:
+            return None
         field = model.model_fields.get(part)
         if field is None:
             return None
-        model = _model_in(field.annotation)
-    return sorted(model.model_fields) if model is not None else None
+        found = _models_in(field.annotation)
+        model, members = (found[0], []) if len(found) == 1 else (None, found)
+    if model is None:
+        return None
+    return sorted(name for name in model.model_fields if name != "kind" or _tag_of(model) is None)
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config models an annotation can hold (several for a union)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
+        return [annotation]
+    found: list[type[BaseModel]] = []
     for arg in getattr(annotation, "__args__", ()) or ():
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
+        found += [m for m in _models_in(arg) if m not in found]
+    return found
+
+
+def _tag_of(model: type[BaseModel]) -> str | None:
+    """The ``kind`` literal of a discriminated-union member, else None."""
+    field = model.model_fields.get("kind")
+    args = getattr(field.annotation, "__args__", ()) if field is not None else ()
+    return args[0] if len(args) == 1 and isinstance(args[0], str) else None
+
+
+_SOURCE_TAGS = ("kafka", "file")
+_TRANSFORM_TAGS = ("log1p", "clip", "standardize")
+_FIELD_PREFIX = re.compile(r"^([a-z_]+(?:\.[a-z_]+|\[\d+\])+): (.+)$", re.S)
+
+
+def _without_tags(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """``loc`` minus the union tags pydantic inserts (``source.kafka.topics`` -> ``source.topics``)."""
+    out: list[int | str] = []
+    for i, part in enumerate(loc):
+        source_tag = i == 1 and loc[0] == "source" and part in _SOURCE_TAGS
+        transform_tag = i >= 2 and loc[i - 2] == "transforms" and part in _TRANSFORM_TAGS
+        if not (source_tag or transform_tag):
+            out.append(part)
+    return tuple(out)
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:
@@ -166,14 +203,23 @@ def format_validation_error(
     """One line per problem: ``origin: field: got VALUE (from env X): expected ...``."""
     lines = []
     for err in exc.errors(include_url=False):
-        loc = tuple(
-            p for p in err["loc"] if not (isinstance(p, str) and p in {"log1p", "clip", "standardize"})
-        )
+        raw_loc = tuple(err["loc"])
+        loc = _without_tags(raw_loc)
         field = _dotted(loc)
         given = err.get("input")
         origin_note = _env_note(loc, sources or {})
+        if err["type"] in ("union_tag_not_found", "union_tag_invalid"):
+            tags = _SOURCE_TAGS if loc[-1:] == ("source",) else _TRANSFORM_TAGS
+            expected = err.get("ctx", {}).get("expected_tags") or ", ".join(f"'{t}'" for t in tags)
+            shown = (
+                "required field is missing"
+                if err["type"] == "union_tag_not_found"
+                else (f"got {err['ctx']['tag']!r}{_env_note((*loc, 'kind'), sources or {})}")
+            )
+            lines.append(f"{origin}: {field}.kind: {shown}: expected one of {expected}")
+            continue
         if err["type"] == "extra_forbidden":
-            allowed = _allowed_fields(loc)
+            allowed = _allowed_fields(raw_loc)
             hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
             lines.append(f"{origin}: {field}: unknown field{origin_note}{hint}")
             continue
@@ -182,6 +228,10 @@ def format_validation_error(
             continue
         msg = err["msg"]
         msg = msg.removeprefix("Value error, ")
+        prefixed = _FIELD_PREFIX.match(msg) if not loc else None
+        if prefixed:  # a cross-section rule names its own field
+            lines.append(f"{origin}: {prefixed.group(1)}: {prefixed.group(2)}")
+            continue
         shown = "" if isinstance(given, dict) else f"got {given!r}{origin_note}: "
         lines.append(f"{origin}: {field}: {shown}{_expected(msg)}")
     return "\n".join(lines)
@@ -199,11 +249,42 @@ def _expected(msg: str) -> str:
     return msg
 
 
+def _moved_fields(data: Mapping[str, Any], origin: str) -> list[str]:
+    """One line per setting an older config layout kept elsewhere, saying where it lives now.
+
+    Layout 1 had the Kafka settings at the top level (``kafka:``) and the file
+    settings one level down (``source: {kind: file, file: {...}}``); layout 2
+    makes ``source`` one discriminated union. Old files fail with these hints
+    rather than a list of unknown fields.
+    """
+    lines = []
+    if data.get("version") == 1:
+        lines.append(
+            f"{origin}: version: got 1: this is a layout-1 config; layout {CONFIG_VERSION} moved kafka: and "
+            f"source.file: into source: (kind: kafka | file), then set version: {CONFIG_VERSION}"
+        )
+    if "kafka" in data:
+        lines.append(
+            f"{origin}: kafka: moved into source: write source: {{kind: kafka, bootstrap_servers: [...], "
+            "topics: [...], ...}} (and env KELP_KAFKA__X is now KELP_SOURCE__X)"
+        )
+    source = data.get("source")
+    if isinstance(source, Mapping) and isinstance(source.get("file"), Mapping):
+        lines.append(
+            f"{origin}: source.file: moved up one level: write source: {{kind: file, path: ..., "
+            "format: ...}} (path, format, csv and limit sit directly under source)"
+        )
+    return lines
+
+
 def parse_config(
     data: Mapping[str, Any], origin: str = "<config>", environ: Mapping[str, str] | None = None
 ) -> KelpConfig:
     """Validate a mapping (already read from YAML) with optional env overrides."""
     merged, sources = apply_env_overrides(dict(data), environ if environ is not None else {})
+    moved = _moved_fields(merged, origin)
+    if moved:
+        raise ConfigError("\n".join(moved))
     try:
         return KelpConfig.model_validate(merged)
     except ValidationError as exc:
@@ -223,8 +304,8 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> K
 
 
 def _resolve_paths(cfg: KelpConfig, base: Path) -> KelpConfig:
-    if cfg.source.file is not None and not cfg.source.file.path.is_absolute():
-        cfg.source.file.path = base / cfg.source.file.path
+    if isinstance(cfg.source, FileSourceConfig) and not cfg.source.path.is_absolute():
+        cfg.source.path = base / cfg.source.path
     if not cfg.trainer.checkpoint_dir.is_absolute():
         cfg.trainer.checkpoint_dir = base / cfg.trainer.checkpoint_dir
     if cfg.publisher.path is not None and not cfg.publisher.path.is_absolute():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kelp.config.schema import KelpConfig
+from kelp.config.root import KelpConfig
 
 __all__ = ["REDACTED", "effective_config"]
 

@@ -3,19 +3,19 @@
 The trainer needs three names: :func:`build_source` (config -> source),
 :class:`Source` (iterate batches, ``commit`` when durable, ``close``) and
 :class:`MicroBatch` (the one batch type; its docstring draws the layout).
-:class:`CriteoSynth` is the shared synthetic workload for benchmarks.
+:func:`criteo_feature_spec` describes the Criteo format (the synthetic benchmark stream lives in
+``kelp.bench.synth``).
 """
 
 from kelp.consumers.base import Source
 from kelp.consumers.batch import JaggedIds, MicroBatch, SourceRange, TableIds, dedup_ids
 from kelp.consumers.build import build_source
 from kelp.consumers.codec import REASONS, SCHEMA_VERSION, encode_columns, encode_sample, hash_str_id
-from kelp.consumers.synth import CriteoSynth, criteo_feature_spec
+from kelp.consumers.criteo import criteo_feature_spec
 
 __all__ = [
     "REASONS",
     "SCHEMA_VERSION",
-    "CriteoSynth",
     "JaggedIds",
     "MicroBatch",
     "Source",

@@ -8,7 +8,7 @@ once: after a crash or a rebalance, batches not committed are read again.
 
 ::
 
-    with build_source(cfg) as source:
+    with build_source(cfg.source, cfg.features, cfg.batching) as source:
         for batch in source:
             train_on(batch)
             store.flush()

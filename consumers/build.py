@@ -1,37 +1,32 @@
-"""Config-driven construction: the trainer calls :func:`build_source` and gets the right source."""
+"""Config-driven construction: the trainer calls :func:`build_source` with its ``source`` slice."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kelp.config import KelpConfig
+from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig, SourceConfig
 from kelp.consumers.base import Source
 from prometheus_client import CollectorRegistry
-
-from kelp.errors import ConfigError
 
 __all__ = ["build_source"]
 
 
 def build_source(
-    cfg: KelpConfig,
+    source: SourceConfig,
+    features: FeatureSpec,
+    batching: BatchingConfig,
     registry: CollectorRegistry | None = None,
     consumer_overrides: dict[str, Any] | None = None,
 ) -> Source:
     """A :class:`~kelp.consumers.kafka_source.KafkaSource` or :class:`~kelp.consumers.file_source.FileSource`.
 
-    ``source.kind`` picks it; ``cfg.features`` and ``cfg.batching`` shape the batches.
+    ``source.kind`` picks it; ``features`` and ``batching`` shape the batches.
+    ``consumer_overrides`` go to kafka-python's consumer (tests shorten timeouts).
     """
-    if cfg.source.kind == "kafka":
-        if cfg.kafka is None:
-            raise ConfigError("source.kind is 'kafka' but there is no kafka section")
+    if isinstance(source, KafkaSourceConfig):
         from kelp.consumers.kafka_source import KafkaSource
 
-        return KafkaSource(
-            cfg.kafka, cfg.features, cfg.batching, registry, consumer_overrides=consumer_overrides
-        )
-    if cfg.source.file is None:
-        raise ConfigError("source.kind is 'file' but source.file is missing")
+        return KafkaSource(source, features, batching, registry, consumer_overrides=consumer_overrides)
     from kelp.consumers.file_source import FileSource
 
-    return FileSource(cfg.source.file, cfg.features, cfg.batching, registry)
+    return FileSource(source, features, batching, registry)

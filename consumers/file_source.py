@@ -30,12 +30,12 @@ from kelp.config import BatchingConfig, FeatureSpec, FileSourceConfig
 from kelp.consumers.base import Source, ranges_of
 from kelp.consumers.batch import MicroBatch, SourceRange
 from kelp.consumers.batcher import Batcher
+from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES
 from kelp.consumers.deadletter import LogDeadLetter
 from kelp.consumers.decode import Decoder, Rec
 from kelp.consumers.errors import SourceClosedError, SourceUserError
 from kelp.consumers.metrics import ConsumerMetrics
 from kelp.consumers.offsets import OffsetTracker
-from kelp.consumers.synth import DENSE_NAMES, SPARSE_NAMES
 from prometheus_client import CollectorRegistry
 
 __all__ = ["FileSource", "iter_criteo_tsv", "iter_csv", "iter_msgpack_log", "open_text"]

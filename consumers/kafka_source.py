@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from kelp.config import BatchingConfig, FeatureSpec, KafkaConfig
+from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig
 from kelp.consumers.base import Source, ranges_of
 from kelp.consumers.batch import MicroBatch, SourceRange
 from kelp.consumers.batcher import Batcher, Emitted
@@ -52,7 +52,7 @@ _IDLE_POLL_S = 0.1
 _PAUSED_POLL_S = 0.05
 
 
-def client_settings(kafka: KafkaConfig) -> dict[str, Any]:
+def client_settings(kafka: KafkaSourceConfig) -> dict[str, Any]:
     """kafka-python settings shared by consumers, producers and admin clients (security included)."""
     sec = kafka.security
     out: dict[str, Any] = {
@@ -80,7 +80,7 @@ def client_settings(kafka: KafkaConfig) -> dict[str, Any]:
     return out
 
 
-def consumer_settings(kafka: KafkaConfig) -> dict[str, Any]:
+def consumer_settings(kafka: KafkaSourceConfig) -> dict[str, Any]:
     """KafkaConsumer settings from the config (auto-commit always off)."""
     return {
         **client_settings(kafka),
@@ -122,7 +122,7 @@ class KafkaSource(Source):
 
     def __init__(
         self,
-        kafka: KafkaConfig,
+        kafka: KafkaSourceConfig,
         spec: FeatureSpec,
         batching: BatchingConfig | None = None,
         registry: CollectorRegistry | None = None,

@@ -1,4 +1,4 @@
-"""Replay a file or criteo-synth into a Kafka topic as schema-v1 messages (``kelp produce``)."""
+"""Write schema-v1 messages to a Kafka topic (``kelp produce``): a file replayed, or any message stream."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from kelp.consumers.codec import encode_columns
 from kelp.consumers.errors import SourceUserError, translate_kafka_error
-from kelp.consumers.synth import SPARSE_NAMES, CriteoSynth
 
 from kelp.errors import KelpError
 
-__all__ = ["ProduceSummary", "produce", "synth_messages"]
+__all__ = ["ProduceSummary", "file_messages", "produce"]
 
 
 @dataclass
@@ -32,34 +30,6 @@ class ProduceSummary:
         return self.records / self.seconds if self.seconds > 0 else 0.0
 
 
-def synth_messages(
-    samples: int, batch_size: int, seed: int = 0, step: int = 65_536
-) -> Iterator[tuple[bytes, int]]:
-    """(message, samples in it) for ``samples`` criteo-synth samples, generated in vectorised steps."""
-    synth = CriteoSynth(seed=seed)
-    done = 0
-    step = max(step - step % batch_size, batch_size)
-    while done < samples:
-        n = min(step, samples - done)
-        if batch_size == 1:
-            for m in synth.messages(n, per_message=1):
-                yield m, 1
-        else:
-            cols = synth.batch(n)
-            for lo in range(0, n, batch_size):
-                hi = min(n, lo + batch_size)
-                yield (
-                    encode_columns(
-                        cols.label[lo:hi],
-                        cols.dense[lo:hi],
-                        {name: cols.sparse[lo:hi, i] for i, name in enumerate(SPARSE_NAMES)},
-                        cols.ts[lo:hi],
-                    ),
-                    hi - lo,
-                )
-        done += n
-
-
 def file_messages(
     path: Path, fmt: str, batch_size: int, source_cfg: Any = None
 ) -> Iterator[tuple[bytes, int]]:
@@ -70,7 +40,7 @@ def file_messages(
         rows: Iterator[bytes] = fs.iter_criteo_tsv(path)
     elif fmt == "csv":
         if source_cfg is None or source_cfg.csv is None:
-            raise SourceUserError(f"{path}: format csv needs a --config with a source.file.csv mapping")
+            raise SourceUserError(f"{path}: format csv needs a --config whose file source has a csv mapping")
         rows = fs.iter_csv(path, source_cfg)
     else:
         rows = fs.iter_msgpack_log(path)

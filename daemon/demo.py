@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kelp.config import KelpConfig, load_config
+from kelp.config import FileSourceConfig, KelpConfig, load_config
 from prometheus_client import CollectorRegistry
 
 from kelp.errors import MissingBinaryError, UserError
@@ -73,7 +73,7 @@ def _id_counts(cfg: KelpConfig) -> tuple[int, float, dict[str, np.ndarray]]:
 
     samples, positives = 0, 0.0
     ids: dict[str, list[np.ndarray]] = {}
-    with build_source(cfg, CollectorRegistry()) as source:
+    with build_source(cfg.source, cfg.features, cfg.batching, CollectorRegistry()) as source:
         for batch in source:
             samples += batch.size
             positives += float(batch.labels.sum())
@@ -84,8 +84,8 @@ def _id_counts(cfg: KelpConfig) -> tuple[int, float, dict[str, np.ndarray]]:
 
 
 def _profile(cfg: KelpConfig, out: Printer) -> DemoReport:
-    source = cfg.source.file
-    if source is None or source.format != "criteo_tsv":
+    source = cfg.source
+    if not isinstance(source, FileSourceConfig) or source.format != "criteo_tsv":
         raise UserError("the demo config must use a criteo_tsv file source")
     if not source.path.is_file():
         raise UserError(
@@ -124,10 +124,10 @@ def _poison_records() -> list[bytes]:
 
 def _stream_config(cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str | None) -> KelpConfig:
     """The demo config moved onto the production path: Kafka source and (when given) a Redis store."""
-    from kelp.config import KafkaConfig, PublisherConfig, StoreConfig
+    from kelp.config import KafkaSourceConfig, PublisherConfig, StoreConfig
 
     stream = cfg.model_copy(deep=True)
-    stream.kafka = KafkaConfig(
+    stream.source = KafkaSourceConfig(
         bootstrap_servers=[bootstrap],
         topics=[topic],
         group_id="kelp-demo",
@@ -137,7 +137,6 @@ def _stream_config(cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str |
         heartbeat_interval_ms=1000,
         incremental_fetch_sessions=False,  # Tansu mishandles them for paused partitions
     )
-    stream.source.kind = "kafka"
     if redis_url is not None:
         stream.store = StoreConfig(backend="redis", urls=[redis_url])
         stream.publisher = PublisherConfig(channel="redis", interval_s=2.0, keep_versions=3)
@@ -224,8 +223,8 @@ def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> D
     from kelp.daemon.demo_serving import demo_serving
     from kelp.harness import RedisServer, TansuBroker
 
-    source = cfg.source.file
-    assert source is not None
+    source = cfg.source
+    assert isinstance(source, FileSourceConfig)
     registry = CollectorRegistry()
     try:
         redis_srv, broker = RedisServer(), TansuBroker()

@@ -156,7 +156,7 @@ class TrainDaemon:
                 self._build_model()
                 publisher = self._build_publisher()
                 try:
-                    with build_source(cfg, self.registry) as source:
+                    with build_source(cfg.source, cfg.features, cfg.batching, self.registry) as source:
                         self._loop(source, store, publisher)
                 finally:
                     if publisher is not None:

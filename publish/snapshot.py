@@ -23,7 +23,7 @@ manifest is detected before anything is deserialized. Sparse rows are never in
 a snapshot: serving reads them from the same store the trainer writes.
 
 >>> import torch
->>> from kelp.consumers.synth import criteo_feature_spec
+>>> from kelp.consumers.criteo import criteo_feature_spec
 >>> from kelp.config import TrainerConfig
 >>> spec, cfg = criteo_feature_spec(), TrainerConfig()
 >>> from kelp.trainer import build_model

@@ -1,7 +1,8 @@
 """The trainer's compute core: models, pooling, optimizers, progressive eval, checkpoints.
 
 Pure compute, no network I/O; the ``kelp train`` daemon wires it to a source
-and a store. Modules, one job each:
+and a store. (The in-memory oracle the benchmarks compare against lives in
+``kelp.bench.baseline``.) Modules, one job each:
 
 * :mod:`~kelp.trainer.device`: the ``trainer.device`` setting -> ``torch.device``;
 * :mod:`~kelp.trainer.models`: ``dlrm-small`` and ``dcn-v2`` (dense parameters only);
@@ -9,11 +10,9 @@ and a store. Modules, one job each:
 * :mod:`~kelp.trainer.optim`: row-wise Adagrad for rows, Adam/Adagrad/SGD for dense;
 * :mod:`~kelp.trainer.evaluation`: progressive validation (binned AUC, log loss);
 * :mod:`~kelp.trainer.step`: one step on pulled rows -> updates to push;
-* :mod:`~kelp.trainer.baseline`: the in-memory baseline (the store's id index and init, all in memory);
 * :mod:`~kelp.trainer.checkpoint`: atomic safetensors checkpoints of the dense side.
 """
 
-from kelp.trainer.baseline import InMemoryBaseline, spec_init
 from kelp.trainer.checkpoint import CheckpointInfo, config_hash, load_latest, save_checkpoint
 from kelp.trainer.device import resolve_device
 from kelp.trainer.embedding import BatchTensors, pool_features
@@ -29,7 +28,6 @@ __all__ = [
     "BatchTensors",
     "CheckpointInfo",
     "DCNv2",
-    "InMemoryBaseline",
     "ProgressiveValidator",
     "PulledRows",
     "RowWiseAdagrad",
@@ -44,5 +42,4 @@ __all__ = [
     "pool_features",
     "resolve_device",
     "save_checkpoint",
-    "spec_init",
 ]

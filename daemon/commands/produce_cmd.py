@@ -14,7 +14,9 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("produce", help="replay a file or criteo-synth into a Kafka topic")
     p.add_argument(
-        "--config", help="config file: kafka section (bootstrap, first topic, security) and source.file"
+        "--config",
+        help="config file: a kafka source gives bootstrap, first topic and security; a file source gives "
+        "the file to replay (and its csv mapping)",
     )
     p.add_argument("--bootstrap", help="host:port[,host:port] (overrides the config)")
     p.add_argument("--topic", help="topic (overrides the config's first topic)")
@@ -32,32 +34,34 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from kelp.config import load_config
+    from kelp.bench.synth import synth_messages
+    from kelp.config import FileSourceConfig, KafkaSourceConfig, load_config
     from kelp.consumers.kafka_source import client_settings
-    from kelp.consumers.produce import file_messages, produce, synth_messages
+    from kelp.consumers.produce import file_messages, produce
 
     cfg = load_config(args.config) if args.config else None
-    producer_cfg = client_settings(cfg.kafka) if cfg is not None and cfg.kafka is not None else {}
+    kafka = cfg.source if cfg is not None and isinstance(cfg.source, KafkaSourceConfig) else None
+    file_cfg = cfg.source if cfg is not None and isinstance(cfg.source, FileSourceConfig) else None
+    producer_cfg = client_settings(kafka) if kafka is not None else {}
     if args.bootstrap:
         producer_cfg["bootstrap_servers"] = args.bootstrap.split(",")
     if "bootstrap_servers" not in producer_cfg:
-        raise UserError("no Kafka bootstrap servers: pass --bootstrap or a --config with a kafka section")
-    topic = args.topic or (cfg.kafka.topics[0] if cfg is not None and cfg.kafka is not None else None)
+        raise UserError("no Kafka bootstrap servers: pass --bootstrap or a --config with a kafka source")
+    topic = args.topic or (kafka.topics[0] if kafka is not None else None)
     if not topic:
-        raise UserError("no topic: pass --topic or a --config with kafka.topics")
+        raise UserError("no topic: pass --topic or a --config with a kafka source (source.topics)")
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
     if args.synth:
         messages = synth_messages(args.samples, args.batch_size, args.seed)
-    elif args.file or (cfg is not None and cfg.source.file is not None):
-        file_cfg = cfg.source.file if cfg is not None else None
+    elif args.file or file_cfg is not None:
         path = args.file or file_cfg.path  # type: ignore[union-attr]
         fmt = args.format if args.file else file_cfg.format  # type: ignore[union-attr]
         if not Path(path).exists():
             raise UserError(f"{path}: no such file")
         messages = file_messages(Path(path), fmt, args.batch_size, file_cfg)
     else:
-        raise UserError("nothing to produce: pass --file, --synth criteo, or a --config with source.file")
+        raise UserError("nothing to produce: pass --file, --synth criteo, or a --config with a file source")
     summary = produce(producer_cfg, topic, messages, rate=args.rate)
     print(
         json.dumps(

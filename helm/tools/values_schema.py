@@ -1,4 +1,4 @@
-"""Generate the ``config`` part of ``helm/kelp/values.schema.json`` from ``config/schema.py``.
+"""Generate the ``config`` part of ``helm/kelp/values.schema.json`` from the config models in ``config/``.
 
 The chart's ``config`` value *is* the Kelp config file, so its JSON schema comes
 from the pydantic models (unknown keys, enums and ranges then fail at
@@ -7,7 +7,7 @@ The chart then narrows a few fields to what works across pods: the store must be
 Redis (serving replicas read the trainer's rows), the source Kafka, the
 publisher channel Redis, and the trainer's HTTP endpoint enabled (its probes).
 
-Run after changing ``config/schema.py`` (``tests/deploy`` fails until you do)::
+Run after changing a config model under ``config/`` (``tests/deploy`` fails until you do)::
 
     .venv/bin/python helm/tools/values_schema.py
 """
@@ -38,8 +38,11 @@ def _strip_titles(node: Any) -> Any:
 
 def _narrow(config: dict[str, Any], defs: dict[str, Any]) -> None:
     """What the chart needs beyond what Kelp accepts (each with the reason in its description)."""
-    config["required"] = ["features", "source", "kafka", "store"]
-    config["properties"]["kafka"] = {"$ref": "#/$defs/KafkaConfig"}
+    config["required"] = ["features", "source", "store"]
+    config["properties"]["source"] = {
+        "$ref": "#/$defs/KafkaSourceConfig",
+        "description": "The chart deploys the Kafka trainer group (file replay is for local runs).",
+    }
 
     store = defs["StoreConfig"]["properties"]
     store["backend"] = {
@@ -62,10 +65,10 @@ def _narrow(config: dict[str, Any], defs: dict[str, Any]) -> None:
         "type": "null",
         "description": "Never set here (the config is a ConfigMap): use secrets.kafka.sslKeyPassword.",
     }
-    defs["SourceConfig"]["properties"]["kind"] = {
-        "const": "kafka",
-        "description": "The chart deploys the Kafka trainer group (file replay is for local runs).",
-    }
+    defs["KafkaSourceConfig"]["properties"]["kind"] = {"const": "kafka"}
+    defs["KafkaSourceConfig"].setdefault("required", []).insert(0, "kind")
+    for unused in ("FileSourceConfig", "CsvMapping"):
+        defs.pop(unused, None)
     defs["PublisherConfig"]["properties"]["channel"] = {
         "const": "redis",
         "description": "Trainer and serving pods share no filesystem, so snapshots travel through Redis.",

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kelp.config import KelpConfig, effective_config, load_config, parse_config
+from kelp.config import FileSourceConfig, KelpConfig, effective_config, load_config, parse_config
 
 from kelp.errors import ConfigError
 
@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 MINIMAL = {
-    "source": {"kind": "file", "file": {"path": "data.tsv", "format": "criteo_tsv"}},
+    "source": {"kind": "file", "path": "data.tsv", "format": "criteo_tsv"},
+    "publisher": {"channel": "filesystem", "path": "snapshots"},
     "features": {"sparse": [{"name": "C1"}], "dense": [{"name": "I1", "transforms": ["log1p"]}]},
 }
 
@@ -46,10 +47,14 @@ def test_sparse_feature_gets_table_from_defaults() -> None:
 
 
 def test_relative_paths_resolve_against_config_file(tmp_path: Path) -> None:
-    path = _write(tmp_path, "source: {kind: file, file: {path: data/x.tsv, format: criteo_tsv}}\n")
+    path = _write(
+        tmp_path,
+        "source: {kind: file, path: data/x.tsv, format: criteo_tsv}\n"
+        "publisher: {channel: filesystem, path: snapshots}\n",
+    )
     cfg = load_config(path, environ={})
-    assert cfg.source.file is not None
-    assert cfg.source.file.path == tmp_path / "data" / "x.tsv"
+    assert isinstance(cfg.source, FileSourceConfig)
+    assert cfg.source.path == tmp_path / "data" / "x.tsv"
     assert cfg.trainer.checkpoint_dir.is_absolute()
 
 
@@ -110,16 +115,39 @@ def test_env_index_out_of_range_is_a_config_error() -> None:
         (
             {"features": {"dense": [{"name": "x", "transforms": ["cube"]}]}},
             "features.dense[0].transforms[0]",
-            "does not match any of the expected tags",
+            "got 'cube': expected one of 'log1p', 'clip', 'standardize'",
         ),
-        ({"source": {"kind": "kafka"}}, "(top level)", "no kafka section"),
-        ({"kafka": {"bootstrap_servers": [], "topics": ["t"]}}, "kafka.bootstrap_servers", "at least 1"),
+        ({"source": {"kind": "kafka"}}, "source.bootstrap_servers", "required field is missing"),
+        ({"source": {"kind": "pigeon"}}, "source.kind", "got 'pigeon': expected one of 'kafka', 'file'"),
         (
-            {"kafka": {"bootstrap_servers": "b:9092", "topics": "t", "security": {"protocol": "SASL_SSL"}}},
-            "kafka.security",
+            {"source": {"kind": "file", "topics": ["t"]}},
+            "source.topics",
+            "unknown field; expected one of: csv",
+        ),
+        (
+            {"source": {"kind": "kafka", "bootstrap_servers": [], "topics": ["t"]}},
+            "source.bootstrap_servers",
+            "at least 1",
+        ),
+        (
+            {
+                "source": {
+                    "kind": "kafka",
+                    "bootstrap_servers": "b:9092",
+                    "topics": "t",
+                    "security": {"protocol": "SASL_SSL"},
+                }
+            },
+            "source.security",
             "needs sasl_mechanism",
         ),
-        ({"publisher": {"channel": "filesystem"}}, "publisher", "needs path"),
+        ({"trainer": {"model": "deepfm"}}, "trainer.model", "expected 'dlrm-small' or 'dcn-v2'"),
+        (
+            {"publisher": {"channel": "redis", "path": None}},
+            "publisher.channel",
+            "store.backend is 'memory' and publisher.redis_url is not set",
+        ),
+        ({"publisher": {"channel": "filesystem", "path": None}}, "publisher", "needs path"),
     ],
 )
 def test_invalid_configs_name_field_value_and_expectation(patch: dict, field: str, expected: str) -> None:
@@ -164,7 +192,7 @@ def test_secrets_are_redacted_but_missing_secrets_stay_visible() -> None:
     shown = effective_config(cfg)
     assert shown["store"]["password"] == "**redacted**"
     assert "s3cr3t" not in json.dumps(shown)
-    assert shown["kafka"] is None
+    assert shown["source"]["kind"] == "file"
     assert cfg.store.password is not None
     assert cfg.store.password.get_secret_value() == "s3cr3t"
 
@@ -191,7 +219,7 @@ def _kelp(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
 def test_cli_validate_rejects_broken_config_with_one_line_per_field(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
-        "source: {kind: file, file: {path: x.tsv, format: criteo_tsv}}\n"
+        "source: {kind: file, path: x.tsv, format: criteo_tsv}\n"
         "store: {backend: mysql}\ntrainer: {device: tpu}\n",
     )
     result = _kelp("config", "validate", str(path))
@@ -212,3 +240,33 @@ def test_cli_validate_and_show_accept_example_with_env_override() -> None:
     assert data["store"]["password"] == "**redacted**"
     assert "pw-123" not in shown.stdout
 
+
+def test_layout_1_config_fails_with_one_hint_per_moved_setting(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "version: 1\n"
+        "source: {kind: file, file: {path: x.tsv, format: criteo_tsv}}\n"
+        "kafka: {bootstrap_servers: [b:9092], topics: [t]}\n",
+    )
+    result = _kelp("config", "validate", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert "version: got 1: this is a layout-1 config" in lines[0]
+    assert "kafka: moved into source: write source: {kind: kafka" in lines[1]
+    assert "KELP_SOURCE__X" in lines[1]
+    assert "source.file: moved up one level: write source: {kind: file, path: ..." in lines[2]
+
+
+def test_layout_1_env_override_gets_the_same_hint() -> None:
+    with pytest.raises(ConfigError, match="kafka: moved into source"):
+        parse_config(MINIMAL, environ={"KELP_KAFKA__GROUP_ID": "g"})
+
+
+def test_source_without_kind_says_which_kinds_exist() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"source": {"path": "x.tsv"}}, origin="kelp.yaml")
+    assert str(err.value) == (
+        "kelp.yaml: source.kind: required field is missing: expected one of 'kafka', 'file'"
+    )

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kelp.config import KafkaConfig
+from kelp.config import KafkaSourceConfig
 from kelp.harness import TansuBroker
 
 from kelp.errors import MissingBinaryError
@@ -16,10 +16,10 @@ DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture
-def kafka_config(tansu: Any, unique_topic: str) -> Callable[..., KafkaConfig]:
-    """Factory of KafkaConfig for ``unique_topic`` on the session broker; kwargs override fields."""
+def kafka_config(tansu: Any, unique_topic: str) -> Callable[..., KafkaSourceConfig]:
+    """Factory of KafkaSourceConfig for ``unique_topic`` on the session broker; kwargs override fields."""
 
-    def make(**overrides: Any) -> KafkaConfig:
+    def make(**overrides: Any) -> KafkaSourceConfig:
         fields: dict[str, Any] = {
             "bootstrap_servers": [tansu.bootstrap],
             "topics": [unique_topic],
@@ -28,10 +28,10 @@ def kafka_config(tansu: Any, unique_topic: str) -> Callable[..., KafkaConfig]:
             "session_timeout_ms": 6000,
             "heartbeat_interval_ms": 1000,
             "max_poll_interval_ms": 5000,
-            "incremental_fetch_sessions": False,  # see KafkaConfig.incremental_fetch_sessions
+            "incremental_fetch_sessions": False,  # see KafkaSourceConfig.incremental_fetch_sessions
         }
         fields.update(overrides)
-        return KafkaConfig(**fields)
+        return KafkaSourceConfig(**fields)
 
     return make
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
-from kelp.config import BatchingConfig, FeatureSpec, KafkaConfig, SparseFeature
+from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig, SparseFeature
 from kelp.consumers import encode_columns
 from kelp.consumers.kafka_source import KafkaSource
 from prometheus_client import CollectorRegistry
@@ -44,7 +44,7 @@ def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
 def test_full_queue_pauses_fetching_keeps_membership_and_loses_nothing(
     tansu,  # type: ignore[no-untyped-def]
     unique_topic: str,
-    kafka_config: Callable[..., KafkaConfig],
+    kafka_config: Callable[..., KafkaSourceConfig],
     metrics_registry: CollectorRegistry,
 ) -> None:
     tansu.create_topic(unique_topic, PARTITIONS)

@@ -48,7 +48,7 @@ def test_shared_table_inverse_covers_features_in_order(multi: list[list[int]], o
 
 
 def test_concat_keeps_rows_and_sources() -> None:
-    from kelp.consumers.synth import CriteoSynth
+    from kelp.bench.synth import CriteoSynth
 
     synth = CriteoSynth(seed=1)
     a, b = synth.microbatch(5), synth.microbatch(7)

@@ -10,7 +10,6 @@ from kelp.config import (
     CsvMapping,
     FeatureSpec,
     FileSourceConfig,
-    KelpConfig,
     SparseFeature,
 )
 from kelp.consumers import build_source, criteo_feature_spec, encode_sample
@@ -43,24 +42,17 @@ def test_criteo_tsv_parses_hex_empty_and_short_rows(metrics_registry: CollectorR
 
 def test_csv_mapping_sorted_gzip_and_limit() -> None:
     spec = FeatureSpec(sparse=[SparseFeature(name=n) for n in ("cat1", "cat4")])
-    cfg = KelpConfig(
-        features=spec,
-        source={
-            "kind": "file",
-            "file": FileSourceConfig(
-                path=DATA / "attribution_sample.csv.gz",
-                format="csv",
-                limit=25,
-                csv=CsvMapping(
-                    label_column="click", sparse_columns={"cat1": "cat1", "cat4": "cat4"}, sort_by="orig_row"
-                ),
-            ),
-        },
-        batching=BatchingConfig(batch_size=10),
+    source = FileSourceConfig(
+        path=DATA / "attribution_sample.csv.gz",
+        format="csv",
+        limit=25,
+        csv=CsvMapping(
+            label_column="click", sparse_columns={"cat1": "cat1", "cat4": "cat4"}, sort_by="orig_row"
+        ),
     )
     rows = [r.split(",") for r in (DATA / "attribution_sample.csv").read_text().splitlines()[1:]]
     rows.sort(key=lambda r: int(r[0]))
-    batches = list(build_source(cfg, CollectorRegistry()))
+    batches = list(build_source(source, spec, BatchingConfig(batch_size=10), CollectorRegistry()))
     assert sum(b.size for b in batches) == 25
     got = np.concatenate([b.sparse["cat1"].values for b in batches])
     assert got.tolist() == [int(r[1]) for r in rows[:25]]

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from kelp.config import KafkaConfig
+from kelp.config import KafkaSourceConfig
 from kelp.consumers.kafka_source import KafkaSource
 from prometheus_client import CollectorRegistry
 
@@ -25,7 +25,7 @@ tansu = pytest.fixture(private_tansu, name="tansu")
 def test_two_members_split_and_survivor_takes_over(
     tansu,
     unique_topic: str,
-    kafka_config: Callable[..., KafkaConfig],  # type: ignore[no-untyped-def]
+    kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
 ) -> None:
     """``a`` trains and commits what it gets; ``b`` takes batches, never makes them durable, and leaves.
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
-from kelp.config import BatchingConfig, FeatureSpec, KafkaConfig, SparseFeature
+from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig, SparseFeature
 from kelp.consumers import encode_columns, encode_sample
 from kelp.consumers.kafka_source import KafkaSource
 from prometheus_client import CollectorRegistry
@@ -67,7 +67,7 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[i
 def test_every_sample_once_commits_on_request_and_restart_resumes(
     tansu,
     unique_topic: str,
-    kafka_config: Callable[..., KafkaConfig],  # type: ignore[no-untyped-def]
+    kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
 ) -> None:
     tansu.create_topic(unique_topic, 2)
     produce(tansu.bootstrap, unique_topic, samples(0, 300) + columnar(300, 1300, 100), partitions=2)
@@ -103,7 +103,7 @@ def test_every_sample_once_commits_on_request_and_restart_resumes(
 def test_poison_pills_go_to_dead_letter_with_reason(
     tansu,
     unique_topic: str,
-    kafka_config: Callable[..., KafkaConfig],  # type: ignore[no-untyped-def]
+    kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
 ) -> None:
     tansu.create_topic(unique_topic, 1)
     cfg = kafka_config(max_message_bytes=10_000)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
-from kelp.config import BatchingConfig, FeatureSpec, KafkaConfig, SparseFeature
+from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig, SparseFeature
 from kelp.consumers import encode_columns, encode_sample
 from kelp.consumers.kafka_source import KafkaSource
 from prometheus_client import CollectorRegistry
@@ -35,7 +35,7 @@ def partition_stream(lo: int, singles: int, columns: int, per: int) -> list[byte
 def test_counters_lag_and_committed_offsets_match_the_topic(
     tansu,  # type: ignore[no-untyped-def]
     unique_topic: str,
-    kafka_config: Callable[..., KafkaConfig],
+    kafka_config: Callable[..., KafkaSourceConfig],
     metrics_registry: CollectorRegistry,
 ) -> None:
     tansu.create_topic(unique_topic, 2)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from kafka import KafkaConsumer, TopicPartition
-from kelp.config import KafkaConfig, KelpConfig, StoreConfig, load_config
+from kelp.config import FileSourceConfig, KafkaSourceConfig, KelpConfig, StoreConfig, load_config
 from kelp.consumers.produce import file_messages, produce
 from kelp.daemon.train import TrainDaemon, TrainReport
 from kelp.harness import TansuBroker, free_port
@@ -39,8 +39,8 @@ def tansu() -> Iterator[TansuBroker]:
 def base_config(tmp_path: Path, **trainer: Any) -> KelpConfig:
     """The shipped Criteo config on the 2000-row fixture, with checkpoints under ``tmp_path``."""
     cfg = load_config(ROOT / "examples" / "criteo-kaggle.yaml")
-    assert cfg.source.file is not None
-    cfg.source.file.path = CRITEO
+    assert isinstance(cfg.source, FileSourceConfig)
+    cfg.source.path = CRITEO
     cfg.trainer.checkpoint_dir = tmp_path / "checkpoints"
     cfg.trainer.log_every_s = 1.0
     cfg.publisher.enabled = False
@@ -52,8 +52,7 @@ def base_config(tmp_path: Path, **trainer: Any) -> KelpConfig:
 
 def on_kafka(cfg: KelpConfig, broker: TansuBroker, topic: str, redis_url: str) -> KelpConfig:
     """Move a config onto the production path: the topic on ``broker`` and a Redis store."""
-    cfg.source.kind = "kafka"
-    cfg.kafka = KafkaConfig(
+    cfg.source = KafkaSourceConfig(
         bootstrap_servers=[broker.bootstrap],
         topics=[topic],
         group_id=f"trainer-{topic}",

@@ -79,7 +79,7 @@ def test_trains_from_kafka_into_redis_and_reports(
     assert math.isfinite(report.auc) and 0.0 < report.auc < 1.0
     assert report.checkpoint is not None and Path(report.checkpoint).is_file()
     # One sample per record from offset 0: the committed offsets add up to every record.
-    assert sum(group_offsets(tansu, cfg.kafka.group_id, criteo_topic)) == CRITEO_ROWS
+    assert sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
     assert set(report.stage_seconds) >= {"fetch", "pull", "forward_backward", "push", "commit"}
 
     # min_count=2: an id is admitted (and gets a row) on its second batch, never on its first.
@@ -150,10 +150,10 @@ def test_store_outage_is_retried_without_committing(
         wait_for(killed.is_set, 120, "step 3")
         wait_for(lambda: not daemon.readiness()[0], 10, "readiness to report the outage")
         assert daemon.readiness() == (False, "store unavailable, retrying")
-        committed_during = group_offsets(tansu, cfg.kafka.group_id, criteo_topic)
+        committed_during = group_offsets(tansu, cfg.source.group_id, criteo_topic)
         steps_during = daemon.report.steps
         threading.Event().wait(2.0)
-        assert group_offsets(tansu, cfg.kafka.group_id, criteo_topic) == committed_during
+        assert group_offsets(tansu, cfg.source.group_id, criteo_topic) == committed_during
         assert sum(committed_during) < CRITEO_ROWS
         retried = daemon.registry.get_sample_value(
             "kelp_trainer_errors_total", {"stage": "push", "kind": "retried"}
@@ -167,7 +167,7 @@ def test_store_outage_is_retried_without_committing(
         assert daemon.report.steps > steps_during
         wait_for(lambda: daemon.readiness()[0], 10, "readiness to recover")
         running.stop()
-        assert sum(group_offsets(tansu, cfg.kafka.group_id, criteo_topic)) == CRITEO_ROWS
+        assert sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
 
 
 def test_store_down_past_the_budget_is_fatal_not_a_hang(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ def test_sigterm_drains_commits_checkpoints_and_exits_0(
     log = (tmp_path / "run1.log").read_text()
     assert "stopped by SIGTERM" in log, log[-2000:]
 
-    committed = group_offsets(tansu, cfg.kafka.group_id, criteo_topic)
+    committed = group_offsets(tansu, cfg.source.group_id, criteo_topic)
     pointer = _checkpoint_pointer(cfg.trainer.checkpoint_dir)
     assert pointer is not None
     from kelp.trainer.checkpoint import read_checkpoint
@@ -96,7 +96,7 @@ def test_sigterm_drains_commits_checkpoints_and_exits_0(
     rest = _finish_in_process(config, CRITEO_ROWS - sum(committed))
     assert rest.resumed_from is not None and rest.first_step == pointer["step"]
     assert rest.samples == CRITEO_ROWS - sum(committed)
-    assert sum(group_offsets(tansu, cfg.kafka.group_id, criteo_topic)) == CRITEO_ROWS
+    assert sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
 
 
 def test_kill_9_then_restart_resumes_with_every_record_trained(
@@ -112,7 +112,7 @@ def test_kill_9_then_restart_resumes_with_every_record_trained(
         proc.wait(timeout=10)
     finally:
         proc.kill()
-    committed = group_offsets(tansu, cfg.kafka.group_id, criteo_topic)
+    committed = group_offsets(tansu, cfg.source.group_id, criteo_topic)
     assert sum(committed) < CRITEO_ROWS, "kill -9 should land mid-stream"
     pointer = _checkpoint_pointer(cfg.trainer.checkpoint_dir)
     assert pointer is not None
@@ -121,4 +121,4 @@ def test_kill_9_then_restart_resumes_with_every_record_trained(
     assert rest.resumed_from is not None and rest.first_step == pointer["step"]
     # Committed records were trained by the first run; every other record by the second.
     assert rest.samples == CRITEO_ROWS - sum(committed)
-    assert sum(group_offsets(tansu, cfg.kafka.group_id, criteo_topic)) == CRITEO_ROWS
+    assert sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS

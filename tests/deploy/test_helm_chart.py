@@ -80,7 +80,7 @@ def test_values_schema_config_part_is_generated_from_kelp_config() -> None:
         sys.path.pop(0)
     committed = json.loads((CHART_DIR / "values.schema.json").read_text(encoding="utf-8"))
     assert values_schema.render(committed) == committed, (
-        "helm/kelp/values.schema.json is out of date with config/schema.py: "
+        "helm/kelp/values.schema.json is out of date with the config models: "
         "run `.venv/bin/python helm/tools/values_schema.py`"
     )
 
@@ -99,7 +99,7 @@ def test_values_schema_config_part_is_generated_from_kelp_config() -> None:
         ({"config": {"trainer": {"modle": "dcn-v2"}}}, "at '/config/trainer': additional properties 'modle'"),
         ({"config": {"trainer": {"model": "gpt"}}}, "at '/config/trainer/model'"),
         ({"config": {"store": {"password": "hunter2"}}}, "at '/config/store/password'"),
-        ({"config": {"kafka": {"max_poll_records": 0}}}, "at '/config/kafka/max_poll_records'"),
+        ({"config": {"source": {"max_poll_records": 0}}}, "at '/config/source/max_poll_records'"),
         ({"config": {"publisher": {"channel": "filesystem"}}}, "at '/config/publisher/channel'"),
         ({"trainer": {"gpu": "one"}}, "at '/trainer/gpu'"),
         ({"serving": {"replica": 3}}, "at '/serving': additional properties 'replica'"),
@@ -121,12 +121,12 @@ def test_invalid_values_are_rejected_by_the_schema(
     ("values", "message"),
     [
         (
-            {"config": {"kafka": {"security": {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"}}}},
+            {"config": {"source": {"security": {"protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"}}}},
             "needs a password: set secrets.kafka.saslPassword.existingSecret",
         ),
         (
             {"secrets": {"kafka": {"tls": {"ca": {"existingSecret": "cluster-ca", "key": "ca.crt"}}}}},
-            "config.kafka.security.protocol is not SSL or SASL_SSL",
+            "config.source.security.protocol is not SSL or SASL_SSL",
         ),
         (
             {"secrets": {"store": {"tls": {"cert": {"existingSecret": "client", "key": "tls.crt"}}}}},
@@ -224,7 +224,7 @@ def test_no_secret_lands_in_the_config_map(production_manifests: list[Manifest])
         return set()
 
     config = yaml.safe_load(find(production_manifests, "ConfigMap", "-config")["data"]["kelp.yaml"])
-    assert config["kafka"]["security"]["sasl_mechanism"] == "SCRAM-SHA-512"  # a password is in use...
+    assert config["source"]["security"]["sasl_mechanism"] == "SCRAM-SHA-512"  # a password is in use...
     assert not {k for k in keys(config) if "password" in k}  # ...and comes from the env, not the file
 
 
@@ -238,7 +238,7 @@ def test_secrets_become_kelp_env_overrides(production_manifests: list[Manifest])
             "name": values["store"]["password"]["existingSecret"],
             "key": values["store"]["password"]["key"],
         }
-        assert refs["KELP_KAFKA__SECURITY__SASL_PASSWORD"] == {
+        assert refs["KELP_SOURCE__SECURITY__SASL_PASSWORD"] == {
             "name": values["kafka"]["saslPassword"]["existingSecret"],
             "key": values["kafka"]["saslPassword"]["key"],
         }
@@ -251,7 +251,7 @@ def test_tls_files_are_mounted_where_the_config_points(production_manifests: lis
     spec = pod_spec(trainer)
     container = spec["containers"][0]
     volumes = {v["name"]: v for v in spec["volumes"]}
-    for path in (cfg["store"]["tls"]["ca_file"], cfg["kafka"]["security"]["ssl_cafile"]):
+    for path in (cfg["store"]["tls"]["ca_file"], cfg["source"]["security"]["ssl_cafile"]):
         mount = next(m for m in container["volumeMounts"] if str(Path(path).parent) == m["mountPath"])
         projected = [
             item["path"]
@@ -299,7 +299,7 @@ def test_trainer_replicas_share_one_consumer_group(render: Render) -> None:
     trainer = find(docs, "StatefulSet", "-trainer")
     assert trainer["spec"]["replicas"] == 3
     cfg = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
-    assert cfg["kafka"]["group_id"] == "kelp-trainer"
+    assert cfg["source"]["group_id"] == "kelp-trainer"
 
 
 def test_checkpoints_on_emptydir_by_default_and_pvc_in_production(

@@ -43,7 +43,7 @@ def test_plain_wheel_contains_each_room_under_kelp(tmp_path: Path) -> None:
     for module in (
         "kelp/__init__.py",
         "kelp/errors.py",
-        "kelp/config/schema.py",
+        "kelp/config/root.py",
         "kelp/consumers/__init__.py",
         "kelp/store/__init__.py",
         "kelp/daemon/cli.py",

@@ -24,7 +24,7 @@ def small_config(redis_url: str, tmp_path: Path, **sections: Any) -> KelpConfig:
     """Three sparse features over two tables (one shared, one multi-hot), two dense features."""
     data: dict[str, Any] = {
         "deployment": DEPLOYMENT,
-        "source": {"kind": "file", "file": {"path": str(tmp_path / "none.msgpack"), "format": "msgpack"}},
+        "source": {"kind": "file", "path": str(tmp_path / "none.msgpack"), "format": "msgpack"},
         "features": {
             "dense": [{"name": "I1", "transforms": ["log1p"]}, {"name": "I2", "default": 1.5}],
             "sparse": [

@@ -34,7 +34,7 @@ def test_stats_and_inspect(tmp_path, redis_url: str, capsys) -> None:  # type: i
     config = tmp_path / "kelp.yaml"
     config.write_text(
         "deployment: clitest\n"
-        "source: {kind: file, file: {path: x.tsv, format: criteo_tsv}}\n"
+        "source: {kind: file, path: x.tsv, format: criteo_tsv}\n"
         f"store: {{backend: redis, urls: ['{redis_url}']}}\n"
         "features: {tables: [{name: ads, dim: 2}]}\n"
     )

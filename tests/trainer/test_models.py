@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kelp.config import TrainerConfig
-from kelp.consumers.synth import criteo_feature_spec
+from kelp.consumers.criteo import criteo_feature_spec
 from kelp.trainer.models import DLRM, DCNv2, build_model
 from torch import nn
 
@@ -67,10 +67,19 @@ def test_without_dense_features() -> None:
 
 def test_unimplemented_model_is_a_user_error() -> None:
     with pytest.raises(UserError, match="deepfm"):
-        build_model(small_spec(), small_config(model="deepfm"))
+        # The config refuses unbuilt names at load; build_model still guards an unvalidated config.
+        build_model(small_spec(), small_config().model_copy(update={"model": "deepfm"}))
 
 
 def test_wrong_number_of_features() -> None:
     model = build_model(small_spec(), small_config())
     with pytest.raises(ValueError, match="pooled"):
         model(torch.zeros(2, 3), [torch.zeros(2, 4)])
+
+
+def test_config_accepts_exactly_the_models_built_here() -> None:
+    """The config's ``trainer.model`` choices (checked at load) are the models :data:`MODELS` builds."""
+    from kelp.config import MODEL_NAMES
+    from kelp.trainer.models import MODELS
+
+    assert set(MODEL_NAMES) == set(MODELS)

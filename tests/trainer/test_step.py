@@ -5,9 +5,10 @@ import copy
 import numpy as np
 import pytest
 import torch
+from kelp.bench.baseline import InMemoryBaseline, spec_init
+from kelp.bench.synth import CriteoSynth
 from kelp.config import InitSpec
-from kelp.consumers.synth import CriteoSynth, criteo_feature_spec
-from kelp.trainer.baseline import InMemoryBaseline, spec_init
+from kelp.consumers.criteo import criteo_feature_spec
 from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.models import build_model
 from kelp.trainer.step import STAGES, TrainStep

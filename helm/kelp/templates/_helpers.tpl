@@ -89,16 +89,16 @@ names the value to change.
 {{- if $store.password }}
 {{- fail "config.store.password must not be set: config is rendered into a ConfigMap. Put the password in a Secret and set secrets.store.password.existingSecret (and .key)." }}
 {{- end }}
-{{- $sec := ($cfg.kafka | default dict).security | default dict }}
+{{- $sec := ($cfg.source | default dict).security | default dict }}
 {{- if or $sec.sasl_password $sec.ssl_password }}
-{{- fail "config.kafka.security.sasl_password / ssl_password must not be set: config is rendered into a ConfigMap. Use secrets.kafka.saslPassword / secrets.kafka.sslKeyPassword (existingSecret, key)." }}
+{{- fail "config.source.security.sasl_password / ssl_password must not be set: config is rendered into a ConfigMap. Use secrets.kafka.saslPassword / secrets.kafka.sslKeyPassword (existingSecret, key)." }}
 {{- end }}
 {{- if and (has ($sec.sasl_mechanism | default "") (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512")) (not .Values.secrets.kafka.saslPassword.existingSecret) }}
-{{- fail (printf "config.kafka.security.sasl_mechanism %s needs a password: set secrets.kafka.saslPassword.existingSecret (and .key) and config.kafka.security.sasl_username." $sec.sasl_mechanism) }}
+{{- fail (printf "config.source.security.sasl_mechanism %s needs a password: set secrets.kafka.saslPassword.existingSecret (and .key) and config.source.security.sasl_username." $sec.sasl_mechanism) }}
 {{- end }}
 {{- $kafkaTls := .Values.secrets.kafka.tls }}
 {{- if and (or $kafkaTls.ca.existingSecret $kafkaTls.cert.existingSecret) (not (has ($sec.protocol | default "PLAINTEXT") (list "SSL" "SASL_SSL"))) }}
-{{- fail "secrets.kafka.tls is set but config.kafka.security.protocol is not SSL or SASL_SSL." }}
+{{- fail "secrets.kafka.tls is set but config.source.security.protocol is not SSL or SASL_SSL." }}
 {{- end }}
 {{- range $what, $tls := dict "secrets.store.tls" .Values.secrets.store.tls "secrets.kafka.tls" .Values.secrets.kafka.tls }}
 {{- if ne (empty $tls.cert.existingSecret) (empty $tls.key.existingSecret) }}
@@ -133,14 +133,14 @@ that must match the mounts below).
 {{- end }}
 {{- end }}
 {{- $kafkaTls := .Values.secrets.kafka.tls }}
-{{- if and $cfg.kafka (or $kafkaTls.ca.existingSecret $kafkaTls.cert.existingSecret) }}
-{{- if not $cfg.kafka.security }}{{- $_ := set $cfg.kafka "security" dict }}{{- end }}
+{{- if and $cfg.source (or $kafkaTls.ca.existingSecret $kafkaTls.cert.existingSecret) }}
+{{- if not $cfg.source.security }}{{- $_ := set $cfg.source "security" dict }}{{- end }}
 {{- if $kafkaTls.ca.existingSecret }}
-{{- $_ := set $cfg.kafka.security "ssl_cafile" (printf "%s/ca.crt" (include "kelp.kafkaTlsDir" .)) }}
+{{- $_ := set $cfg.source.security "ssl_cafile" (printf "%s/ca.crt" (include "kelp.kafkaTlsDir" .)) }}
 {{- end }}
 {{- if $kafkaTls.cert.existingSecret }}
-{{- $_ := set $cfg.kafka.security "ssl_certfile" (printf "%s/tls.crt" (include "kelp.kafkaTlsDir" .)) }}
-{{- $_ := set $cfg.kafka.security "ssl_keyfile" (printf "%s/tls.key" (include "kelp.kafkaTlsDir" .)) }}
+{{- $_ := set $cfg.source.security "ssl_certfile" (printf "%s/tls.crt" (include "kelp.kafkaTlsDir" .)) }}
+{{- $_ := set $cfg.source.security "ssl_keyfile" (printf "%s/tls.key" (include "kelp.kafkaTlsDir" .)) }}
 {{- end }}
 {{- end }}
 {{- toYaml $cfg }}
@@ -156,8 +156,8 @@ PLAIN/SCRAM mechanism is configured, so every Kelp container gets the same set.
   value: /tmp/.cache
 {{- $refs := list
   (list "KELP_STORE__PASSWORD" .Values.secrets.store.password)
-  (list "KELP_KAFKA__SECURITY__SASL_PASSWORD" .Values.secrets.kafka.saslPassword)
-  (list "KELP_KAFKA__SECURITY__SSL_PASSWORD" .Values.secrets.kafka.sslKeyPassword) }}
+  (list "KELP_SOURCE__SECURITY__SASL_PASSWORD" .Values.secrets.kafka.saslPassword)
+  (list "KELP_SOURCE__SECURITY__SSL_PASSWORD" .Values.secrets.kafka.sslKeyPassword) }}
 {{- range $refs }}
 {{- $ref := index . 1 }}
 {{- if $ref.existingSecret }}

@@ -1,4 +1,4 @@
-"""``criteo-synth``: the reference synthetic CTR stream every benchmark shares.
+"""``criteo-synth``: the reference synthetic CTR stream every benchmark shares (load generation).
 
 The workload is fixed by BENCHMARKS.md so numbers from ``store``, ``ingest``,
 ``train`` and ``freshness`` compare:
@@ -34,40 +34,21 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
+from kelp.consumers.codec import encode_columns, encode_sample
+from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES, criteo_feature_spec
+from kelp.store.hashing import splitmix64
 
 if TYPE_CHECKING:
     from kelp.config import FeatureSpec
     from kelp.consumers.batch import MicroBatch
 
-__all__ = [
-    "DENSE_NAMES",
-    "SPARSE_NAMES",
-    "CriteoSynth",
-    "SynthColumns",
-    "criteo_feature_spec",
-    "splitmix64",
-]
-
-DENSE_NAMES: tuple[str, ...] = tuple(f"I{i}" for i in range(1, 14))
-SPARSE_NAMES: tuple[str, ...] = tuple(f"C{i}" for i in range(1, 27))
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser, elementwise on ``uint64`` (a bijection, so distinct in = distinct out)."""
-    z = np.asarray(x, dtype=np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
+__all__ = ["CriteoSynth", "SynthColumns", "synth_messages"]
 
 @lru_cache(maxsize=8)
 def _zipf_cdf(n_ids: int, exponent: float) -> np.ndarray:
@@ -211,8 +192,6 @@ class CriteoSynth:
         ``per_message=1`` gives single-sample messages; larger values give
         columnar batch messages (``packed`` = typed binary arrays, the fast form).
         """
-        from kelp.consumers.codec import encode_columns, encode_sample
-
         cols = self.batch(n)
         out: list[bytes] = []
         if per_message == 1:
@@ -240,14 +219,34 @@ class CriteoSynth:
         return out
 
 
-def criteo_feature_spec(max_ids: int = 1) -> FeatureSpec:
-    """Features of criteo-synth and Criteo TSV: label, I1..I13 (clip 0, log1p), C1..C26 (own tables)."""
-    from kelp.config import ClipTransform, DenseFeature, FeatureSpec, Log1pTransform, SparseFeature
+def synth_messages(
+    samples: int, batch_size: int, seed: int = 0, step: int = 65_536
+) -> Iterator[tuple[bytes, int]]:
+    """(message, samples in it) for ``samples`` criteo-synth samples, generated in vectorised steps.
 
-    # Criteo's integer columns have a few negatives (I2 = -1...): clip at 0 before log1p.
-    return FeatureSpec(
-        dense=[
-            DenseFeature(name=n, transforms=[ClipTransform(min=0), Log1pTransform()]) for n in DENSE_NAMES
-        ],
-        sparse=[SparseFeature(name=n, max_ids=max_ids) for n in SPARSE_NAMES],
-    )
+    What ``kelp produce --synth criteo`` and the benchmarks write to Kafka:
+    ``batch_size == 1`` gives single-sample messages, larger sizes packed
+    columnar messages.
+    """
+    synth = CriteoSynth(seed=seed)
+    done = 0
+    step = max(step - step % batch_size, batch_size)
+    while done < samples:
+        n = min(step, samples - done)
+        if batch_size == 1:
+            for m in synth.messages(n, per_message=1):
+                yield m, 1
+        else:
+            cols = synth.batch(n)
+            for lo in range(0, n, batch_size):
+                hi = min(n, lo + batch_size)
+                yield (
+                    encode_columns(
+                        cols.label[lo:hi],
+                        cols.dense[lo:hi],
+                        {name: cols.sparse[lo:hi, i] for i, name in enumerate(SPARSE_NAMES)},
+                        cols.ts[lo:hi],
+                    ),
+                    hi - lo,
+                )
+        done += n

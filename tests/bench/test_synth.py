@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from kelp.consumers.synth import CriteoSynth
+from kelp.bench.synth import CriteoSynth
 
 
 def test_shapes_and_determinism() -> None:

@@ -1,4 +1,4 @@
-"""The in-memory single-process baseline that ``kelp bench train`` measures Kelp against.
+"""The in-memory single-process baseline that ``kelp bench train`` measures Kelp against (the oracle).
 
 Same model, same optimizers, same pooling code as :class:`~kelp.trainer.step.TrainStep`,
 but every embedding table lives in memory as one tensor on the device::

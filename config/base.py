@@ -1,0 +1,38 @@
+"""What every config section shares: strict models and two small field helpers.
+
+Every section forbids unknown keys (a typo is an error, never a silent
+default) and validates assignments, so a config changed in code (tests, the
+CLI's ``--max-steps``) is checked the same way as one read from YAML.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["StrictModel", "identifier", "split_csv"]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+
+
+class StrictModel(BaseModel):
+    """Base for every config section: unknown keys are errors; assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+
+
+def identifier(value: str, what: str) -> str:
+    """``value`` if it is a safe name for keys, metrics and files; a ValueError naming ``what`` otherwise."""
+    if not _IDENT.match(value):
+        raise ValueError(
+            f"{what} must start with a letter or '_' and use letters, digits, '_', '.', '-' only"
+        )
+    return value
+
+
+def split_csv(value: object) -> object:
+    """Allow ``"a:9092,b:9092"`` (handy in env overrides) where a list is expected."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value

@@ -1,0 +1,233 @@
+"""What a sample looks like: label, dense and sparse features, and the embedding tables they use.
+
+This slice is shared by almost every room: the consumers decode samples with
+it, the store builds one table per :class:`TableSpec`, the trainer sizes its
+model from it and serving validates requests against it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from kelp.config.base import StrictModel, identifier
+from pydantic import Field, field_validator, model_validator
+
+__all__ = [
+    "AdmissionSpec",
+    "ClipTransform",
+    "DenseFeature",
+    "DenseTransform",
+    "EvictionSpec",
+    "FeatureSpec",
+    "InitSpec",
+    "LabelSpec",
+    "Log1pTransform",
+    "SparseFeature",
+    "StandardizeTransform",
+    "TableDefaults",
+    "TableSpec",
+]
+
+
+class InitSpec(StrictModel):
+    """How a newly admitted row is initialised. Seeded from (seed, table, id), so reproducible."""
+
+    kind: Literal["normal", "uniform", "zeros"] = Field("normal", description="Distribution of a new row.")
+    std: float = Field(0.01, gt=0, description="Standard deviation for kind=normal.")
+    scale: float = Field(0.05, gt=0, description="Half-width of the interval for kind=uniform.")
+    seed: int = Field(0, ge=0, description="Mixed with the table name and id to seed each row.")
+
+
+class AdmissionSpec(StrictModel):
+    """When an id earns a stored row (Kraken/Monolith): until then it reads the default row."""
+
+    min_count: int = Field(
+        1,
+        ge=1,
+        description="Sightings (across all trainers, approximate) before an id is admitted; 1 = always.",
+    )
+    probability: float = Field(
+        1.0, gt=0, le=1, description="Alternatively admit each sighting with this probability; 1 = off."
+    )
+    counter_ttl_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="Seconds a not-yet-admitted id's sighting counter lives (bounds counter memory).",
+    )
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> Self:
+        if self.min_count > 1 and self.probability < 1:
+            raise ValueError("admission: set min_count > 1 or probability < 1, not both")
+        return self
+
+
+class EvictionSpec(StrictModel):
+    """When stored rows go away. Evicted rows read as not admitted again."""
+
+    ttl_s: float | None = Field(
+        None,
+        gt=0,
+        description="Rows not updated for this many seconds expire. None = never. Hazard: too short "
+        "forgets slow-moving ids between visits.",
+    )
+    max_rows: int | None = Field(
+        None,
+        gt=0,
+        description="Capacity cap per table; least-frequently-used rows go first. None = unbounded.",
+    )
+
+
+class TableSpec(StrictModel):
+    """One embedding table: rows of ``dim`` floats keyed by 64-bit id."""
+
+    name: str
+    dim: int = Field(16, ge=1, le=4096, description="Embedding width.")
+    dtype: Literal["float32", "float16"] = Field(
+        "float32",
+        description="Storage type of the embedding in the store; float16 halves memory at ~1e-3 error.",
+    )
+    init: InitSpec = Field(default_factory=InitSpec)
+    default_row: Literal["zeros", "init"] = Field(
+        "zeros", description="What a not-admitted id reads: zeros, or its deterministic init row."
+    )
+    admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
+    eviction: EvictionSpec = Field(default_factory=EvictionSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return identifier(v, "table name")
+
+
+class TableDefaults(StrictModel):
+    """Template for tables that sparse features name but ``tables`` does not list."""
+
+    dim: int = Field(16, ge=1, le=4096)
+    dtype: Literal["float32", "float16"] = "float32"
+    init: InitSpec = Field(default_factory=InitSpec)
+    default_row: Literal["zeros", "init"] = "zeros"
+    admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
+    eviction: EvictionSpec = Field(default_factory=EvictionSpec)
+
+
+class SparseFeature(StrictModel):
+    """A categorical feature: one id (one-hot) or up to ``max_ids`` ids (multi-hot) per sample."""
+
+    name: str
+    table: str | None = Field(
+        None, description="Embedding table; defaults to the feature name. Tables may be shared."
+    )
+    max_ids: int = Field(
+        1, ge=1, le=65_536, description="Cap on ids per sample; more is rejected as too_many_ids."
+    )
+    pooling: Literal["sum", "mean"] = Field("sum", description="How a multi-hot feature's rows are combined.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return identifier(v, "feature name")
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name
+
+
+class Log1pTransform(StrictModel):
+    kind: Literal["log1p"] = "log1p"
+
+
+class ClipTransform(StrictModel):
+    kind: Literal["clip"] = "clip"
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"clip min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class StandardizeTransform(StrictModel):
+    kind: Literal["standardize"] = "standardize"
+    mean: float = 0.0
+    std: float = Field(1.0, gt=0)
+
+
+DenseTransform = Annotated[Log1pTransform | ClipTransform | StandardizeTransform, Field(discriminator="kind")]
+
+
+class DenseFeature(StrictModel):
+    """A numeric feature. Transforms apply in order, after missing values are replaced by ``default``."""
+
+    name: str
+    default: float = Field(0.0, description="Value used when the feature is missing from a sample.")
+    transforms: list[DenseTransform] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return identifier(v, "feature name")
+
+    @field_validator("transforms", mode="before")
+    @classmethod
+    def _shorthand(cls, v: object) -> object:
+        # Allow `transforms: [log1p]` as well as `[{kind: log1p}]`.
+        if isinstance(v, list):
+            return [{"kind": t} if isinstance(t, str) else t for t in v]
+        return v
+
+
+class LabelSpec(StrictModel):
+    name: str = Field("label", description="Field (or column) holding the label.")
+    kind: Literal["binary", "float"] = Field(
+        "binary", description="binary: 0/1 clicks; float: any finite value."
+    )
+
+
+class FeatureSpec(StrictModel):
+    """What a sample looks like: a label, dense features and sparse features over tables."""
+
+    label: LabelSpec = Field(default_factory=LabelSpec)
+    dense: list[DenseFeature] = Field(default_factory=list)
+    sparse: list[SparseFeature] = Field(default_factory=list)
+    tables: list[TableSpec] = Field(default_factory=list)
+    table_defaults: TableDefaults = Field(
+        default_factory=TableDefaults,
+        description="Used for tables named by a sparse feature but not listed under tables.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        for kind, names in (
+            ("dense feature", [f.name for f in self.dense]),
+            ("sparse feature", [f.name for f in self.sparse]),
+            ("table", [t.name for t in self.tables]),
+        ):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"duplicate {kind} name(s): {', '.join(dupes)}")
+        overlap = {f.name for f in self.dense} & {f.name for f in self.sparse}
+        if overlap:
+            raise ValueError(f"feature(s) both dense and sparse: {', '.join(sorted(overlap))}")
+        listed = {t.name for t in self.tables}
+        for feature in self.sparse:
+            if feature.table_name not in listed:
+                spec = TableSpec(name=feature.table_name, **self.table_defaults.model_dump())
+                self.tables.append(spec)
+                listed.add(spec.name)
+        return self
+
+    def sparse_table(self, feature: str) -> str:
+        """Name of the table a sparse feature looks its ids up in."""
+        for f in self.sparse:
+            if f.name == feature:
+                return f.table_name
+        raise KeyError(feature)
+
+    def table(self, name: str) -> TableSpec:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)

@@ -1,0 +1,50 @@
+"""The processes' own slices: snapshot publishing, the serving replica, metrics/health HTTP, logging."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from kelp.config.base import StrictModel
+from pydantic import Field, model_validator
+
+__all__ = ["LoggingConfig", "MetricsConfig", "PublisherConfig", "ServingConfig"]
+
+
+class PublisherConfig(StrictModel):
+    enabled: bool = Field(True, description="Publish dense snapshots for serving (off: a trainer only).")
+    channel: Literal["redis", "filesystem"] = "redis"
+    interval_s: float = Field(5.0, gt=0, description="Seconds between dense snapshots.")
+    keep_versions: int = Field(5, ge=1, description="Older snapshots are deleted.")
+    redis_url: str | None = Field(None, description="Defaults to the store's first url.")
+    path: Path | None = Field(None, description="Directory for channel=filesystem.")
+
+    @model_validator(mode="after")
+    def _path(self) -> Self:
+        if self.channel == "filesystem" and self.path is None:
+            raise ValueError("channel 'filesystem' needs path")
+        return self
+
+
+class ServingConfig(StrictModel):
+    host: str = "0.0.0.0"
+    port: int = Field(8080, ge=1, le=65_535)
+    workers: int = Field(1, ge=1, le=64)
+    max_samples_per_request: int = Field(1024, ge=1)
+    max_ids_per_feature: int = Field(256, ge=1)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    local_cache_ttl_ms: int = Field(
+        0, ge=0, description="Serving-side row cache; 0 = off. Hazard: rows can be this much staler."
+    )
+    poll_interval_s: float = Field(5.0, gt=0, description="Fallback poll for new model versions.")
+
+
+class MetricsConfig(StrictModel):
+    enabled: bool = True
+    host: str = "0.0.0.0"
+    port: int = Field(9400, ge=1, le=65_535, description="/metrics, /healthz and /readyz of the trainer.")
+
+
+class LoggingConfig(StrictModel):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"

@@ -1,0 +1,71 @@
+"""The root of a Kelp config file: one section per room, and the rules that span sections."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Self
+
+from kelp.config.base import StrictModel
+from kelp.config.features import FeatureSpec
+from kelp.config.processes import LoggingConfig, MetricsConfig, PublisherConfig, ServingConfig
+from kelp.config.sources import BatchingConfig, SourceConfig
+from kelp.config.store import StoreConfig
+from kelp.config.trainer import TrainerConfig
+from pydantic import Field, field_validator, model_validator
+
+__all__ = ["CONFIG_VERSION", "KelpConfig"]
+
+CONFIG_VERSION = 2
+"""Layout version of the config file. Version 2 moved ``kafka:`` and ``source.file:`` into ``source``."""
+
+_DEPLOYMENT = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$")
+
+
+class KelpConfig(StrictModel):
+    """The root of a Kelp config file.
+
+    Each process hands each builder only its own slice: ``source`` and
+    ``batching`` to the consumers, ``store`` to the store, ``trainer`` to the
+    trainer, ``publisher``/``serving`` to their processes; ``features`` is the
+    one slice everyone reads.
+    """
+
+    version: Literal[2] = Field(CONFIG_VERSION, description="Config layout version.")
+    deployment: str = Field(
+        "kelp", description="Namespace for Redis keys and snapshots; two deployments never share rows."
+    )
+    features: FeatureSpec = Field(default_factory=FeatureSpec)
+    source: SourceConfig = Field(description="kind: kafka (production) or kind: file (embedded default).")
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    publisher: PublisherConfig = Field(default_factory=PublisherConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment(cls, v: str) -> str:
+        if not _DEPLOYMENT.match(v):
+            raise ValueError(
+                "expected 1-64 lowercase letters, digits or '-', not starting or ending with '-'"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _publisher_has_a_channel(self) -> Self:
+        pub = self.publisher
+        if (
+            pub.enabled
+            and pub.channel == "redis"
+            and pub.redis_url is None
+            and self.store.backend == "memory"
+        ):
+            # A cross-section rule: the message starts with the field it is about (see the loader).
+            raise ValueError(
+                "publisher.channel: 'redis' needs a Redis, but store.backend is 'memory' and "
+                "publisher.redis_url is not set; set publisher.redis_url, or publisher.channel: filesystem "
+                "with publisher.path"
+            )
+        return self

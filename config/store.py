@@ -1,0 +1,87 @@
+"""The embedding store's slice: backend, Redis endpoints and credentials, retries, the hot-row cache.
+
+Read by :func:`kelp.store.build_store` (and by the Redis snapshot channel for
+its default endpoint). What a backend can enforce (for example ``max_rows``) is
+checked against this slice by the store itself, at load time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from kelp.config.base import StrictModel, split_csv
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+__all__ = ["HotCacheConfig", "RedisTls", "RetrySpec", "StoreConfig"]
+
+
+class RetrySpec(StrictModel):
+    attempts: int = Field(5, ge=1, le=100, description="Tries per operation, the first included.")
+    base_delay_s: float = Field(0.05, ge=0)
+    max_delay_s: float = Field(2.0, ge=0)
+
+
+class RedisTls(StrictModel):
+    enabled: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    check_hostname: bool = True
+
+
+class HotCacheConfig(StrictModel):
+    """FAE-style trainer-side cache of the hottest rows, written back periodically."""
+
+    enabled: bool = False
+    capacity_rows: int = Field(100_000, ge=1, description="Rows per trainer across all tables.")
+    writeback_every_steps: int = Field(50, ge=1)
+    writeback_interval_s: float = Field(5.0, gt=0)
+    max_staleness_s: float = Field(
+        10.0, gt=0, description="A cached row older than this is re-read from the store before use."
+    )
+
+
+class StoreConfig(StrictModel):
+    backend: Literal["memory", "redis", "redis-cluster"] = Field(
+        "memory",
+        description="memory: in-process (embedded default); redis: client-sharded nodes; "
+        "redis-cluster: Redis Cluster seed nodes.",
+    )
+    urls: list[str] = Field(
+        default_factory=list,
+        description="redis://host:port[/db] per shard (redis) or seed nodes (redis-cluster).",
+    )
+    replicas: list[list[str]] = Field(
+        default_factory=list, description="Optional read-replica URLs per shard, same order as urls."
+    )
+    username: str | None = None
+    password: SecretStr | None = None
+    tls: RedisTls = Field(default_factory=RedisTls)
+    socket_timeout_s: float = Field(2.0, gt=0)
+    connect_timeout_s: float = Field(2.0, gt=0)
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+    max_rows_per_command: int = Field(
+        2048, ge=1, le=100_000, description="Rows per MGET/MSET chunk inside one pipelined round trip."
+    )
+    cluster_buckets_per_table: int = Field(
+        64,
+        ge=1,
+        le=16_384,
+        description="redis-cluster: hash-tag buckets per table; each bucket's rows travel in one command to "
+        "one slot. Hazard: changing it changes every key (rows written before become invisible).",
+    )
+    hot_cache: HotCacheConfig = Field(default_factory=HotCacheConfig)
+
+    _split = field_validator("urls", mode="before")(split_csv)
+
+    @model_validator(mode="after")
+    def _urls(self) -> Self:
+        if self.backend != "memory" and not self.urls:
+            raise ValueError(f"backend '{self.backend}' needs at least one url (redis://host:port)")
+        for url in self.urls + [u for group in self.replicas for u in group]:
+            if not url.startswith(("redis://", "rediss://", "unix://")):
+                raise ValueError(f"url {url!r} must start with redis://, rediss:// or unix://")
+        if self.replicas and len(self.replicas) != len(self.urls):
+            raise ValueError(f"replicas has {len(self.replicas)} groups but urls has {len(self.urls)} shards")
+        return self

@@ -1,0 +1,71 @@
+"""The trainer's slice: model, device, optimizers, checkpoints, pipeline depths and budgets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from kelp.config.base import StrictModel
+from pydantic import Field, field_validator
+
+__all__ = ["MODEL_NAMES", "DenseOptimizerSpec", "SparseOptimizerSpec", "TrainerConfig"]
+
+MODEL_NAMES = ("dlrm-small", "dcn-v2")
+"""The models ``kelp.trainer`` builds (a test keeps this equal to ``kelp.trainer.models.MODELS``)."""
+
+
+class SparseOptimizerSpec(StrictModel):
+    kind: Literal["rowwise_adagrad"] = "rowwise_adagrad"
+    lr: float = Field(0.05, gt=0)
+    eps: float = Field(1e-8, gt=0)
+    initial_accumulator: float = Field(0.0, ge=0)
+
+
+class DenseOptimizerSpec(StrictModel):
+    kind: Literal["adam", "adagrad", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class TrainerConfig(StrictModel):
+    model: Literal["dlrm-small", "dcn-v2"] = Field(
+        "dlrm-small", description="A built model: dlrm-small or dcn-v2."
+    )
+    bottom_mlp: list[int] = Field(default_factory=lambda: [64, 16], min_length=1)
+    top_mlp: list[int] = Field(default_factory=lambda: [256, 64], min_length=1)
+    device: str = Field("auto", description="auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
+    sparse_optimizer: SparseOptimizerSpec = Field(default_factory=SparseOptimizerSpec)
+    dense_optimizer: DenseOptimizerSpec = Field(default_factory=DenseOptimizerSpec)
+    checkpoint_dir: Path = Field(Path("runs/checkpoints"), description="Dense checkpoints (safetensors).")
+    checkpoint_every_steps: int = Field(500, ge=1)
+    checkpoint_every_s: float = Field(60.0, gt=0)
+    prefetch_batches: int = Field(
+        2, ge=0, le=16, description="Batches whose rows are pulled ahead; 0 = strictly sequential steps."
+    )
+    push_queue_batches: int = Field(
+        2, ge=1, le=16, description="Write-behind depth: trained batches whose pushes may still be in flight."
+    )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Intra-op threads for CPU training. Default: one core fewer than the machine has when "
+        "prefetching (the prefetch and push threads need a core), else all.",
+    )
+    max_store_outage_s: float = Field(
+        60.0, gt=0, description="A store outage is retried this long, then the trainer exits non-zero."
+    )
+    eval_window_batches: int = Field(50, ge=1, description="Window of the windowed progressive AUC.")
+    log_every_s: float = Field(10.0, gt=0)
+    drain_timeout_s: float = Field(
+        30.0, gt=0, description="SIGTERM drain budget; match the pod's grace period."
+    )
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (demos, tests).")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v in {"auto", "cpu", "cuda"} or re.fullmatch(r"cuda:\d+", v):
+            return v
+        raise ValueError("expected auto, cpu, cuda or cuda:N")
