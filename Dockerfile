@@ -28,6 +28,9 @@ COPY consumers/ consumers/
 COPY store/ store/
 COPY trainer/ trainer/
 COPY daemon/ daemon/
+COPY cli/ cli/
+COPY demo/ demo/
+COPY examples/ examples/
 COPY harness/ harness/
 COPY bench/ bench/
 COPY publish/ publish/

@@ -257,7 +257,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             [
                 sys.executable,
                 "-m",
-                "kelp.daemon",
+                "kelp.cli",
                 "--log-level",
                 "warning",
                 "serve",

@@ -34,6 +34,7 @@ from kelp.config import KelpConfig, StoreConfig, load_config
 from kelp.consumers.batch import MicroBatch
 from kelp.consumers.produce import produce
 from kelp.daemon.train import TrainDaemon
+from kelp.examples import example_path
 from kelp.harness import RedisServer, TansuBroker
 from kelp.trainer import ProgressiveValidator, build_model, resolve_device
 from prometheus_client import CollectorRegistry
@@ -45,16 +46,8 @@ BATCH = 4096
 SEED = 0
 
 
-def _example() -> Path:
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "examples" / "criteo-synth.yaml"
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("examples/criteo-synth.yaml")
-
-
 def stream_config(bootstrap: str, topic: str, redis_url: str, workdir: Path, hot_cache: bool) -> KelpConfig:
-    cfg = load_config(_example())
+    cfg = load_config(example_path("criteo-synth.yaml"))
     # The trainer pauses partitions under back-pressure: Tansu needs fetch sessions off for that.
     cfg.source = bench_kafka(bootstrap, topic).model_copy(
         update={"max_poll_records": 8192, "incremental_fetch_sessions": False}

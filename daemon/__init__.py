@@ -1,7 +1,13 @@
-"""Kelp's processes: the CLI, ``kelp train``, ``kelp serve``, the demo, health and lifecycle.
+"""The trainer process runtime: ``kelp train``'s daemon, its I/O pipeline, health endpoints and lifecycle.
 
-Process code lives here and only here; ``kelp.consumers`` and ``kelp.store``
-never import it.
+Importable without the command line (``kelp.cli`` starts it; benchmarks and
+tests drive :class:`~kelp.daemon.train.TrainDaemon` directly). Modules:
+:mod:`~kelp.daemon.train` (lifecycle, drain, checkpoints, publishing),
+:mod:`~kelp.daemon.pipeline` (prefetch, write-behind, commit after durable),
+:mod:`~kelp.daemon.ledger` (the in-flight overlay), :mod:`~kelp.daemon.outage`
+(riding out a store outage), :mod:`~kelp.daemon.health` (``/healthz``,
+``/readyz``, ``/metrics``), :mod:`~kelp.daemon.preflight` (what ``kelp train``
+and ``kelp config validate`` refuse before starting).
 """
 
 __all__: list[str] = []

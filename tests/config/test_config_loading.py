@@ -208,7 +208,7 @@ def _kelp(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "kelp.daemon", *args],
+        [sys.executable, "-m", "kelp.cli", *args],
         capture_output=True,
         text=True,
         env=full_env,

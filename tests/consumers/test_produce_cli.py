@@ -34,7 +34,7 @@ TSV_ROWS = 21
 
 def kelp_produce(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kelp.daemon", "produce", *map(str, args)],
+        [sys.executable, "-m", "kelp.cli", "produce", *map(str, args)],
         check=False,
         capture_output=True,
         text=True,

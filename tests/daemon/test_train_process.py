@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 def _start(config: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "kelp.daemon", "train", "--config", str(config)],
+            [sys.executable, "-m", "kelp.cli", "train", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
         )

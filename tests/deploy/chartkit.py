@@ -11,10 +11,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "helm" / "kelp"
 PRODUCTION_VALUES = CHART_DIR / "ci" / "production-values.yaml"
-MONITORING_DIR = ROOT / "monitoring"
-DASHBOARD = MONITORING_DIR / "grafana" / "kelp-dashboard.json"
-ALERTS = MONITORING_DIR / "prometheus" / "kelp-alerts.yaml"
-ALERT_TESTS = MONITORING_DIR / "prometheus" / "kelp-alerts.test.yaml"
+# The chart's files/ is the one source of the dashboard and the alert rules (helm can only package
+# files inside the chart); the promtool unit tests sit beside them and .helmignore leaves them out.
+MONITORING_DIR = ROOT / "helm" / "kelp" / "files"
+DASHBOARD = MONITORING_DIR / "kelp-dashboard.json"
+ALERTS = MONITORING_DIR / "kelp-alerts.yaml"
+ALERT_TESTS = MONITORING_DIR / "kelp-alerts.test.yaml"
 RELEASE = "kelp"
 NAMESPACE = "ml"
 K8S_VERSION = "1.30.0"

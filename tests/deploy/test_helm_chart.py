@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from chartkit import (
+    ALERT_TESTS,
     ALERTS,
     CHART_DIR,
     DASHBOARD,
@@ -423,18 +424,11 @@ def test_dashboard_config_map_carries_the_dashboard(manifests: list[Manifest]) -
     assert json.loads(dashboard["data"]["kelp-dashboard.json"]) == json.loads(DASHBOARD.read_text())
 
 
-@pytest.mark.parametrize(
-    ("source", "packaged"),
-    [(DASHBOARD, "files/kelp-dashboard.json"), (ALERTS, "files/kelp-alerts.yaml")],
-)
-def test_chart_files_are_copies_of_monitoring_sources(source: Path, packaged: str) -> None:
-    """monitoring/ is the source of truth; the chart packages byte-identical copies (no symlinks)."""
-    copy = CHART_DIR / packaged
-    assert not copy.is_symlink(), f"{copy} must be a regular file: helm packages drop symlinks"
-    assert copy.read_bytes() == source.read_bytes(), (
-        f"{copy.relative_to(ROOT)} differs from {source.relative_to(ROOT)}: "
-        f"run `cp {source.relative_to(ROOT)} {copy.relative_to(ROOT)}`"
-    )
+def test_monitoring_files_have_one_source() -> None:
+    """The dashboard and alert rules live only in the chart's files/ (no second copy to drift)."""
+    assert not (ROOT / "monitoring").exists()
+    for path in (DASHBOARD, ALERTS, ALERT_TESTS):
+        assert path.is_file() and not path.is_symlink(), path
 
 
 def test_helm_lint_reports_invalid_values() -> None:
@@ -448,6 +442,7 @@ def test_packaged_chart_renders_the_same(tmp_path: Path, production_manifests: l
     with helm.Chart.load(archive) as packaged:
         names = {f["name"] for f in packaged.files}
         assert {"files/kelp-dashboard.json", "files/kelp-alerts.yaml"} <= names
+        assert "files/kelp-alerts.test.yaml" not in names  # promtool's unit tests are not shipped
         assert not any(name.startswith("ci/") for name in names)
         rendered = packaged.render(
             load_values(PRODUCTION_VALUES), name="kelp", namespace=NAMESPACE, is_install=True

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def _kelp(*args: str, **kw) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
     return subprocess.run(
-        [sys.executable, "-m", "kelp.daemon", *args],
+        [sys.executable, "-m", "kelp.cli", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -38,7 +38,7 @@ def test_serve_probe_and_sigterm(redis_url: str, tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kelp.daemon", "serve", "--config", str(path)],
+        [sys.executable, "-m", "kelp.cli", "serve", "--config", str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
+from kelp.cli.commands import store_cmd
 from kelp.config import StoreConfig, TableSpec
-from kelp.daemon.commands import store_cmd
 from kelp.store import build_store
 
 from kelp.errors import UserError

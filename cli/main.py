@@ -1,6 +1,6 @@
 """The ``kelp`` command line.
 
-Each sub-command lives in its own module under :mod:`kelp.daemon.commands`
+Each sub-command lives in its own module under :mod:`kelp.cli.commands`
 and exposes ``register(subparsers)``; this module only wires them up, sets up
 logging, and turns :class:`~kelp.errors.UserError` into a one-line message
 with exit status 2 (no traceback for mistakes a person can fix), and any other
@@ -24,14 +24,14 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 # Order is the order in `kelp --help`.
 COMMAND_MODULES: tuple[str, ...] = (
-    "kelp.daemon.commands.config_cmd",
-    "kelp.daemon.commands.demo_cmd",
-    "kelp.daemon.commands.train_cmd",
-    "kelp.daemon.commands.serve_cmd",
-    "kelp.daemon.commands.probe_cmd",
-    "kelp.daemon.commands.produce_cmd",
-    "kelp.daemon.commands.store_cmd",
-    "kelp.daemon.commands.bench_cmd",
+    "kelp.cli.commands.config_cmd",
+    "kelp.cli.commands.demo_cmd",
+    "kelp.cli.commands.train_cmd",
+    "kelp.cli.commands.serve_cmd",
+    "kelp.cli.commands.probe_cmd",
+    "kelp.cli.commands.produce_cmd",
+    "kelp.cli.commands.store_cmd",
+    "kelp.cli.commands.bench_cmd",
 )
 
 EXIT_USER_ERROR = 2

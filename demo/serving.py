@@ -72,7 +72,7 @@ def _start_replica(cfg: KelpConfig, workdir: Path) -> tuple[subprocess.Popen[byt
     log = workdir / "serve.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kelp.daemon", "serve", "--config", str(path)],
+            [sys.executable, "-m", "kelp.cli", "serve", "--config", str(path)],
             stdout=sink,
             stderr=subprocess.STDOUT,
         )

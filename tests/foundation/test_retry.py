@@ -75,3 +75,52 @@ def test_on_retry_hook_sees_each_failure() -> None:
             lambda: (_ for _ in ()).throw(StoreUnavailableError("x")), on_retry=lambda n, e: hooks.append(n)
         )
     assert hooks == [1, 2]
+
+
+class _FakeTime:
+    """A clock that only moves when the policy sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
+def _always_down() -> None:
+    raise StoreUnavailableError("down")
+
+
+def test_deadline_bounds_retries_measured_from_the_first_failure() -> None:
+    t = _FakeTime()
+    policy = RetryPolicy(
+        attempts=None, base_delay_s=0.5, max_delay_s=2.0, deadline_s=5.0, sleep=t.sleep, clock=t.clock
+    )
+    with pytest.raises(StoreUnavailableError, match="down"):
+        policy.call(_always_down)
+    assert t.now - 100.0 == pytest.approx(5.0)  # slept right up to the deadline, never past it
+    assert sum(t.slept) == pytest.approx(5.0)
+    assert all(d <= 2.0 for d in t.slept)
+
+
+def test_deadline_and_attempts_whichever_comes_first() -> None:
+    t = _FakeTime()
+    policy = RetryPolicy(attempts=3, base_delay_s=0.01, deadline_s=60.0, sleep=t.sleep, clock=t.clock)
+    with pytest.raises(StoreUnavailableError):
+        policy.call(_always_down)
+    assert len(t.slept) == 2
+
+
+def test_jitter_spreads_delays() -> None:
+    policy = RetryPolicy(attempts=10, base_delay_s=1.0, max_delay_s=1.0)
+    assert len({round(policy.delay_for(3), 6) for _ in range(20)}) > 1
+
+
+def test_a_policy_must_be_bounded() -> None:
+    with pytest.raises(ValueError, match="never gives up"):
+        RetryPolicy(attempts=None, deadline_s=None)

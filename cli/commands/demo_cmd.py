@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kelp.daemon.demo import run_demo
+from kelp.demo import run_demo
 
 __all__ = ["register"]
 

@@ -46,15 +46,18 @@ def test_plain_wheel_contains_each_room_under_kelp(tmp_path: Path) -> None:
         "kelp/config/root.py",
         "kelp/consumers/__init__.py",
         "kelp/store/__init__.py",
-        "kelp/daemon/cli.py",
-        "kelp/daemon/commands/config_cmd.py",
+        "kelp/cli/main.py",
+        "kelp/cli/commands/config_cmd.py",
+        "kelp/demo/run.py",
+        "kelp/examples/criteo-kaggle.yaml",
+        "kelp/examples/criteo-synth.yaml",
         "kelp/harness/redis_server.py",
         "kelp/bench/runner.py",
     ):
         assert module in names, module
     assert not any(n.startswith(("tests/", "store/", "daemon/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "kelp = kelp.daemon.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "kelp = kelp.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_console_script_runs() -> None:

@@ -16,7 +16,7 @@ def test_operational_error_is_one_line_with_exit_1() -> None:
         [
             sys.executable,
             "-m",
-            "kelp.daemon",
+            "kelp.cli",
             "produce",
             "--bootstrap",
             f"127.0.0.1:{free_port()}",

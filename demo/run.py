@@ -17,7 +17,7 @@ The demo grows with the system. Today it:
 4. starts ``kelp serve`` on the same Redis, scores real rows and a
    user-with-candidates request, shows a pushed embedding row changing a
    score without any publish, and stops everything
-   (:mod:`kelp.daemon.demo_serving`).
+   (:mod:`kelp.demo.serving`).
 
 Without the binaries it says so and runs the embedded path instead (file
 source, in-memory store); it never fakes a service.
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 from kelp.config import FileSourceConfig, KelpConfig, load_config
+from kelp.examples import example_path
 from prometheus_client import CollectorRegistry
 
 from kelp.errors import MissingBinaryError, UserError
@@ -42,13 +43,8 @@ Printer = Callable[[str], None]
 
 
 def default_config_path() -> Path:
-    """examples/criteo-kaggle.yaml next to the source tree (the demo runs from a checkout)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "examples" / "criteo-kaggle.yaml"
-        if candidate.is_file():
-            return candidate
-    raise UserError("examples/criteo-kaggle.yaml not found; pass --config FILE")
+    """The shipped ``criteo-kaggle.yaml`` example (package data, so it is found in a wheel too)."""
+    return example_path("criteo-kaggle.yaml")
 
 
 @dataclass
@@ -89,7 +85,8 @@ def _profile(cfg: KelpConfig, out: Printer) -> DemoReport:
         raise UserError("the demo config must use a criteo_tsv file source")
     if not source.path.is_file():
         raise UserError(
-            f"Criteo sample not found at {source.path} (expected ../shared/data beside the checkout)"
+            f"Criteo sample not found at {source.path} (expected ../shared/data beside the checkout; "
+            "elsewhere set KELP_SOURCE__PATH=/path/to/train.tsv)"
         )
     samples, positive_rate, per_table = _id_counts(cfg)
     counts = np.concatenate(list(per_table.values())) if per_table else np.zeros(0, dtype=np.int64)
@@ -220,7 +217,7 @@ def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> D
     """Produce the sample into a real broker, train from it against a real Redis, report."""
     from kafka import KafkaProducer
     from kelp.consumers.produce import file_messages, produce
-    from kelp.daemon.demo_serving import demo_serving
+    from kelp.demo.serving import demo_serving
     from kelp.harness import RedisServer, TansuBroker
 
     source = cfg.source

@@ -1,0 +1,38 @@
+"""What a process refuses before it starts, in one place, so ``kelp config validate`` refuses the same.
+
+The config model checks what the config alone can tell (types, ranges,
+cross-section rules). Some promises need a room's own knowledge: that a file
+exists and its CSV header has the mapped columns (``kelp.consumers``), that the
+chosen store backend can enforce every table's eviction settings
+(``kelp.store``). :func:`preflight` gathers those checks; ``kelp train``,
+``kelp serve`` and ``kelp config validate`` all call it, so validate can never
+pass a config that train would refuse.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from kelp.config import KelpConfig
+from kelp.consumers.checks import check_source
+from kelp.errors import ConfigError
+from kelp.store import check_store_config
+
+__all__ = ["Role", "preflight", "problems"]
+
+Role = Literal["train", "serve"]
+"""Which process the config is for: a trainer reads the source, a serving replica does not."""
+
+
+def problems(cfg: KelpConfig, role: Role = "train") -> list[tuple[str, str]]:
+    """``(field, message)`` for everything the given process would refuse (empty: good to go)."""
+    found = list(check_source(cfg.source, cfg.features)) if role == "train" else []
+    found += check_store_config(cfg.store, list(cfg.features.tables))
+    return found
+
+
+def preflight(cfg: KelpConfig, origin: str = "config", role: Role = "train") -> None:
+    """Raise one :class:`~kelp.errors.ConfigError` with a line per problem (``origin: field: message``)."""
+    found = problems(cfg, role)
+    if found:
+        raise ConfigError("\n".join(f"{origin}: {field}: {message}" for field, message in found))
