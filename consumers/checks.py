@@ -53,7 +53,9 @@ def _check_csv(source: FileSourceConfig, features: FeatureSpec) -> list[Problem]
 
     def column(field: str, name: str) -> None:
         if name not in have:
-            problems.append((field, f"column {name!r} is not in the header of {source.path} (columns: {shown})"))
+            problems.append(
+                (field, f"column {name!r} is not in the header of {source.path} (columns: {shown})")
+            )
 
     column("source.csv.label_column", mapping.label_column)
     if mapping.sort_by:

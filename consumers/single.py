@@ -1,0 +1,150 @@
+"""Reading single-sample schema-v1 messages (``{"v": 1, "label": ..., "dense": ..., "sparse": ...}``).
+
+Single-sample messages come one dict per record, so this is the one place
+that walks Python objects per sample; the fast paths (one-hot int ids, dense
+maps of numbers) avoid anything but appends. Value checks that can be
+vectorised (finite labels, ``max_ids``...) are left to the decoder.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from kelp.consumers.codec import hash_str_id
+from kelp.consumers.columns import U64_LIMIT, Cols, FieldLayout, RejectError
+
+__all__ = ["read_singles"]
+
+
+def read_singles(
+    layout: FieldLayout, msgs: list[dict[str, Any]], tags: list[int]
+) -> tuple[Cols, list[tuple[int, RejectError]]]:
+    """Single-sample messages as columns; ``tags[i]`` becomes ``row_record`` of ``msgs[i]``'s row.
+
+    Returns the columns of the good messages and ``(tag, error)`` for each
+    message rejected while reading (its ids are rolled back, so one bad field
+    never leaves half a row behind).
+    """
+    labels: list[float] = []
+    ts: list[float] = []
+    dense_rows: list[list[float]] = []
+    n_sparse = len(layout.sparse_names)
+    values: list[list[int]] = [[] for _ in range(n_sparse)]
+    len_rows: list[list[int]] = []
+    row_record: list[int] = []
+    nan = math.nan
+    label_name = layout.label_name
+    sparse_index = layout.sparse_index
+    no_ids = [0] * n_sparse
+    failures: list[tuple[int, RejectError]] = []
+    for msg, i in zip(msgs, tags, strict=True):
+        row_lens = no_ids
+        try:
+            label = msg[label_name]
+            if type(label) is not float and type(label) is not int:
+                raise RejectError("bad_type", f"label is {type(label).__name__}")
+            t = msg.get("ts")
+            if t is None:
+                t = nan
+            elif type(t) is not float and type(t) is not int:
+                raise RejectError("bad_type", f"ts is {type(t).__name__}")
+            row = _dense_row(layout, msg.get("dense"))
+            sparse = msg.get("sparse")
+            if sparse is not None:
+                if type(sparse) is not dict:
+                    raise RejectError("bad_type", f"sparse is {type(sparse).__name__}, expected a map")
+                row_lens = [0] * n_sparse
+                for name, ids in sparse.items():
+                    fi = sparse_index.get(name)
+                    if fi is None:
+                        raise RejectError("unknown_feature", f"sparse feature {name!r} is unknown")
+                    if type(ids) is int and 0 <= ids < U64_LIMIT:  # the common one-hot case
+                        values[fi].append(ids)
+                        row_lens[fi] = 1
+                    else:
+                        checked = _ids_of(layout, name, fi, ids)
+                        values[fi].extend(checked)
+                        row_lens[fi] = len(checked)
+        except RejectError as rej:
+            for fi, n in enumerate(row_lens):  # roll back ids appended before the bad field
+                if n:
+                    del values[fi][-n:]
+            failures.append((i, rej))
+            continue
+        labels.append(label)
+        ts.append(t)
+        dense_rows.append(row)
+        row_record.append(i)
+        len_rows.append(row_lens)
+    b = len(labels)
+    lengths = (
+        np.array(len_rows, dtype=np.int32).reshape(b, n_sparse).T if b else np.zeros((n_sparse, 0), np.int32)
+    )
+    dense = (
+        np.array(dense_rows, dtype=np.float32).reshape(b, len(layout.dense_names))
+        if b
+        else np.empty((0, len(layout.dense_names)), dtype=np.float32)
+    )
+    cols = Cols(
+        labels=np.array(labels, dtype=np.float64),
+        dense=dense,
+        ts=np.array(ts, dtype=np.float64),
+        values=[np.array(v, dtype=np.uint64) for v in values],
+        lengths=[np.ascontiguousarray(ln) for ln in lengths],
+        bad_id_rows=[],
+        row_record=np.array(row_record, dtype=np.int64),
+    )
+    return cols, failures
+
+
+def _dense_row(layout: FieldLayout, dense: Any) -> list[float]:
+    if dense is None:
+        return layout.default_row
+    if isinstance(dense, dict):
+        row = list(layout.default_row)
+        for name, x in dense.items():
+            j = layout.dense_index.get(name)
+            if j is None:
+                raise RejectError("unknown_feature", f"dense feature {name!r} is not configured")
+            if x is None:
+                continue
+            if type(x) is not float and type(x) is not int:
+                raise RejectError("bad_type", f"dense {name!r} is {type(x).__name__}")
+            row[j] = x
+        return row
+    if isinstance(dense, list):
+        if len(dense) != len(layout.default_row):
+            raise RejectError(
+                "bad_shape", f"dense has {len(dense)} values, config has {len(layout.default_row)}"
+            )
+        row = list(dense)
+        for j, x in enumerate(row):
+            if x is None:
+                row[j] = layout.default_row[j]
+            elif type(x) is not float and type(x) is not int:
+                raise RejectError("bad_type", f"dense[{j}] is {type(x).__name__}")
+        return row
+    raise RejectError("bad_type", f"dense is {type(dense).__name__}, expected a map or a list")
+
+
+def _ids_of(layout: FieldLayout, name: str, fi: int, ids: Any) -> list[int]:
+    if type(ids) is not list:
+        ids = [ids]
+    elif len(ids) > layout.max_ids[fi]:
+        raise RejectError("too_many_ids", f"{name}: {len(ids)} ids > max_ids {layout.max_ids[fi]}")
+    out = []
+    for x in ids:
+        t = type(x)
+        if t is int:
+            if not 0 <= x < U64_LIMIT:
+                raise RejectError("bad_id", f"{name}: id {x} outside [0, 2**64)")
+            out.append(x)
+        elif t is str:
+            out.append(hash_str_id(x))
+        elif t is float or t is bool:
+            raise RejectError("bad_id", f"{name}: id {x!r} is a {t.__name__}")
+        else:
+            raise RejectError("bad_type", f"{name}: id of type {t.__name__}")
+    return out
