@@ -32,6 +32,7 @@ demo: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	PY=$(PY) bash scripts/lint-imports.sh
 
 test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
