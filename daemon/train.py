@@ -86,7 +86,8 @@ class TrainDaemon:
     """One trainer process. ``run()`` blocks until stopped; ``request_stop()`` is signal-safe.
 
     ``http=False`` skips the health/metrics server (benchmarks, embedded use);
-    ``publish=False`` skips the publisher (no serving in the loop).
+    ``publish=False`` skips the publisher (no serving in the loop). ``origin``
+    names the config in errors (the file path, from the CLI).
     """
 
     def __init__(
@@ -97,8 +98,10 @@ class TrainDaemon:
         http: bool = True,
         publish: bool = True,
         on_step: Any = None,
+        origin: str = "config",
     ) -> None:
         self.cfg = cfg
+        self.origin = origin
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = TrainerMetrics(self.registry)
         self.guard = OutageGuard(cfg.trainer.max_store_outage_s, self.metrics)
@@ -144,7 +147,10 @@ class TrainDaemon:
         from kelp.consumers import build_source
         from kelp.store import build_store
 
+        from kelp.daemon.preflight import preflight
+
         cfg = self.cfg
+        preflight(cfg, self.origin, role="train")  # what `kelp config validate` refuses, refused here too
         started = time.perf_counter()
         threads_before = torch.get_num_threads()
         if self._http and cfg.metrics.enabled:

@@ -16,8 +16,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
 
-    validate = verbs.add_parser("validate", help="check a config file (with KELP_... env overrides)")
+    validate = verbs.add_parser(
+        "validate",
+        help="check a config file (with KELP_... env overrides) as `kelp train` (or `kelp serve`) would",
+    )
     validate.add_argument("file")
+    validate.add_argument(
+        "--for",
+        dest="role",
+        choices=["train", "serve"],
+        default="train",
+        help="the process it is for: train also checks the source (files, CSV columns); default train",
+    )
     validate.set_defaults(handler=_validate)
 
     show = verbs.add_parser("show", help="print the effective config, secrets redacted")
@@ -27,7 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from kelp.daemon.preflight import preflight
+
     cfg = load_config(args.file)
+    preflight(cfg, args.file, role=args.role)
     tables = len(cfg.features.tables)
     print(
         f"{args.file}: ok (deployment={cfg.deployment}, source={cfg.source.kind}, store={cfg.store.backend}, "

@@ -30,7 +30,10 @@ def _serve(args: argparse.Namespace) -> int:
     from kelp.serving.process import tune_process
     from kelp.serving.replica import ServingReplica
 
+    from kelp.daemon.preflight import preflight
+
     cfg = load_config(args.config)
+    preflight(cfg, args.config, role="serve")
     # uvicorn re-raises the signal it caught once it has shut down; a no-op handler turns SIGTERM's
     # default (death by signal, status 143) into a normal return, so the command exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)

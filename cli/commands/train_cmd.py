@@ -36,7 +36,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     if args.max_steps is not None:
         cfg.trainer.max_steps = args.max_steps
-    daemon = TrainDaemon(cfg)
+    daemon = TrainDaemon(cfg, origin=args.config)
     signals_seen: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

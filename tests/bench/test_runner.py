@@ -1,0 +1,30 @@
+"""The suite registry lists exactly the suites that exist."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import kelp.bench
+import pytest
+from kelp.bench import SUITES, run_suite
+
+from kelp.errors import UserError
+
+NOT_SUITES = {"runner", "synth", "baseline"}  # helpers of the suites, not suites
+
+
+def test_every_listed_suite_has_a_module_with_run() -> None:
+    for name in SUITES:
+        module = importlib.import_module(f"kelp.bench.{name}")
+        assert callable(module.run), name
+
+
+def test_every_suite_module_is_listed() -> None:
+    modules = {m.name for m in pkgutil.iter_modules(kelp.bench.__path__)} - NOT_SUITES
+    assert modules == set(SUITES)
+
+
+def test_an_unknown_suite_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="unknown benchmark suite 'accuracy'"):
+        run_suite("accuracy", quick=True)
