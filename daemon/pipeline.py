@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from kelp.consumers.base import Source
 from kelp.consumers.batch import MicroBatch
@@ -69,43 +69,29 @@ class _Failed:
     error: BaseException
 
 
+@dataclass(eq=False)
 class _Stage:
-    """What both pipeline stages work with: the source, the store (through the outage guard), the ledger."""
+    """What both pipeline stages work with: the source, the store (through the outage guard), the ledger.
 
-    def __init__(
-        self,
-        source: Source,
-        store: EmbeddingStore,
-        ledger: UpdateLedger,
-        *,
-        guard: OutageGuard,
-        metrics: TrainerMetrics,
-        depth: int,
-    ) -> None:
-        self.source = source
-        self.store = store
-        self.ledger = ledger
-        self.guard = guard
-        self.metrics = metrics
-        self.depth = depth
+    ``depth``: batches the stage may hold in its queue.
+    """
+
+    source: Source
+    store: EmbeddingStore
+    ledger: UpdateLedger
+    _: KW_ONLY
+    guard: OutageGuard
+    metrics: TrainerMetrics
+    depth: int
 
 
+@dataclass(eq=False)
 class Prefetcher(_Stage):
     """Polls micro-batches and pulls their rows ahead of training (``depth`` batches, 0 = inline)."""
 
-    def __init__(
-        self,
-        source: Source,
-        store: EmbeddingStore,
-        ledger: UpdateLedger,
-        *,
-        guard: OutageGuard,
-        metrics: TrainerMetrics,
-        depth: int,
-    ) -> None:
-        super().__init__(source, store, ledger, guard=guard, metrics=metrics, depth=depth)
+    def __post_init__(self) -> None:
         self._stop = threading.Event()
-        self._queue: queue.Queue[Prepared | _End | _Failed] = queue.Queue(maxsize=max(1, depth))
+        self._queue: queue.Queue[Prepared | _End | _Failed] = queue.Queue(maxsize=max(1, self.depth))
         self._thread: threading.Thread | None = None
         self._exhausted = False
 
@@ -180,6 +166,7 @@ class _Pending:
     updates: Mapping[str, SparseUpdate]
 
 
+@dataclass(eq=False)
 class PushWriter(_Stage):
     """Pushes, acknowledges, commits once durable; in order, on its own thread (``depth`` batches).
 
@@ -187,30 +174,21 @@ class PushWriter(_Stage):
     row acknowledged so far is durable, so the offsets of every batch pushed so
     far are committed. A store that buffers (the hot-row cache) answers True
     only after its own write-back schedule ran; this writer never reads that
-    schedule, so there is one copy of it.
+    schedule, so there is one copy of it. ``threaded=False`` does the work
+    inline in :meth:`submit`.
     """
 
-    def __init__(
-        self,
-        source: Source,
-        store: EmbeddingStore,
-        ledger: UpdateLedger,
-        *,
-        guard: OutageGuard,
-        metrics: TrainerMetrics,
-        depth: int,
-        threaded: bool = True,
-    ) -> None:
-        super().__init__(source, store, ledger, guard=guard, metrics=metrics, depth=depth)
-        self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=depth)
+    threaded: bool = True
+
+    def __post_init__(self) -> None:
+        self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=self.depth)
         self._error: BaseException | None = None
         self._not_durable: list[_Pending] = []
         self._thread: threading.Thread | None = None
-        self._threaded = threaded
-        self.committed_step = ledger.acked
+        self.committed_step = self.ledger.acked
 
     def start(self) -> None:
-        if self._threaded:
+        if self.threaded:
             self._thread = threading.Thread(target=self._run, name="kelp-push", daemon=True)
             self._thread.start()
 

@@ -53,13 +53,7 @@ def _unavailable(where: str, reason: str) -> ChannelUnavailableError:
     return ChannelUnavailableError(f"snapshot channel {where} unavailable: {reason}")
 
 
-CHANNEL_ERRORS = ErrorRoom(
-    what="snapshot channel",
-    credentials="store.username / store.password",
-    unavailable=_unavailable,
-    refused=ChannelError,
-    failed=ChannelError,
-)
+CHANNEL_ERRORS = ErrorRoom("snapshot channel", _unavailable, ChannelError)
 """How the snapshot channel names Redis failures (see ``kelp.store.connection.translate_redis_errors``)."""
 
 _PUBLISH = """

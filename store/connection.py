@@ -84,25 +84,20 @@ class ErrorRoom:
     """How one room names its Redis failures; the auth case is :class:`~kelp.errors.RedisAuthError` in all.
 
     * ``what``: the noun before the node in messages (``"store shard"``, ``"snapshot channel"``);
-    * ``credentials``: the settings a person should check when Redis refuses the credentials;
     * ``unavailable(where, reason)``: the room's retriable "could not reach it" error;
-    * ``refused(message)`` / ``failed(message)``: an error reply, and any other redis-py error.
+    * ``refused(message)``: an error reply; ``failed(message)``: any other redis-py error
+      (``refused`` when not given);
+    * ``credentials``: the settings a person should check when Redis refuses the credentials.
     """
 
     what: str
-    credentials: str
     unavailable: Callable[[str, str], KelpError]
     refused: Callable[[str], KelpError]
-    failed: Callable[[str], KelpError]
+    failed: Callable[[str], KelpError] | None = None
+    credentials: str = "store.username / store.password"
 
 
-STORE_ERRORS = ErrorRoom(
-    what="store shard",
-    credentials="store.username / store.password",
-    unavailable=ShardUnavailableError,
-    refused=StoreCommandError,
-    failed=StoreError,
-)
+STORE_ERRORS = ErrorRoom("store shard", ShardUnavailableError, StoreCommandError, failed=StoreError)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -144,7 +139,7 @@ def translate_redis_errors(where: str, room: ErrorRoom = STORE_ERRORS) -> Iterat
     except _UNAVAILABLE_ERRORS as exc:
         raise room.unavailable(where, f"{type(exc).__name__}: {exc}") from exc
     except redis.exceptions.RedisError as exc:
-        raise room.failed(f"{room.what} {where}: {type(exc).__name__}: {exc}") from exc
+        raise (room.failed or room.refused)(f"{room.what} {where}: {type(exc).__name__}: {exc}") from exc
 
 
 def node_name(url: str) -> str:
