@@ -29,6 +29,7 @@ from kelp.config import FeatureSpec, InitSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.store.index import IdIndex
 from kelp.store.init import init_rows
+from kelp.store.slots import Column, SlotTable
 from kelp.trainer.embedding import BatchTensors
 from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.optim import RowWiseAdagrad, build_dense_optimizer
@@ -69,36 +70,49 @@ class PreparedBatch:
 
 
 class _Table:
-    """One in-memory table: rows and row-wise state on the device, grown by doubling."""
+    """One in-memory table: a :class:`~kelp.store.slots.SlotTable`, ``weight`` and ``state`` on the device.
+
+    Slots are never freed here (the baseline keeps every id it trained), so a
+    new id's row is the next slot; new rows read zeros and ``initial_state``
+    until :class:`InMemoryBaseline` copies the init rows in.
+    """
 
     def __init__(self, dim: int, capacity: int, initial_state: float, device: torch.device) -> None:
-        self.index = IdIndex(capacity)
-        self.rows_used = 0
-        self.initial_state = initial_state
-        self.weight = torch.zeros(capacity, dim, device=device)
-        self.state = torch.full((capacity,), initial_state, device=device)
+        self.slots = SlotTable(
+            {
+                "weight": Column(torch.float32, width=dim, device=device),
+                "state": Column(torch.float32, fill=initial_state, device=device),
+            },
+            capacity,
+        )
+
+    @property
+    def index(self) -> IdIndex:
+        return self.slots.index
+
+    @property
+    def weight(self) -> Tensor:
+        return self.slots["weight"]
+
+    @property
+    def state(self) -> Tensor:
+        return self.slots["state"]
+
+    @property
+    def rows_used(self) -> int:
+        return len(self.slots)
 
     def rows_for(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(rows int64[n], inserted bool[n])`` for unique ``ids``; missing ids get the next free rows."""
-        idx = self.index.lookup(ids)
+        idx = self.slots.lookup(ids)
         inserted = idx < 0
-        n_new = int(np.count_nonzero(inserted))
-        if n_new:
-            new_rows = np.arange(self.rows_used, self.rows_used + n_new, dtype=np.int64)
-            self.index.insert(ids[inserted], new_rows)
-            idx[inserted] = new_rows
-            self.rows_used += n_new
+        if inserted.any():
+            idx[inserted] = self.slots.insert(ids[inserted])
         return idx, inserted
 
     def ensure(self, rows: int) -> None:
-        capacity = self.weight.shape[0]
-        if rows <= capacity:
-            return
-        while capacity < rows:
-            capacity *= 2
-        extra = capacity - self.weight.shape[0]
-        self.weight = torch.cat([self.weight, self.weight.new_zeros(extra, self.weight.shape[1])])
-        self.state = torch.cat([self.state, self.state.new_full((extra,), self.initial_state)])
+        """Room for ``rows`` rows (``rows_for`` already grows the table as it inserts)."""
+        self.slots.reserve(rows)
 
 
 class InMemoryBaseline:

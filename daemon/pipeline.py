@@ -8,11 +8,13 @@
 * :class:`Prefetcher` polls the next micro-batch and pulls its unique ids'
   rows while the current batch trains. ``depth=0`` does the same work inline
   in :meth:`Prefetcher.next` (strictly sequential training).
-* :class:`PushWriter` pushes a trained batch's updates, makes them durable
-  (``store.flush()``: a no-op for write-through backends, the write-back of
-  the hot-row cache), and only then commits the batch's offsets. It
-  acknowledges steps in order to the :class:`~kelp.daemon.ledger.UpdateLedger`,
-  which keeps the prefetched rows exact.
+* :class:`PushWriter` pushes a trained batch's updates and acknowledges steps
+  in order to the :class:`~kelp.daemon.ledger.UpdateLedger`, which keeps the
+  prefetched rows exact. It commits a batch's offsets only once the store says
+  every push so far is durable (``store.flush(force=False)`` returned True).
+  Durability is the store's rule, not this module's: write-through backends
+  always answer True, the hot-row cache answers True after its own write-back
+  schedule ran. Draining forces a flush, then commits everything.
 
 Both run store calls through an :class:`~kelp.daemon.outage.OutageGuard`.
 A worker thread that fails hands its exception to the main thread, which
@@ -26,9 +28,8 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
-from kelp.config import HotCacheConfig
 from kelp.consumers.base import Source
 from kelp.consumers.batch import MicroBatch
 from kelp.consumers.errors import SourceClosedError
@@ -68,27 +69,29 @@ class _Failed:
     error: BaseException
 
 
-class Prefetcher:
+@dataclass(eq=False)
+class _Stage:
+    """What both pipeline stages work with: the source, the store (through the outage guard), the ledger.
+
+    ``depth``: batches the stage may hold in its queue.
+    """
+
+    source: Source
+    store: EmbeddingStore
+    ledger: UpdateLedger
+    _: KW_ONLY
+    guard: OutageGuard
+    metrics: TrainerMetrics
+    depth: int
+
+
+@dataclass(eq=False)
+class Prefetcher(_Stage):
     """Polls micro-batches and pulls their rows ahead of training (``depth`` batches, 0 = inline)."""
 
-    def __init__(
-        self,
-        source: Source,
-        store: EmbeddingStore,
-        ledger: UpdateLedger,
-        *,
-        guard: OutageGuard,
-        metrics: TrainerMetrics,
-        depth: int,
-    ) -> None:
-        self.source = source
-        self.store = store
-        self.ledger = ledger
-        self.guard = guard
-        self.metrics = metrics
-        self.depth = depth
+    def __post_init__(self) -> None:
         self._stop = threading.Event()
-        self._queue: queue.Queue[Prepared | _End | _Failed] = queue.Queue(maxsize=max(1, depth))
+        self._queue: queue.Queue[Prepared | _End | _Failed] = queue.Queue(maxsize=max(1, self.depth))
         self._thread: threading.Thread | None = None
         self._exhausted = False
 
@@ -163,43 +166,29 @@ class _Pending:
     updates: Mapping[str, SparseUpdate]
 
 
-class PushWriter:
-    """Pushes, makes durable, commits, acknowledges; in order, on its own thread (``depth`` batches).
+@dataclass(eq=False)
+class PushWriter(_Stage):
+    """Pushes, acknowledges, commits once durable; in order, on its own thread (``depth`` batches).
 
-    ``writeback`` is the hot-row cache's config when the store is wrapped in
-    one: pushes then land in the cache and become durable on the cache's
-    write-back, so offsets are committed after each :meth:`EmbeddingStore.flush`
-    this writer runs on the cache's own cadence, not after each push.
+    After each push it asks the store ``flush(force=False)``: True means every
+    row acknowledged so far is durable, so the offsets of every batch pushed so
+    far are committed. A store that buffers (the hot-row cache) answers True
+    only after its own write-back schedule ran; this writer never reads that
+    schedule, so there is one copy of it. ``threaded=False`` does the work
+    inline in :meth:`submit`.
     """
 
-    def __init__(
-        self,
-        source: Source,
-        store: EmbeddingStore,
-        ledger: UpdateLedger,
-        *,
-        guard: OutageGuard,
-        metrics: TrainerMetrics,
-        depth: int,
-        writeback: HotCacheConfig | None = None,
-        threaded: bool = True,
-    ) -> None:
-        self.source = source
-        self.store = store
-        self.ledger = ledger
-        self.guard = guard
-        self.metrics = metrics
-        self.writeback = writeback
-        self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=depth)
+    threaded: bool = True
+
+    def __post_init__(self) -> None:
+        self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=self.depth)
         self._error: BaseException | None = None
         self._not_durable: list[_Pending] = []
-        self._last_flush = time.monotonic()
         self._thread: threading.Thread | None = None
-        self._threaded = threaded
-        self.committed_step = ledger.acked
+        self.committed_step = self.ledger.acked
 
     def start(self) -> None:
-        if self._threaded:
+        if self.threaded:
             self._thread = threading.Thread(target=self._run, name="kelp-push", daemon=True)
             self._thread.start()
 
@@ -239,7 +228,7 @@ class PushWriter:
             if self._thread.is_alive():
                 return False
             self.check()
-        self._make_durable()
+        self._commit_durable(force=True)
         return True
 
     # ------------------------------------------------------------------ the writer's work
@@ -264,24 +253,18 @@ class PushWriter:
         self.ledger.acknowledge(item.step)  # readable by any pull that begins from now on
         self.metrics.inflight_rows.set(self.ledger.rows())
         self._not_durable.append(item)
-        if self._writeback_due():
-            self._make_durable()
+        self._commit_durable(force=False)
 
-    def _writeback_due(self) -> bool:
-        if self.writeback is None:
-            return True
-        return (
-            len(self._not_durable) >= self.writeback.writeback_every_steps
-            or time.monotonic() - self._last_flush >= self.writeback.writeback_interval_s
-        )
+    def _commit_durable(self, force: bool) -> None:
+        """Commit every batch pushed so far once the store says its pushes are durable.
 
-    def _make_durable(self) -> None:
-        """Flush the store, then commit every batch pushed so far (the only place offsets are committed)."""
+        The only place offsets are committed. ``force`` (the drain) makes the
+        store write everything buffered first.
+        """
         if not self._not_durable:
             return
-        if self.writeback is not None:
-            self.guard.call("push", self.store.flush)
-            self._last_flush = time.monotonic()
+        if not self.guard.call("push", lambda: self.store.flush(force=force)):
+            return
         started = time.perf_counter()
         ranges = [r for item in self._not_durable for r in item.batch.sources]
         self.source.commit(ranges)

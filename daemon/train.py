@@ -222,7 +222,6 @@ class TrainDaemon:
     def _loop(self, source: Any, store: Any, publisher: Any) -> None:
         cfg = self.cfg.trainer
         ledger = self.ledger = UpdateLedger(acked=self.step_no)
-        hot = self.cfg.store.hot_cache
         prefetcher = Prefetcher(
             source, store, ledger, guard=self.guard, metrics=self.metrics, depth=cfg.prefetch_batches
         )
@@ -233,7 +232,6 @@ class TrainDaemon:
             guard=self.guard,
             metrics=self.metrics,
             depth=cfg.push_queue_batches,
-            writeback=hot if hot.enabled else None,
             threaded=cfg.prefetch_batches > 0,
         )
         writer.start()

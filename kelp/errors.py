@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "KelpError",
     "MissingBinaryError",
+    "RedisAuthError",
     "StoreError",
     "StoreUnavailableError",
     "UserError",
@@ -38,6 +39,17 @@ class ConfigError(UserError):
 
 class MissingBinaryError(UserError):
     """A required external program (redis-server, tansu) is not installed."""
+
+
+class RedisAuthError(UserError):
+    """Redis refused the credentials: wrong or missing password, unknown ACL user, missing ACL permission.
+
+    One class whichever room hit it (the store, the publish Redis channel, a
+    serving replica's store), translated only by
+    :func:`kelp.store.connection.translate_redis_errors`. Never retriable:
+    trying again with the same settings cannot help. The message is one line
+    naming the node (``host:port``, never the password) and the setting to check.
+    """
 
 
 class StoreError(KelpError):

@@ -1,4 +1,10 @@
-"""Snapshot errors, and the one place where redis-py exceptions from a snapshot channel become Kelp errors.
+"""Snapshot errors: the publish package's error tree.
+
+Translation happens at each channel's boundary, not here: redis-py errors by
+the one Redis translator, :func:`kelp.store.connection.translate_redis_errors`
+(so Redis refusing the credentials is :class:`~kelp.errors.RedisAuthError`, the
+same non-retriable class the store raises), and the filesystem channel's
+``OSError`` s by its own small translator.
 
 * :class:`ChannelUnavailableError` (retriable): the channel (Redis, or the
   snapshot directory) could not be reached; the publish did *not* happen and
@@ -14,11 +20,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import redis
-
 from kelp.errors import KelpError
 
 __all__ = [
@@ -28,7 +29,6 @@ __all__ = [
     "SnapshotError",
     "SnapshotMissingError",
     "SnapshotRejectedError",
-    "translate_channel_errors",
 ]
 
 # Every value of the `reason` label of kelp_serving_snapshots_rejected_total.
@@ -63,18 +63,3 @@ class SnapshotRejectedError(SnapshotError):
             raise ValueError(f"unknown reject reason {reason!r}")
         super().__init__(message)
         self.reason = reason
-
-
-@contextmanager
-def translate_channel_errors(where: str) -> Iterator[None]:
-    """Turn redis-py (and socket) exceptions raised inside the block into the tree above."""
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError) as exc:
-        raise ChannelUnavailableError(f"snapshot channel {where} unavailable: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise ChannelError(f"snapshot channel {where}: {type(exc).__name__}: {exc}") from exc
-    except PermissionError as exc:
-        raise ChannelError(f"snapshot channel {where}: {exc}") from exc
-    except OSError as exc:
-        raise ChannelUnavailableError(f"snapshot channel {where}: {exc}") from exc

@@ -27,18 +27,31 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kelp.publish.base import SnapshotChannel, Subscription
-from kelp.publish.errors import SnapshotMissingError, translate_channel_errors
+from kelp.publish.errors import ChannelError, ChannelUnavailableError, SnapshotMissingError
 from kelp.publish.snapshot import Snapshot
 
 from kelp.files import atomic_write
 
-__all__ = ["FilesystemChannel", "FilesystemSubscription"]
+__all__ = ["FilesystemChannel", "FilesystemSubscription", "translate_os_errors"]
 
 LATEST = "latest"
 _MANIFEST = re.compile(r"^snap-(\d{12})\.json$")
+
+
+@contextmanager
+def translate_os_errors(where: str) -> Iterator[None]:
+    """``PermissionError``: a :class:`ChannelError` (will not heal); other ``OSError``: retriable."""
+    try:
+        yield
+    except PermissionError as exc:
+        raise ChannelError(f"snapshot channel {where}: {exc}") from exc
+    except OSError as exc:
+        raise ChannelUnavailableError(f"snapshot channel {where}: {exc}") from exc
 
 
 def _stat_id(path: Path) -> tuple[int, int] | None:
@@ -77,7 +90,7 @@ class FilesystemChannel(SnapshotChannel):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        with translate_channel_errors(str(self.path)):
+        with translate_os_errors(str(self.path)):
             self.path.mkdir(parents=True, exist_ok=True)
 
     def _weights(self, version: int) -> Path:
@@ -92,7 +105,7 @@ class FilesystemChannel(SnapshotChannel):
 
     def write(self, snapshot: Snapshot) -> None:
         version = snapshot.manifest.version
-        with translate_channel_errors(str(self.path)):
+        with translate_os_errors(str(self.path)):
             atomic_write(self._weights(version), snapshot.weights)
             atomic_write(self._manifest(version), snapshot.manifest.to_json())
             current = self.latest_version() or 0
@@ -103,12 +116,12 @@ class FilesystemChannel(SnapshotChannel):
                     tmp.unlink(missing_ok=True)
 
     def versions(self) -> list[int]:
-        with translate_channel_errors(str(self.path)):
+        with translate_os_errors(str(self.path)):
             names = os.listdir(self.path)
         return sorted(int(m.group(1)) for n in names if (m := _MANIFEST.match(n)))
 
     def latest_version(self) -> int | None:
-        with translate_channel_errors(str(self.path)):
+        with translate_os_errors(str(self.path)):
             try:
                 raw = (self.path / LATEST).read_bytes()
             except FileNotFoundError:
@@ -119,14 +132,14 @@ class FilesystemChannel(SnapshotChannel):
             return None  # never written by Kelp; treated as "nothing published"
 
     def read_raw(self, version: int) -> tuple[bytes, bytes]:
-        with translate_channel_errors(str(self.path)):
+        with translate_os_errors(str(self.path)):
             try:
                 return self._manifest(version).read_bytes(), self._weights(version).read_bytes()
             except FileNotFoundError:
                 raise SnapshotMissingError(f"snapshot v{version} is not in {self.path} (pruned?)") from None
 
     def delete(self, versions: list[int]) -> None:
-        with translate_channel_errors(str(self.path)):
+        with translate_os_errors(str(self.path)):
             for v in versions:
                 self._manifest(v).unlink(missing_ok=True)  # manifest first: readers list manifests
                 self._weights(v).unlink(missing_ok=True)

@@ -15,26 +15,46 @@ forward only (an older publisher can never move it back) and publishes the
 notification: a replica that hears of a version can always read it whole.
 Pub/sub is best-effort (a replica that was disconnected misses messages); the
 replica's poll of ``latest`` every ``serving.poll_interval_s`` covers that.
+
+Connections and error translation are the store's Redis boundary
+(:mod:`kelp.store.connection`), with this channel's :data:`CHANNEL_ERRORS`: an
+unreachable Redis is a retriable :class:`ChannelUnavailableError`, a wrong
+password the same non-retriable :class:`~kelp.errors.RedisAuthError` the store
+raises, naming ``publisher.redis_url`` or ``store.username / store.password``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
-from urllib.parse import urlsplit
 
-import redis
 from kelp.config import KelpConfig
 from kelp.publish.base import SnapshotChannel, Subscription
-from kelp.publish.errors import ChannelUnavailableError, SnapshotMissingError, translate_channel_errors
+from kelp.publish.errors import ChannelError, ChannelUnavailableError, SnapshotMissingError
 from kelp.publish.snapshot import Snapshot
+from kelp.store.connection import (
+    ErrorRoom,
+    cluster_name,
+    connect_cluster,
+    connect_node,
+    connection_options,
+    node_name,
+    translate_redis_errors,
+)
 from kelp.store.keys import KEY_LAYOUT_VERSION
-from kelp.store.redis import client_kwargs
-from redis.cluster import ClusterNode, RedisCluster
 
-from kelp.errors import UserError
+from kelp.errors import KelpError, UserError
 
-__all__ = ["RedisChannel", "RedisSubscription", "channel_prefix"]
+__all__ = ["CHANNEL_ERRORS", "RedisChannel", "RedisSubscription", "channel_prefix"]
+
+
+def _unavailable(where: str, reason: str) -> ChannelUnavailableError:
+    return ChannelUnavailableError(f"snapshot channel {where} unavailable: {reason}")
+
+
+CHANNEL_ERRORS = ErrorRoom("snapshot channel", _unavailable, ChannelError)
+"""How the snapshot channel names Redis failures (see ``kelp.store.connection.translate_redis_errors``)."""
 
 _PUBLISH = """
 redis.call('HSET', KEYS[1], 'manifest', ARGV[2], 'weights', ARGV[3])
@@ -52,23 +72,19 @@ def channel_prefix(deployment: str) -> str:
     return f"{{k{KEY_LAYOUT_VERSION}:{deployment}:model}}"
 
 
-def _where(url: str) -> str:
-    p = urlsplit(url)
-    return f"{p.hostname}:{p.port or 6379}" if p.hostname else url.rsplit("@", maxsplit=1)[-1]
-
-
 class RedisSubscription(Subscription):
     """A pub/sub connection on the notify channel (reconnects on the next ``wait`` after an error)."""
 
-    def __init__(self, client: Any, channel: str, where: str) -> None:
+    def __init__(self, client: Any, channel: str, where: str, errors: ErrorRoom = CHANNEL_ERRORS) -> None:
         self._client = client
         self._channel = channel
-        self._where = where
+        self.where = where
+        self._errors = errors
         self._pubsub: Any = None
 
     def _connect(self) -> Any:
         if self._pubsub is None:
-            with translate_channel_errors(self._where):
+            with translate_redis_errors(self.where, self._errors):
                 pubsub = self._client.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(self._channel)
             self._pubsub = pubsub
@@ -77,7 +93,7 @@ class RedisSubscription(Subscription):
     def wait(self, timeout_s: float) -> bool:
         pubsub = self._connect()
         try:
-            with translate_channel_errors(self._where):
+            with translate_redis_errors(self.where, self._errors):
                 message = pubsub.get_message(timeout=timeout_s)
         except ChannelUnavailableError:
             self.close()  # the next wait resubscribes
@@ -86,7 +102,7 @@ class RedisSubscription(Subscription):
 
     def close(self) -> None:
         if self._pubsub is not None:
-            with contextlib.suppress(redis.exceptions.RedisError, OSError):
+            with contextlib.suppress(KelpError), translate_redis_errors(self.where, self._errors):
                 self._pubsub.close()
             self._pubsub = None
 
@@ -96,10 +112,13 @@ class RedisChannel(SnapshotChannel):
 
     name = "redis"
 
-    def __init__(self, client: Any, deployment: str, where: str = "redis") -> None:
+    def __init__(
+        self, client: Any, deployment: str, where: str = "redis", errors: ErrorRoom = CHANNEL_ERRORS
+    ) -> None:
         self._client = client
         self.deployment = deployment
-        self.where = where
+        self.where = node_name(where) if "://" in where else where  # never a password in a message
+        self._errors = errors
         self.prefix = channel_prefix(deployment)
         self._script = client.register_script(_PUBLISH)
 
@@ -110,28 +129,23 @@ class RedisChannel(SnapshotChannel):
         With ``store.backend: redis-cluster`` and no ``redis_url``, a cluster client on the
         store's seed nodes is used (the hash tag keeps every snapshot key in one slot).
         """
-        pub = cfg.publisher
-        kw = client_kwargs(cfg.store)
-        kw["socket_timeout"] = max(cfg.store.socket_timeout_s, 10.0)  # a snapshot is ~0.5 MB, not a row
-        if pub.redis_url is not None:
-            for key in ("username", "password"):  # an explicit URL carries its own credentials
-                kw.pop(key, None)
-            return cls(redis.Redis.from_url(pub.redis_url, **kw), cfg.deployment, _where(pub.redis_url))
-        if cfg.store.backend == "memory" or not cfg.store.urls:
+        pub, store = cfg.publisher, cfg.store
+        timeout = max(store.socket_timeout_s, 10.0)  # a snapshot is ~0.5 MB, not a row
+        if pub.redis_url is not None:  # an explicit URL carries its own credentials
+            options = connection_options(store, credentials=False, socket_timeout_s=timeout)
+            errors = dataclasses.replace(CHANNEL_ERRORS, credentials="the credentials in publisher.redis_url")
+            url = pub.redis_url
+            return cls(connect_node(url, options), cfg.deployment, node_name(url), errors)
+        if store.backend == "memory" or not store.urls:
             raise UserError(
                 "publisher.channel is 'redis' but there is no Redis to use: the store is in memory and "
                 "publisher.redis_url is not set (set publisher.redis_url, or publisher.channel: filesystem)"
             )
-        if cfg.store.backend == "redis-cluster":
-            nodes = [
-                ClusterNode(urlsplit(u).hostname or "127.0.0.1", urlsplit(u).port or 6379)
-                for u in cfg.store.urls
-            ]
-            with translate_channel_errors("cluster"):
-                client = RedisCluster(startup_nodes=nodes, **kw)
-            return cls(client, cfg.deployment, "cluster(" + ",".join(_where(u) for u in cfg.store.urls) + ")")
-        url = cfg.store.urls[0]
-        return cls(redis.Redis.from_url(url, **kw), cfg.deployment, _where(url))
+        options = connection_options(store, socket_timeout_s=timeout)
+        if store.backend == "redis-cluster":
+            client = connect_cluster(store.urls, options, CHANNEL_ERRORS)
+            return cls(client, cfg.deployment, cluster_name(store.urls))
+        return cls(connect_node(store.urls[0], options), cfg.deployment, node_name(store.urls[0]))
 
     # -- keys -----------------------------------------------------------------------------------
 
@@ -144,26 +158,26 @@ class RedisChannel(SnapshotChannel):
     # -- the channel ----------------------------------------------------------------------------
 
     def next_version(self) -> int:
-        with translate_channel_errors(self.where):
+        with translate_redis_errors(self.where, self._errors):
             return int(self._client.incr(self._key("seq")))
 
     def write(self, snapshot: Snapshot) -> None:
         version = snapshot.manifest.version
         keys = [self._version_key(version), self._key("versions"), self._key("latest"), self._key("notify")]
-        with translate_channel_errors(self.where):
+        with translate_redis_errors(self.where, self._errors):
             self._script(keys=keys, args=[version, snapshot.manifest.to_json(), snapshot.weights])
 
     def versions(self) -> list[int]:
-        with translate_channel_errors(self.where):
+        with translate_redis_errors(self.where, self._errors):
             return sorted(int(v) for v in self._client.zrange(self._key("versions"), 0, -1))
 
     def latest_version(self) -> int | None:
-        with translate_channel_errors(self.where):
+        with translate_redis_errors(self.where, self._errors):
             raw = self._client.get(self._key("latest"))
         return None if raw is None else int(raw)
 
     def read_raw(self, version: int) -> tuple[bytes, bytes]:
-        with translate_channel_errors(self.where):
+        with translate_redis_errors(self.where, self._errors):
             manifest, weights = self._client.hmget(self._version_key(version), ["manifest", "weights"])
         if manifest is None or weights is None:
             raise SnapshotMissingError(f"snapshot v{version} is not in {self.where} (pruned?)")
@@ -172,14 +186,14 @@ class RedisChannel(SnapshotChannel):
     def delete(self, versions: list[int]) -> None:
         if not versions:
             return
-        with translate_channel_errors(self.where):
+        with translate_redis_errors(self.where, self._errors):
             pipe = self._client.pipeline()
             pipe.delete(*[self._version_key(v) for v in versions])
             pipe.zrem(self._key("versions"), *[str(v) for v in versions])
             pipe.execute()
 
     def subscribe(self) -> RedisSubscription:
-        return RedisSubscription(self._client, self._key("notify"), self.where)
+        return RedisSubscription(self._client, self._key("notify"), self.where, self._errors)
 
     def close(self) -> None:
         self._client.close()

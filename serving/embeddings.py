@@ -15,7 +15,8 @@ write-back delay), and ``embedding_age_s`` reports the age of the copy used.
 The cache is whole-generation: it is emptied when its oldest entry reaches the
 TTL (or it holds ``capacity_rows``), which bounds staleness exactly and needs
 no per-row bookkeeping. Default rows are cached too, so a newly admitted id is
-seen up to TTL late.
+seen up to TTL late. Per table the copies live in a
+:class:`~kelp.store.slots.SlotTable` (columns ``rows``, ``updated``, ``admitted``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from kelp.serving.metrics import ServingMetrics
 from kelp.store.base import EmbeddingStore, PullResult
-from kelp.store.index import IdIndex
+from kelp.store.slots import Column, SlotTable
 
 __all__ = ["FetchedRows", "RowFetcher"]
 
@@ -55,34 +56,15 @@ class FetchedRows:
         return self.default / total if total else 0.0
 
 
-class _TableCache:
-    """Cached rows of one table: ids -> slots in growable arrays."""
-
-    def __init__(self, dim: int) -> None:
-        self.index = IdIndex(1024)
-        self.rows = np.zeros((1024, dim), np.float32)
-        self.updated = np.zeros(1024, np.uint32)
-        self.admitted = np.zeros(1024, bool)
-        self.n = 0
-
-    def get(self, ids: np.ndarray) -> np.ndarray:
-        return self.index.lookup(ids)
-
-    def put(self, ids: np.ndarray, got: PullResult) -> None:
-        k = len(ids)
-        if self.n + k > len(self.rows):
-            cap = len(self.rows)
-            while cap < self.n + k:
-                cap *= 2
-            self.rows = np.resize(self.rows, (cap, self.rows.shape[1]))
-            self.updated = np.resize(self.updated, cap)
-            self.admitted = np.resize(self.admitted, cap)
-        slots = np.arange(self.n, self.n + k, dtype=np.int64)
-        self.rows[slots] = got.rows
-        self.updated[slots] = got.updated_s if got.updated_s is not None else 0
-        self.admitted[slots] = got.admitted
-        self.index.insert(ids, slots)
-        self.n += k
+def _table_cache(dim: int) -> SlotTable:
+    """Cached copies of one table's rows: what a store pull returned, per id."""
+    return SlotTable(
+        {
+            "rows": Column(np.float32, width=dim),
+            "updated": Column(np.uint32),
+            "admitted": Column(bool),
+        }
+    )
 
 
 class RowFetcher:
@@ -109,11 +91,11 @@ class RowFetcher:
         self._clock = clock
         self._wall = wall_clock
         self._lock = threading.Lock()
-        self._cache: dict[str, _TableCache] = {}
+        self._cache: dict[str, SlotTable] = {}
         self._cache_started = clock()
         self._cache_rows = 0
 
-    def _fresh_cache(self, now: float) -> dict[str, _TableCache]:
+    def _fresh_cache(self, now: float) -> dict[str, SlotTable]:
         """The current generation, emptied first if it is as old as the TTL or full."""
         if now - self._cache_started >= self.ttl_s or self._cache_rows >= self.capacity_rows:
             self._cache = {}
@@ -136,11 +118,12 @@ class RowFetcher:
                 admitted = np.zeros(len(ids), bool)
                 updated = np.zeros(len(ids), np.uint32)
                 tc = cache.get(table)
-                slots = tc.get(ids) if tc is not None else np.full(len(ids), -1, np.int64)
+                slots = tc.lookup(ids) if tc is not None else np.full(len(ids), -1, np.int64)
                 hit = slots >= 0
                 if tc is not None and hit.any():
                     hs = slots[hit]
-                    rows[hit], admitted[hit], updated[hit] = tc.rows[hs], tc.admitted[hs], tc.updated[hs]
+                    rows[hit] = tc["rows"][hs]
+                    admitted[hit], updated[hit] = tc["admitted"][hs], tc["updated"][hs]
                 parts[table] = (rows, admitted, updated, hit)
                 if not hit.all():
                     need[table] = ids[~hit]
@@ -152,16 +135,17 @@ class RowFetcher:
                 miss = ~hit
                 rows[miss], admitted[miss] = g.rows, g.admitted
                 updated[miss] = g.updated_s if g.updated_s is not None else 0
-                tc = cache.setdefault(table, _TableCache(rows.shape[1]))
-                fresh = tc.get(need[table]) < 0  # another request may have cached some meanwhile
+                tc = cache.get(table)
+                if tc is None:
+                    tc = cache[table] = _table_cache(rows.shape[1])
+                fresh = tc.lookup(need[table]) < 0  # another request may have cached some meanwhile
                 if fresh.any():
-                    sub = PullResult(
-                        g.rows[fresh],
-                        g.state[fresh],
-                        g.admitted[fresh],
-                        None if g.updated_s is None else g.updated_s[fresh],
+                    tc.insert(
+                        need[table][fresh],
+                        rows=g.rows[fresh],
+                        admitted=g.admitted[fresh],
+                        updated=0 if g.updated_s is None else g.updated_s[fresh],
                     )
-                    tc.put(need[table][fresh], sub)
                     self._cache_rows += int(fresh.sum())
         return self._result({t: (r, a, u) for t, (r, a, u, _h) in parts.items()})
 

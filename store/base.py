@@ -6,12 +6,18 @@ call anywhere) and the multi-table forms :meth:`EmbeddingStore.pull_many` /
 :meth:`EmbeddingStore.push_many` are primary: a trainer step touches every table
 (26 in criteo-synth) and a backend sends them in one round trip per shard.
 
-Admission (see :mod:`kelp.store.policies`): with admission off (``min_count=1``
-and ``probability=1``) every id is admitted; a missing row reads as its init row
-and the first push stores it. With admission on, ``pull(count=True)`` records a
-sighting and admits an id (stores its init row) once it qualifies; pushes for
-ids without a stored row are discarded. The serving path uses ``count=False``,
-which never writes.
+Admission (:mod:`kelp.store.admission`): with :class:`~kelp.store.admission.AlwaysAdmit`
+(the default) every id is admitted; a missing row reads as its init row and the
+first push stores it. With a counting or chance policy, ``pull(count=True)``
+records a sighting and admits an id (stores its init row) once it qualifies;
+pushes for ids without a stored row are discarded. The serving path uses
+``count=False``, which never writes.
+
+Capabilities are explicit: ``enforces`` lists the eviction policies
+(:mod:`kelp.store.eviction`) a backend enforces, checked at load by
+:func:`~kelp.store.factory.check_store_config`; :meth:`EmbeddingStore.flush`
+tells whether everything acknowledged is durable (the rule the trainer commits
+Kafka offsets by).
 
 Concurrency: whole rows, last writer wins; see docs/store.md.
 """
@@ -22,13 +28,14 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from kelp.config import TableSpec
+from kelp.store.admission import Draws, build_admission
 from kelp.store.codec import RowCodec
+from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction, build_evictions
 from kelp.store.init import init_rows
-from kelp.store.policies import AdmissionPolicy
 
 from kelp.errors import UserError
 
@@ -78,17 +85,23 @@ class StoreStats:
 
 
 class Table:
-    """A table's spec plus what every backend derives from it (codec, policy, defaults)."""
+    """A table's spec plus what every backend derives from it: codec, policies, default rows.
 
-    def __init__(self, spec: TableSpec, initial_state: float = 0.0) -> None:
+    * ``admission``: its :class:`~kelp.store.admission.AdmissionPolicy`;
+    * ``evictions``: its eviction policies; ``ttl`` / ``capacity`` the TTL and LFU
+      ones, or None when the table asks for none.
+    """
+
+    def __init__(self, spec: TableSpec, initial_state: float = 0.0, draws: Draws | None = None) -> None:
         self.spec = spec
         self.name = spec.name
         self.dim = spec.dim
         self.codec = RowCodec(spec.dim, spec.dtype)
-        self.admission = AdmissionPolicy.from_spec(spec.admission)
+        self.admission = build_admission(spec.admission, draws or Draws())
         self.initial_state = np.float32(initial_state)
-        self.ttl_s = spec.eviction.ttl_s
-        self.max_rows = spec.eviction.max_rows
+        self.evictions = build_evictions(spec.eviction)
+        self.ttl = next((p for p in self.evictions if isinstance(p, TtlEviction)), None)
+        self.capacity = next((p for p in self.evictions if isinstance(p, LfuCapacity)), None)
 
     def init_rows(self, ids: np.ndarray) -> np.ndarray:
         return init_rows(self.spec.init, self.name, ids, self.dim)
@@ -132,12 +145,17 @@ class EmbeddingStore(abc.ABC):
     """
 
     backend: str = "abstract"
+    enforces: ClassVar[frozenset[type[EvictionPolicy]]] = frozenset()
+    """Eviction policies this backend enforces; a table asking for another is refused at load."""
+    eviction_hints: ClassVar[dict[type[EvictionPolicy], str]] = {}
+    """What to use instead of a policy the backend does not enforce (one line for the config error)."""
 
-    def __init__(self, tables: list[TableSpec], initial_state: float = 0.0) -> None:
+    def __init__(self, tables: list[TableSpec], initial_state: float = 0.0, seed: int | None = None) -> None:
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate table names: {names}")
-        self.tables: dict[str, Table] = {t.name: Table(t, initial_state) for t in tables}
+        draws = Draws(seed)  # one generator for every table's chance admission
+        self.tables: dict[str, Table] = {t.name: Table(t, initial_state, draws) for t in tables}
 
     def table(self, name: str) -> Table:
         try:
@@ -181,8 +199,16 @@ class EmbeddingStore(abc.ABC):
     def stats(self) -> StoreStats:
         """Rows per table where cheap, bytes used, and counters."""
 
-    def flush(self) -> None:  # noqa: B027 - optional hook, a no-op for write-through backends
-        """Make buffered writes durable. Backends here write through, so a no-op; the hot cache overrides."""
+    def flush(self, force: bool = True) -> bool:
+        """True when every row acknowledged by ``push``/``push_many`` so far is durable in the backing store.
+
+        ``force=True`` writes whatever is buffered now (then True, or it raises);
+        ``force=False`` writes only when the store's own schedule says it is due,
+        and reports. Write-through backends (memory, Redis) buffer nothing: always
+        True, no work. The hot-row cache writes back on its schedule. The trainer
+        commits a batch's offsets only once this returns True after its push.
+        """
+        return True
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and buffers."""

@@ -1,13 +1,16 @@
-"""Store errors, and the one place where redis-py exceptions become Kelp errors.
+"""The store's error classes (the redis-py translation itself lives in :mod:`kelp.store.connection`).
 
-Every Redis call of :mod:`kelp.store.redis` runs inside :func:`translate_redis_errors`,
-so callers only ever see the :class:`~kelp.errors.StoreError` tree below and can
-rely on ``retriable``:
+Every Redis call of the Redis backends runs inside
+:func:`kelp.store.connection.translate_redis_errors` with the store's error
+room, so callers only ever see these classes and can rely on ``retriable``:
 
-* :class:`ShardUnavailableError` (retriable): a shard could not be reached or timed
-  out; the operation did *not* take effect as a whole (a push that raised it is
-  never acknowledged, though some of its rows may already have been written).
-* :class:`StoreAuthError` (a :class:`~kelp.errors.UserError`): wrong password or ACL.
+* :class:`ShardUnavailableError` (a :class:`~kelp.errors.StoreUnavailableError`,
+  retriable): a shard could not be reached or timed out; the operation did
+  *not* take effect as a whole (a push that raised it is never acknowledged,
+  though some of its rows may already have been written).
+* :class:`~kelp.errors.RedisAuthError` (a :class:`~kelp.errors.UserError`, not
+  retriable): wrong password or ACL. ``StoreAuthError`` is the same class under
+  its older store name; the publish channel raises it too.
 * :class:`StoreCommandError`: Redis refused a command (OOM, wrong type...).
 * :class:`RowFormatError`: a stored value is not a Kelp row of this table; never
   decoded into garbage.
@@ -15,19 +18,13 @@ rely on ``retriable``:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import redis
-
-from kelp.errors import StoreError, StoreUnavailableError, UserError
+from kelp.errors import RedisAuthError, StoreError, StoreUnavailableError
 
 __all__ = [
     "RowFormatError",
     "ShardUnavailableError",
     "StoreAuthError",
     "StoreCommandError",
-    "translate_redis_errors",
 ]
 
 
@@ -40,8 +37,8 @@ class ShardUnavailableError(StoreUnavailableError):
         self.reason = reason
 
 
-class StoreAuthError(UserError, StoreError):
-    """Redis rejected the credentials (requirepass / ACL user)."""
+StoreAuthError = RedisAuthError
+"""The store's name for :class:`~kelp.errors.RedisAuthError` (one class in every room)."""
 
 
 class StoreCommandError(StoreError):
@@ -50,38 +47,3 @@ class StoreCommandError(StoreError):
 
 class RowFormatError(StoreError):
     """A stored value has the wrong length or an unknown format version."""
-
-
-@contextmanager
-def translate_redis_errors(shard: str) -> Iterator[None]:
-    """Turn redis-py exceptions raised inside the block into the Kelp store error tree."""
-    try:
-        yield
-    except (
-        redis.exceptions.AuthenticationError,
-        redis.exceptions.AuthenticationWrongNumberOfArgsError,
-    ) as exc:
-        raise StoreAuthError(
-            f"store shard {shard}: authentication failed ({exc}); check store.username/password"
-        ) from None
-    except redis.exceptions.NoPermissionError as exc:
-        raise StoreAuthError(f"store shard {shard}: ACL user lacks permission: {exc}") from None
-    except redis.exceptions.ResponseError as exc:
-        text = str(exc)
-        if text.startswith(("NOAUTH", "WRONGPASS", "invalid password", "invalid username")):
-            raise StoreAuthError(f"store shard {shard}: authentication failed ({text})") from None
-        if text.startswith(("CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "LOADING", "MASTERDOWN")):
-            raise ShardUnavailableError(shard, text) from exc
-        raise StoreCommandError(f"store shard {shard}: {text}") from exc
-    except (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        redis.exceptions.ClusterDownError,
-        redis.exceptions.ClusterError,
-        redis.exceptions.BusyLoadingError,
-        ConnectionError,
-        OSError,
-    ) as exc:
-        raise ShardUnavailableError(shard, f"{type(exc).__name__}: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise StoreError(f"store shard {shard}: {type(exc).__name__}: {exc}") from exc

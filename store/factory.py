@@ -1,4 +1,10 @@
-"""``build_store``: config -> store, through a lookup table of backends (Feast style)."""
+"""``build_store``: config -> store through a lookup table of backends (Feast style); the load-time check.
+
+:func:`check_store_config` reports what the configured backend cannot
+enforce (its ``enforces`` capability); :func:`build_store` refuses exactly
+what it reports, so ``kelp config validate`` and starting a process can never
+disagree.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +13,19 @@ from typing import Any
 
 from kelp.config import StoreConfig, TableSpec
 from kelp.store.base import EmbeddingStore
+from kelp.store.eviction import build_evictions
 from prometheus_client import CollectorRegistry
 
-__all__ = ["BACKENDS", "build_store"]
+from kelp.errors import ConfigError
+
+__all__ = ["BACKENDS", "backend_class", "build_store", "check_store_config"]
 
 # backend name (StoreConfig.backend) -> "module:class"; imported lazily so the memory
 # backend never needs redis-py's cluster machinery.
 BACKENDS: dict[str, str] = {
     "memory": "kelp.store.memory:MemoryStore",
     "redis": "kelp.store.redis:RedisStore",
-    "redis-cluster": "kelp.store.redis:RedisClusterStore",
+    "redis-cluster": "kelp.store.redis_cluster:RedisClusterStore",
 }
 
 
@@ -26,6 +35,34 @@ def backend_class(name: str) -> type[EmbeddingStore]:
     except KeyError:
         raise ValueError(f"unknown store backend {name!r}; expected one of {', '.join(BACKENDS)}") from None
     return getattr(importlib.import_module(module), cls)
+
+
+def check_store_config(store_cfg: StoreConfig, tables: list[TableSpec]) -> list[tuple[str, str]]:
+    """``(field path, problem)`` for every table setting the configured backend does not enforce.
+
+    ``tables`` is ``features.tables`` as loaded (tables named only by a sparse
+    feature are appended there by the config model, with ``table_defaults``), so
+    the paths read ``features.tables[<index>].eviction.<field>``. Empty: fine.
+
+    >>> from kelp.config import StoreConfig, TableSpec
+    >>> check_store_config(StoreConfig(), [TableSpec(name="t", eviction={"max_rows": 10})])
+    []
+    """
+    cls = backend_class(store_cfg.backend)
+    problems = []
+    for i, spec in enumerate(tables):
+        for policy in build_evictions(spec.eviction):
+            kind = type(policy)
+            if kind in cls.enforces:
+                continue
+            hint = cls.eviction_hints.get(kind, "use backend memory")
+            problems.append(
+                (
+                    f"features.tables[{i}].eviction.{policy.setting}",
+                    f"store.backend '{store_cfg.backend}' does not enforce {policy.setting}; {hint}",
+                )
+            )
+    return problems
 
 
 def build_store(
@@ -38,7 +75,12 @@ def build_store(
     """The configured backend, wrapped in the hot-row cache when ``store_cfg.hot_cache.enabled``.
 
     ``kwargs`` go to the backend (``retry=RetryPolicy(...)``, ``initial_state=``, ``seed=``).
+    Raises :class:`~kelp.errors.ConfigError` (one line per problem) for what
+    :func:`check_store_config` reports.
     """
+    problems = check_store_config(store_cfg, tables)
+    if problems:
+        raise ConfigError("\n".join(f"{path}: {problem}" for path, problem in problems))
     cls = backend_class(store_cfg.backend)
     if store_cfg.backend == "memory":
         store: EmbeddingStore = cls(tables, registry, **kwargs)

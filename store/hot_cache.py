@@ -8,10 +8,16 @@ Rules it keeps:
 * **bounded**: ``capacity_rows`` across all tables (split evenly per table);
   when full, the rows used least often (by cache hits) leave first.
 * **no lost updates**: a pushed row is marked dirty; dirty rows are written
-  to the store every ``writeback_every_steps`` pushes or ``writeback_interval_s``
-  seconds, on :meth:`flush` / :meth:`close`, and *before* they leave the cache
-  (eviction or staleness re-read). If a write-back fails the rows stay dirty
-  and the error propagates.
+  to the store on the write-back schedule (every ``writeback_every_steps``
+  pushes or ``writeback_interval_s`` seconds), on :meth:`HotRowCache.flush` /
+  :meth:`HotRowCache.close`, and *before* they leave the cache (eviction or
+  staleness re-read). If a write-back fails the rows stay dirty and the error
+  propagates.
+* **durability is reported, and scheduled here only**: :meth:`HotRowCache.flush`
+  returns True once no pushed row is still dirty. ``flush(force=False)`` writes
+  back only when the schedule says so; the trainer's push thread calls it after
+  every push and commits Kafka offsets only when it returns True, so this class
+  holds the one copy of the schedule (:meth:`HotRowCache._writeback_due`).
 * **bounded staleness**: a cached row read from the store more than
   ``max_staleness_s`` ago is re-read (after writing back its own update), so
   a trainer sees other trainers' updates at most ``max_staleness_s`` (plus
@@ -19,6 +25,9 @@ Rules it keeps:
   write-backs are whole-row last-writer-wins, like the store itself.
 * only admitted rows are cached; pulls of other ids go to the store every time
   (so admission counting still sees them).
+
+Per table the rows live in a :class:`~kelp.store.slots.SlotTable` whose ``rows``
+and ``state`` columns are torch tensors on the device.
 """
 
 from __future__ import annotations
@@ -31,27 +40,24 @@ import numpy as np
 import torch
 from kelp.config import HotCacheConfig
 from kelp.store.base import EmbeddingStore, PullResult, StoreStats
-from kelp.store.index import IdIndex
 from kelp.store.metrics import StoreMetrics
+from kelp.store.slots import Column, SlotTable
 
 __all__ = ["HotRowCache"]
 
 
-class _Slots:
-    def __init__(self, cap: int, dim: int, device: torch.device) -> None:
-        self.cap = cap
-        self.index = IdIndex(cap)
-        self.rows = torch.zeros((cap, dim), dtype=torch.float32, device=device)
-        self.state = torch.zeros(cap, dtype=torch.float32, device=device)
-        self.ids = np.zeros(cap, dtype=np.uint64)
-        self.loaded = np.zeros(cap, dtype=np.float64)
-        self.updated_s = np.zeros(cap, dtype=np.uint32)  # unix seconds of the row's last update
-        self.hits = np.zeros(cap, dtype=np.uint32)
-        self.dirty = np.zeros(cap, dtype=bool)
-        self.live = np.zeros(cap, dtype=bool)
-
-    def free_slots(self) -> np.ndarray:
-        return np.flatnonzero(~self.live)
+def _slot_table(capacity: int, dim: int, device: torch.device) -> SlotTable:
+    return SlotTable(
+        {
+            "rows": Column(torch.float32, width=dim, device=device),
+            "state": Column(torch.float32, device=device),
+            "loaded": Column(np.float64),  # cache clock when read from the store (staleness)
+            "updated_s": Column(np.uint32),  # unix seconds of the row's last update
+            "hits": Column(np.uint32),
+            "dirty": Column(bool),
+        },
+        capacity=capacity,
+    )
 
 
 class HotRowCache(EmbeddingStore):
@@ -69,47 +75,57 @@ class HotRowCache(EmbeddingStore):
         self.inner = inner
         self.tables = inner.tables
         self.backend = f"{inner.backend}+hot-cache"
+        self.enforces = inner.enforces
         self.cfg = cfg
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self._clock = clock
         self.metrics = metrics or getattr(inner, "metrics", None) or StoreMetrics()
-        per_table = max(1, cfg.capacity_rows // max(1, len(self.tables)))
-        self._slots = {name: _Slots(per_table, t.dim, self.device) for name, t in self.tables.items()}
+        self.rows_per_table = max(1, cfg.capacity_rows // max(1, len(self.tables)))
+        self._slots = {
+            name: _slot_table(self.rows_per_table, t.dim, self.device) for name, t in self.tables.items()
+        }
         self._lock = threading.RLock()
         self._steps = 0
         self._last_writeback = clock()
         self._lookups = 0
         self._hits = 0
 
-    # -- helpers --------------------------------------------------------------------------------
+    # -- write-back -----------------------------------------------------------------------------
 
-    def _dirty_updates(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        c = self._slots[name]
-        slots = slots[c.dirty[slots]]
-        idx = torch.from_numpy(slots).to(self.device)
-        return c.ids[slots], c.rows[idx].cpu().numpy(), c.state[idx].cpu().numpy()
+    def _writeback_due(self) -> bool:
+        """The write-back schedule, its only copy: every ``writeback_every_steps`` pushes or
+        ``writeback_interval_s`` seconds."""
+        return (
+            self._steps >= self.cfg.writeback_every_steps
+            or self._clock() - self._last_writeback >= self.cfg.writeback_interval_s
+        )
 
     def _write_back(self, slots_by_table: Mapping[str, np.ndarray]) -> None:
+        """Push the dirty rows among these slots to ``inner``; they stay dirty if that raises."""
         updates = {}
-        for name, slots in slots_by_table.items():
-            ids, rows, state = self._dirty_updates(name, slots)
-            if len(ids):
-                updates[name] = (ids, rows, state)
+        for name, candidates in slots_by_table.items():
+            c = self._slots[name]
+            slots = candidates[c["dirty"][candidates]]
+            if len(slots):
+                updates[name] = (c.ids[slots], c.read("rows", slots), c.read("state", slots))
         if not updates:
             return
-        self.inner.push_many(updates)  # raises on failure: rows stay dirty
+        self.inner.push_many(updates)
         for name, slots in slots_by_table.items():
-            self._slots[name].dirty[slots] = False
+            self._slots[name]["dirty"][slots] = False
         self.metrics.hot_writeback.inc(sum(len(u[0]) for u in updates.values()))
+
+    def _write_back_all(self) -> None:
+        self._write_back({name: np.flatnonzero(c["dirty"]) for name, c in self._slots.items()})
+        self._steps = 0
+        self._last_writeback = self._clock()
 
     def _drop(self, name: str, slots: np.ndarray) -> None:
         c = self._slots[name]
-        c.index.delete(c.ids[slots])
-        c.live[slots] = False
-        c.dirty[slots] = False
-        c.hits[slots] = 0
+        c["dirty"][slots] = False
+        c.remove(slots)
 
     # -- verbs ----------------------------------------------------------------------------------
 
@@ -125,10 +141,10 @@ class HotRowCache(EmbeddingStore):
                 t = self.table(name)
                 ids = t.check_ids(raw)
                 c = self._slots[name]
-                slots = c.index.lookup(ids)
+                slots = c.lookup(ids)
                 cached = slots >= 0
                 too_old = np.zeros(len(ids), dtype=bool)
-                too_old[cached] = now - c.loaded[slots[cached]] > self.cfg.max_staleness_s
+                too_old[cached] = now - c["loaded"][slots[cached]] > self.cfg.max_staleness_s
                 if too_old.any():
                     stale[name] = slots[too_old]
                     cached &= ~too_old
@@ -154,23 +170,23 @@ class HotRowCache(EmbeddingStore):
                 updated_s = np.zeros(len(ids), dtype=np.uint32)
                 hs = slots[cached]
                 if len(hs):
-                    idx = torch.from_numpy(hs).to(self.device)
-                    rows[cached] = c.rows[idx].cpu().numpy()
-                    state[cached] = c.state[idx].cpu().numpy()
-                    updated_s[cached] = c.updated_s[hs]
-                    c.hits[hs] += 1
+                    rows[cached] = c.read("rows", hs)
+                    state[cached] = c.read("state", hs)
+                    updated_s[cached] = c["updated_s"][hs]
+                    c["hits"][hs] += 1
                 if name in fetched:
                     f = fetched[name]
                     miss = ~cached
                     rows[miss], state[miss], admitted[miss] = f.rows, f.state, f.admitted
                     f_updated = f.updated_s if f.updated_s is not None else np.zeros(len(f), np.uint32)
                     updated_s[miss] = f_updated
+                    keep = f.admitted
                     self._insert(
                         name,
-                        need[name][f.admitted],
-                        f.rows[f.admitted],
-                        f.state[f.admitted],
-                        f_updated[f.admitted],
+                        need[name][keep],
+                        f.rows[keep],
+                        f.state[keep],
+                        f_updated[keep],
                         now=now,
                         protect=hs,
                     )
@@ -190,30 +206,20 @@ class HotRowCache(EmbeddingStore):
         protect: np.ndarray,
     ) -> None:
         c = self._slots[name]
+        cap = self.rows_per_table
         if len(ids) == 0:
             return
-        if len(ids) > c.cap:
-            ids, rows, state, updated_s = ids[: c.cap], rows[: c.cap], state[: c.cap], updated_s[: c.cap]
-        free = c.free_slots()
-        if len(free) < len(ids):
-            live = np.flatnonzero(c.live)
-            score = c.hits[live].astype(np.float64)
+        if len(ids) > cap:
+            ids, rows, state, updated_s = ids[:cap], rows[:cap], state[:cap], updated_s[:cap]
+        short = len(c) + len(ids) - cap
+        if short > 0:
+            live = c.live_slots()
+            score = c["hits"][live].astype(np.float64)
             score[np.isin(live, protect)] = np.inf
-            victims = live[np.argsort(score, kind="stable")[: len(ids) - len(free)]]
+            victims = live[np.argsort(score, kind="stable")[:short]]
             self._write_back({name: victims})  # dirty rows reach the store before they leave
             self._drop(name, victims)
-            free = c.free_slots()
-        slots = free[: len(ids)]
-        c.index.insert(ids, slots)
-        c.ids[slots] = ids
-        idx = torch.from_numpy(slots).to(self.device)
-        c.rows[idx] = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device)
-        c.state[idx] = torch.from_numpy(np.ascontiguousarray(state)).to(self.device)
-        c.loaded[slots] = now
-        c.updated_s[slots] = updated_s
-        c.hits[slots] = 0
-        c.dirty[slots] = False
-        c.live[slots] = True
+        c.insert(ids, rows=rows, state=state, loaded=now, updated_s=updated_s)
 
     def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         with self._lock:
@@ -222,36 +228,36 @@ class HotRowCache(EmbeddingStore):
                 t = self.table(name)
                 ids, rows, state = t.check_push(raw_ids, raw_rows, raw_state)
                 c = self._slots[name]
-                slots = c.index.lookup(ids)
+                slots = c.lookup(ids)
                 cached = slots >= 0
                 cs = slots[cached]
                 if len(cs):
-                    idx = torch.from_numpy(cs).to(self.device)
-                    c.rows[idx] = torch.from_numpy(rows[cached]).to(self.device)
-                    c.state[idx] = torch.from_numpy(state[cached]).to(self.device)
-                    c.updated_s[cs] = np.uint32(time.time())
-                    c.dirty[cs] = True
+                    c.write("rows", cs, rows[cached])
+                    c.write("state", cs, state[cached])
+                    c["updated_s"][cs] = np.uint32(time.time())
+                    c["dirty"][cs] = True
                 if (~cached).any():
                     passthrough[name] = (ids[~cached], rows[~cached], state[~cached])
             if passthrough:
                 self.inner.push_many(passthrough)
             self._steps += 1
-            if (
-                self._steps >= self.cfg.writeback_every_steps
-                or self._clock() - self._last_writeback >= self.cfg.writeback_interval_s
-            ):
-                self.flush()
+            if self._writeback_due():
+                self._write_back_all()
 
-    def flush(self) -> None:
-        """Write every dirty row to the store (returns once acknowledged)."""
+    def flush(self, force: bool = True) -> bool:
+        """Write back dirty rows (``force``, or when the schedule says so); True once none is left dirty.
+
+        Rows pushed past the cache (not cached) went straight to ``inner``, so
+        the answer also asks ``inner.flush(force)``.
+        """
         with self._lock:
-            self._write_back({name: np.flatnonzero(c.dirty) for name, c in self._slots.items()})
-            self._steps = 0
-            self._last_writeback = self._clock()
-            self.inner.flush()
+            if force or self._writeback_due():
+                self._write_back_all()
+            inner_durable = self.inner.flush(force)
+            return inner_durable and self.dirty_rows() == 0
 
     def dirty_rows(self) -> int:
-        return int(sum(c.dirty.sum() for c in self._slots.values()))
+        return int(sum(c["dirty"].sum() for c in self._slots.values()))
 
     @property
     def hit_rate(self) -> float:
@@ -259,14 +265,14 @@ class HotRowCache(EmbeddingStore):
 
     def _update_gauges(self) -> None:
         self.metrics.hot_hit_rate.set(self.hit_rate)
-        self.metrics.hot_rows.set(sum(int(c.live.sum()) for c in self._slots.values()))
+        self.metrics.hot_rows.set(sum(len(c) for c in self._slots.values()))
 
     def delete(self, table: str, ids: np.ndarray) -> int:
         with self._lock:
             t = self.table(table)
             ids = t.check_ids(ids)
             c = self._slots[table]
-            slots = c.index.lookup(ids)
+            slots = c.lookup(ids)
             self._drop(table, slots[slots >= 0])
             return self.inner.delete(table, ids)
 

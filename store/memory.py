@@ -1,12 +1,16 @@
-"""The in-process backend (the embedded default): numpy arenas, one per table.
+"""The in-process backend (the embedded default): one :class:`~kelp.store.slots.SlotTable` of rows per table.
 
-Each table keeps its rows in contiguous arrays (``rows[cap, dim]`` in the table's
-storage dtype, ``state``, ``count``, ``updated``) and maps ids to arena slots
-with a vectorized :class:`~kelp.store.index.IdIndex`; freed slots are reused.
-Admission counters live in a second index with a first-seen time
-(``counter_ttl_s``). Eviction: TTL is checked lazily on every access and by a
-vectorized sweep when the arena must grow; ``max_rows`` evicts the rows with the
-lowest access count (pulls with ``count=True``), oldest update first on ties.
+Each table keeps its rows in contiguous numpy columns (``rows[cap, dim]`` in
+the table's storage dtype, ``state``, ``count`` of training reads, ``updated``
+unix seconds) behind a vectorized id index; freed slots are reused. Admission
+counters live in a second slot table per table (``count``, ``first`` sighting
+time), dropped once ``counter_ttl_s`` old.
+
+It enforces both eviction policies (:mod:`kelp.store.eviction`):
+:class:`~kelp.store.eviction.TtlEviction` is checked lazily on every access and
+by a vectorized sweep when a table runs out of freed slots;
+:class:`~kelp.store.eviction.LfuCapacity` evicts the rows with the lowest
+access count (pulls with ``count=True``), oldest update first on ties.
 Thread-safe (one lock per store); nothing is shared between processes.
 """
 
@@ -18,148 +22,31 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 from kelp.config import TableSpec
-from kelp.store.base import EmbeddingStore, PullResult, StoreStats, Table
-from kelp.store.index import IdIndex
-from kelp.store.metrics import StoreMetrics
+from kelp.store.backend import BackendStore, InitRows, RowWrite, StoredRows
+from kelp.store.base import StoreStats, Table
+from kelp.store.eviction import LfuCapacity, TtlEviction
+from kelp.store.slots import Column, SlotTable
 from prometheus_client import CollectorRegistry
 
 __all__ = ["MemoryStore"]
 
 
-class _Arena:
-    """Rows of one table in growable numpy arrays."""
-
-    def __init__(self, table: Table, capacity: int = 1024) -> None:
-        self.t = table
-        self.index = IdIndex(capacity)
-        self.rows = np.zeros((capacity, table.dim), dtype=table.spec.dtype)
-        self.state = np.zeros(capacity, dtype=np.float32)
-        self.count = np.zeros(capacity, dtype=np.uint32)
-        self.updated = np.zeros(capacity, dtype=np.float64)
-        self.ids = np.zeros(capacity, dtype=np.uint64)
-        self.live = np.zeros(capacity, dtype=bool)
-        self.high = 0  # slots [0, high) have been handed out at least once
-        self.free: list[np.ndarray] = []
-        self.n_free = 0
-        # admission counters
-        self.cindex = IdIndex(64)
-        self.ccount = np.zeros(64, dtype=np.uint32)
-        self.cfirst = np.zeros(64, dtype=np.float64)
-        self.chigh = 0
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.rows, self.state, self.count, self.updated, self.ids, self.live))
-
-    def alloc(self, k: int) -> np.ndarray:
-        out: list[np.ndarray] = []
-        need = k
-        while need and self.free:
-            chunk = self.free.pop()
-            take, rest = chunk[:need], chunk[need:]
-            if len(rest):
-                self.free.append(rest)
-            out.append(take)
-            need -= len(take)
-        self.n_free -= k - need
-        if need:
-            if self.high + need > len(self.rows):
-                self._grow(self.high + need)
-            out.append(np.arange(self.high, self.high + need, dtype=np.int64))
-            self.high += need
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-    def _grow(self, need: int) -> None:
-        cap = len(self.rows)
-        while cap < need:
-            cap *= 2
-        for name in ("rows", "state", "count", "updated", "ids", "live"):
-            old = getattr(self, name)
-            new = np.zeros((cap, *old.shape[1:]), dtype=old.dtype)
-            new[: len(old)] = old
-            setattr(self, name, new)
-
-    def remove_slots(self, slots: np.ndarray) -> None:
-        if len(slots) == 0:
-            return
-        self.index.delete(self.ids[slots])
-        self.live[slots] = False
-        self.free.append(slots.copy())
-        self.n_free += len(slots)
-
-    def insert(
-        self, ids: np.ndarray, rows: np.ndarray, state: np.ndarray, count: int, now: float
-    ) -> np.ndarray:
-        slots = self.alloc(len(ids))
-        self.index.insert(ids, slots)
-        self.ids[slots] = ids
-        self.rows[slots] = rows
-        self.state[slots] = state
-        self.count[slots] = count
-        self.updated[slots] = now
-        self.live[slots] = True
-        return slots
-
-    def expired_slots(self, now: float) -> np.ndarray:
-        if self.t.ttl_s is None:
-            return np.zeros(0, dtype=np.int64)
-        return np.flatnonzero(self.live[: self.high] & (self.updated[: self.high] < now - self.t.ttl_s))
-
-    def lfu_victims(self, excess: int, protect: np.ndarray) -> np.ndarray:
-        """``excess`` live slots with the lowest (count, updated); ``protect`` slots go last."""
-        live = np.flatnonzero(self.live[: self.high])
-        key_count = self.count[live].astype(np.float64)
-        key_count[np.isin(live, protect)] = np.inf
-        order = np.lexsort((self.updated[live], key_count))
-        return live[order[:excess]]
-
-    # -- admission counters -------------------------------------------------------------------
-
-    def sight(self, ids: np.ndarray, now: float, ttl: float) -> np.ndarray:
-        """Record one sighting of each id; returns the counts including this one."""
-        slots = self.cindex.lookup(ids)
-        new = slots < 0
-        if new.any():
-            k = int(new.sum())
-            if self.chigh + k > len(self.ccount):
-                self._sweep_counters(now, ttl, self.chigh + k)
-            if self.chigh + k > len(self.ccount):
-                cap = len(self.ccount)
-                while cap < self.chigh + k:
-                    cap *= 2
-                self.ccount = np.resize(self.ccount, cap)
-                self.cfirst = np.resize(self.cfirst, cap)
-            fresh = np.arange(self.chigh, self.chigh + k, dtype=np.int64)
-            self.chigh += k
-            self.cindex.insert(ids[new], fresh)
-            self.ccount[fresh] = 0
-            self.cfirst[fresh] = now
-            slots[new] = fresh
-        stale = self.cfirst[slots] < now - ttl
-        self.ccount[slots[stale]] = 0
-        self.cfirst[slots[stale]] = now
-        self.ccount[slots] += 1
-        return self.ccount[slots].copy()
-
-    def drop_counters(self, ids: np.ndarray) -> None:
-        self.cindex.delete(ids)
-
-    def _sweep_counters(self, now: float, ttl: float, need: int) -> None:
-        """Compact the counter arena, dropping expired counters (no per-id work)."""
-        keys, slots = self.cindex.items()
-        keep = self.cfirst[slots] >= now - ttl
-        keys, slots = keys[keep], slots[keep]
-        counts, firsts = self.ccount[slots], self.cfirst[slots]
-        self.cindex = IdIndex(max(64, need))
-        self.chigh = len(keys)
-        self.ccount[: self.chigh] = counts
-        self.cfirst[: self.chigh] = firsts
-        self.cindex.insert(keys, np.arange(self.chigh, dtype=np.int64))
+def _row_table(t: Table) -> SlotTable:
+    return SlotTable(
+        {
+            "rows": Column(np.dtype(t.spec.dtype), width=t.dim),
+            "state": Column(np.float32),
+            "count": Column(np.uint32),
+            "updated": Column(np.float64),
+        }
+    )
 
 
-class MemoryStore(EmbeddingStore):
+def _counter_table() -> SlotTable:
+    return SlotTable({"count": Column(np.uint32), "first": Column(np.float64)}, capacity=64)
+
+
+class MemoryStore(BackendStore):
     """Embedded store: everything in this process's memory, lost on exit.
 
     >>> from kelp.config import TableSpec
@@ -171,6 +58,7 @@ class MemoryStore(EmbeddingStore):
     """
 
     backend = "memory"
+    enforces = frozenset({TtlEviction, LfuCapacity})
 
     def __init__(
         self,
@@ -181,162 +69,134 @@ class MemoryStore(EmbeddingStore):
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
     ) -> None:
-        super().__init__(tables, initial_state)
-        self.metrics = StoreMetrics(registry)
-        self._clock = clock
-        self._rng = np.random.default_rng(seed)
-        self._lock = threading.Lock()
-        self._arenas = {name: _Arena(t) for name, t in self.tables.items()}
+        super().__init__(tables, registry, initial_state=initial_state, seed=seed, clock=clock)
+        self._op_lock = threading.Lock()
+        self._rows = {name: _row_table(t) for name, t in self.tables.items()}
+        self._counters = {name: _counter_table() for name in self.tables}
 
-    # -- helpers --------------------------------------------------------------------------------
+    # -- eviction -------------------------------------------------------------------------------
 
-    def _lookup_live(self, arena: _Arena, ids: np.ndarray, now: float) -> np.ndarray:
+    def _evicted(self, t: Table, reason: str, n: int) -> None:
+        if n:
+            self.metrics.evictions.labels(table=t.name, reason=reason).inc(n)
+
+    def _lookup_live(self, t: Table, ids: np.ndarray, now: float) -> np.ndarray:
         """Slots of ids (-1 absent), evicting rows whose TTL passed (lazy expiry)."""
-        slots = arena.index.lookup(ids)
-        t = arena.t
-        if t.ttl_s is not None:
-            hit = slots >= 0
-            old = np.zeros(len(ids), dtype=bool)
-            old[hit] = arena.updated[slots[hit]] < now - t.ttl_s
-            if old.any():
-                arena.remove_slots(slots[old])
-                self.metrics.evictions.labels(table=t.name, reason="ttl").inc(int(old.sum()))
-                slots[old] = -1
+        table = self._rows[t.name]
+        slots = table.lookup(ids)
+        if t.ttl is not None:
+            hit = np.flatnonzero(slots >= 0)
+            old = hit[t.ttl.expired(table["updated"][slots[hit]], now)]
+            table.remove(slots[old])
+            self._evicted(t, "ttl", len(old))
+            slots[old] = -1
         return slots
 
-    def _make_room(self, arena: _Arena, k: int, now: float, protect: np.ndarray) -> np.ndarray:
-        """Evict so that ``k`` more rows fit under max_rows; returns evicted slots."""
-        t = arena.t
-        expired = arena.expired_slots(now) if arena.n_free < k else np.zeros(0, dtype=np.int64)
-        if len(expired):
-            arena.remove_slots(expired)
-            self.metrics.evictions.labels(table=t.name, reason="ttl").inc(len(expired))
-        if t.max_rows is None or len(arena) + k <= t.max_rows:
-            return np.zeros(0, dtype=np.int64)
-        victims = arena.lfu_victims(len(arena) + k - t.max_rows, protect)
-        arena.remove_slots(victims)
-        self.metrics.evictions.labels(table=t.name, reason="lfu").inc(len(victims))
-        return victims
+    def _make_room(self, t: Table, k: int, now: float, protect: np.ndarray) -> None:
+        """Evict so that ``k`` more rows fit: expired rows first, then LFU under ``max_rows``."""
+        table = self._rows[t.name]
+        if t.ttl is not None and table.n_free < k:
+            live = table.live_slots()
+            expired = live[t.ttl.expired(table["updated"][live], now)]
+            table.remove(expired)
+            self._evicted(t, "ttl", len(expired))
+        excess = t.capacity.excess(len(table), k) if t.capacity is not None else 0
+        if excess and t.capacity is not None:
+            live = table.live_slots()
+            victims = t.capacity.victims(live, table["count"][live], table["updated"][live], protect, excess)
+            table.remove(victims)
+            self._evicted(t, "lfu", len(victims))
 
-    # -- the verbs ------------------------------------------------------------------------------
+    # -- the primitives -------------------------------------------------------------------------
 
-    def pull_many(
-        self, ids_by_table: Mapping[str, np.ndarray], *, count: bool = True
-    ) -> dict[str, PullResult]:
-        started = time.perf_counter()
-        out: dict[str, PullResult] = {}
-        with self._lock:
-            now = self._clock()
-            for name, raw_ids in ids_by_table.items():
-                t = self.table(name)
-                ids = t.check_ids(raw_ids)
-                out[name] = self._pull_one(t, self._arenas[name], ids, count, now)
-        self.metrics.latency.labels(op="pull").observe(time.perf_counter() - started)
+    def _read_rows(
+        self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
+    ) -> dict[str, StoredRows]:
+        out = {}
+        for name, ids in ids_by_table.items():
+            t, table = self.tables[name], self._rows[name]
+            slots = self._lookup_live(t, ids, now)
+            present = slots >= 0
+            ps = slots[present]
+            rows = np.empty((len(ids), t.dim), dtype=np.float32)
+            state = np.empty(len(ids), dtype=np.float32)
+            updated_s = np.zeros(len(ids), dtype=np.uint32)
+            rows[present] = table["rows"][ps]
+            state[present] = table["state"][ps]
+            updated_s[present] = table["updated"][ps].astype(np.uint32)
+            if touch:
+                table["count"][ps] += 1
+            out[name] = StoredRows(present, rows, state, updated_s, handle=ps)
         return out
 
-    def _pull_one(self, t: Table, arena: _Arena, ids: np.ndarray, count: bool, now: float) -> PullResult:
-        n = len(ids)
-        slots = self._lookup_live(arena, ids, now)
-        present = slots >= 0
-        ps = slots[present]
-        rows = np.empty((n, t.dim), dtype=np.float32)
-        state = np.full(n, t.initial_state, dtype=np.float32)
-        rows[present] = arena.rows[ps]
-        state[present] = arena.state[ps]
-        updated_s = np.zeros(n, dtype=np.uint32)
-        updated_s[present] = arena.updated[ps].astype(np.uint32)
-        admitted = present.copy()
-        missing = np.flatnonzero(~present)
-        if count:
-            arena.count[ps] += 1
-        if len(missing):
-            mids = ids[missing]
-            self.metrics.misses.labels(table=t.name).inc(len(missing))
-            policy = t.admission
-            if not count:
-                qualify = np.zeros(len(missing), dtype=bool)
-            elif policy.off:
-                qualify = np.ones(len(missing), dtype=bool)
-            elif policy.counts:
-                qualify = policy.qualifies_by_count(arena.sight(mids, now, policy.counter_ttl_s))
-            else:
-                qualify = policy.qualifies_by_chance(len(missing), self._rng)
-            init = t.init_rows(mids) if (qualify.any() or t.spec.default_row == "init") else None
-            if qualify.any() and not policy.off:
-                # Admission on: admitting stores the init row now, so a later push is kept.
-                q = np.flatnonzero(qualify)
-                self._make_room(arena, len(q), now, protect=ps)
-                new_slots = arena.insert(mids[q], init[q], t.initial_state, 1, now)  # type: ignore[index]
-                updated_s[missing[q]] = np.uint32(now)
-                if policy.counts:
-                    arena.drop_counters(mids[q])
-                self.metrics.admissions.labels(table=t.name).inc(len(q))
-                slots[missing[q]] = new_slots
-            admitted[missing] = qualify
-            if init is not None:
-                rows[missing] = np.where(
-                    qualify[:, None], init, t.default_rows(mids) if t.spec.default_row == "init" else 0.0
-                )
-            else:
-                rows[missing] = 0.0
-            if count:
-                self.metrics.rejections.labels(table=t.name).inc(int((~qualify).sum()))
-        self.metrics.rows_pulled.labels(table=t.name).inc(n)
-        return PullResult(rows, state, admitted, updated_s)
+    def _count_sightings(
+        self, requests: Mapping[str, tuple[np.ndarray, float]], now: float
+    ) -> dict[str, np.ndarray]:
+        return {
+            name: self._sight(self._counters[name], ids, ttl, now) for name, (ids, ttl) in requests.items()
+        }
 
-    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
-        started = time.perf_counter()
-        with self._lock:
-            now = self._clock()
-            for name, (raw_ids, raw_rows, raw_state) in updates.items():
-                t = self.table(name)
-                ids, rows, state = t.check_push(raw_ids, raw_rows, raw_state)
-                arena = self._arenas[name]
-                slots = self._lookup_live(arena, ids, now)
-                present = slots >= 0
-                ps = slots[present]
-                arena.rows[ps] = rows[present]
-                arena.state[ps] = state[present]
-                arena.updated[ps] = now
-                missing = np.flatnonzero(~present)
-                if len(missing):
-                    if t.admission.off:
-                        self._make_room(arena, len(missing), now, protect=ps)
-                        arena.insert(ids[missing], rows[missing], state[missing], 1, now)
-                    else:
-                        self.metrics.push_discarded.labels(table=t.name).inc(len(missing))
-                kept = len(ids) if t.admission.off else int(present.sum())
-                self.metrics.rows_pushed.labels(table=t.name).inc(kept)
-        self.metrics.latency.labels(op="push").observe(time.perf_counter() - started)
+    @staticmethod
+    def _sight(counters: SlotTable, ids: np.ndarray, ttl: float, now: float) -> np.ndarray:
+        """One more sighting of each id; a counter first seen ``ttl`` ago starts again."""
+        slots = counters.lookup(ids)
+        new = slots < 0
+        if int(new.sum()) > counters.room:  # would grow: drop expired counters first, then look again
+            live = counters.live_slots()
+            counters.remove(live[counters["first"][live] < now - ttl])
+            slots = counters.lookup(ids)
+            new = slots < 0
+        if new.any():
+            slots[new] = counters.insert(ids[new], count=0, first=now)
+        count, first = counters["count"], counters["first"]
+        stale = slots[first[slots] < now - ttl]
+        count[stale] = 0
+        first[stale] = now
+        count[slots] += 1
+        return count[slots].astype(np.int64)
+
+    def _store_init_rows(self, admits: Mapping[str, InitRows], now: float) -> None:
+        for name, a in admits.items():
+            t = self.tables[name]
+            self._make_room(t, len(a.ids), now, protect=a.read.handle)
+            self._rows[name].insert(a.ids, rows=a.rows, state=a.state, count=1, updated=now)
+            if a.drop_counters:
+                self._counters[name].remove_ids(a.ids)
+
+    def _write_rows(self, writes: Mapping[str, RowWrite], now: float) -> dict[str, int]:
+        kept = {}
+        for name, w in writes.items():
+            t, table = self.tables[name], self._rows[name]
+            slots = self._lookup_live(t, w.ids, now)
+            present = slots >= 0
+            ps = slots[present]
+            table["rows"][ps] = w.rows[present]
+            table["state"][ps] = w.state[present]
+            table["updated"][ps] = now
+            missing = ~present
+            if w.create and missing.any():
+                self._make_room(t, int(missing.sum()), now, protect=ps)
+                table.insert(
+                    w.ids[missing], rows=w.rows[missing], state=w.state[missing], count=1, updated=now
+                )
+                kept[name] = len(w.ids)
+            else:
+                kept[name] = len(ps)
+        return kept
+
+    # -- delete / stats -------------------------------------------------------------------------
 
     def delete(self, table: str, ids: np.ndarray) -> int:
-        t = self.table(table)
-        ids = t.check_ids(ids)
-        with self._lock:
-            arena = self._arenas[table]
-            slots = arena.index.lookup(ids)
-            arena.remove_slots(slots[slots >= 0])
-            arena.drop_counters(ids)
-            return int((slots >= 0).sum())
+        ids = self.table(table).check_ids(ids)
+        with self._op_lock:
+            self._counters[table].remove_ids(ids)
+            return self._rows[table].remove_ids(ids)
 
     def stats(self) -> StoreStats:
-        with self._lock:
+        with self._op_lock:
             return StoreStats(
                 backend=self.backend,
-                rows={name: len(a) for name, a in self._arenas.items()},
-                bytes=sum(a.nbytes() for a in self._arenas.values()),
-                counters=_counter_totals(self.metrics),
+                rows={name: len(table) for name, table in self._rows.items()},
+                bytes=sum(table.nbytes() for table in self._rows.values()),
+                counters=self.metrics.totals(),
             )
-
-
-def _counter_totals(metrics: StoreMetrics) -> dict[str, float]:
-    """Sum each store counter over its labels (for ``kelp store stats``)."""
-    totals: dict[str, float] = {}
-    for family in metrics.registry.collect():
-        if family.type != "counter":
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                key = sample.name.removeprefix("kelp_store_").removesuffix("_total")
-                totals[key] = totals.get(key, 0.0) + sample.value
-    return totals

@@ -12,6 +12,8 @@ from kelp.metrics import MetricFactory
 
 __all__ = ["StoreMetrics"]
 
+_PREFIX = "kelp_store_"
+
 
 class StoreMetrics:
     """Every store metric; ``registry=None`` gives a private registry (so two stores never clash)."""
@@ -57,3 +59,18 @@ class StoreMetrics:
         self.hot_stale = m.counter(
             "hot_cache_stale_rereads", "Cached rows re-read because they passed max_staleness_s"
         )
+
+    def totals(self) -> dict[str, float]:
+        """Each store counter summed over its labels, without prefix or suffix: ``{"rows_pulled": 12.0}``.
+
+        For ``kelp store stats``; only this subsystem's counters, even in a registry shared with others.
+        """
+        totals: dict[str, float] = {}
+        for family in self.registry.collect():
+            if family.type != "counter" or not family.name.startswith(_PREFIX):
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    key = sample.name.removeprefix(_PREFIX).removesuffix("_total")
+                    totals[key] = totals.get(key, 0.0) + sample.value
+        return totals

@@ -105,3 +105,32 @@ def test_contract_through_hot_cache(check) -> None:  # type: ignore[no-untyped-d
         return build_store(cfg, tables, seed=0)
 
     check(make)
+
+
+def test_flush_reports_durability_on_the_cache_schedule() -> None:
+    """flush(force=False) writes back only when the schedule says so and reports whether all is durable."""
+    inner, cache, clock = _cache(every=3, interval=10.0)
+    ids = np.arange(4, dtype=np.uint64)
+    assert inner.flush(force=False) and cache.flush(force=False)  # nothing pushed: durable
+    cache.pull("t", ids)
+    cache.push("t", ids, *_rows(4, 2, 1.0))  # cached rows: dirty
+    assert not cache.flush(force=False) and cache.dirty_rows() == 4
+    cache.push("t", ids, *_rows(4, 2, 2.0))
+    assert not cache.flush(force=False)
+    cache.push("t", ids, *_rows(4, 2, 3.0))  # third push: the schedule writes back
+    assert cache.flush(force=False) and cache.dirty_rows() == 0
+    assert (inner.pull("t", ids, count=False).rows == 3.0).all()
+    cache.push("t", ids, *_rows(4, 2, 4.0))
+    assert not cache.flush(force=False)
+    clock.now += 10.0  # writeback_interval_s passed without another push
+    assert cache.flush(force=False)
+    assert (inner.pull("t", ids, count=False).rows == 4.0).all()
+    cache.push("t", ids, *_rows(4, 2, 5.0))
+    assert cache.flush() and (inner.pull("t", ids, count=False).rows == 5.0).all()  # force
+
+
+def test_pushes_past_the_cache_are_durable_at_once() -> None:
+    inner, cache, _ = _cache(every=1000)
+    ids = np.arange(3, dtype=np.uint64)
+    cache.push("t", ids, *_rows(3, 2, 6.0))  # not cached: written through to the inner store
+    assert cache.flush(force=False) and (inner.pull("t", ids, count=False).rows == 6.0).all()

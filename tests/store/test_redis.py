@@ -207,3 +207,28 @@ def test_build_store_rejects_unknown_backend_and_redis_errors_are_typed(redis_ur
             store.pull("t", np.array([1], np.uint64))
     with build_store(StoreConfig(backend="redis", urls=[redis_url]), [spec], "x") as store:
         assert store.backend == "redis"
+
+
+def test_every_table_of_a_call_shares_one_round_trip_per_step(redis_url: str) -> None:
+    """Per call and shard: one MGET round trip, one for sighting counters, one for admissions, one push."""
+    tables = [TableSpec(name=f"c{i}", dim=2, admission={"min_count": 2}) for i in range(3)] + [
+        TableSpec(name="chance", dim=2, admission={"probability": 0.5}),
+        TableSpec(name="always", dim=2),
+    ]
+    with _store([redis_url], tables) as store:
+        shard = store.shard_names[0]
+
+        def trips(op: str) -> float:
+            return store.metrics.round_trips.labels(shard=shard, op=op)._value.get()
+
+        ids = np.arange(100, dtype=np.uint64)
+        batch = {t.name: ids for t in tables}
+        store.pull_many(batch)  # first sighting: counters (one trip), chance admissions (one trip)
+        assert (trips("pull"), trips("admit")) == (1, 2)
+        got = store.pull_many(batch)  # second sighting: counters, then every admission in one trip
+        assert (trips("pull"), trips("admit")) == (2, 4)
+        assert all(got[f"c{i}"].admitted.all() for i in range(3))
+        store.pull_many(batch, count=False)  # serving: reads only
+        assert (trips("pull"), trips("admit")) == (3, 4)
+        store.push_many({name: (ids, *_rows(100, 2)) for name in batch})
+        assert trips("push") == 1

@@ -1,0 +1,219 @@
+"""The pull/push flow shared by the backends that own rows (memory, Redis), on four primitives.
+
+Admission, default rows, the result layout and the row metrics are decided
+here, once. A backend only implements how to touch its rows, and each
+primitive takes every table of the call at once, so a Redis backend still
+makes one pipelined round trip per shard for each step (its ``op`` label of
+``kelp_store_round_trips_total`` in brackets)::
+
+    pull_many(ids_by_table, count)
+      1. _read_rows({table: ids}, now, touch=count)   -> {table: StoredRows}      [pull]
+         only with count=True, for ids without a stored row:
+      2. _count_sightings({table: (ids, ttl_s)}, now) -> {table: int64 counts}    [admit]
+         (tables whose AdmissionPolicy counts sightings)
+      3. _store_init_rows({table: InitRows}, now)     store where absent, drop     [admit]
+         (tables whose policy stores admitted ids)     their counters
+    push_many(updates)
+      4. _write_rows({table: RowWrite}, now)          -> {table: rows kept}        [push]
+
+Steps 2 and 3 are skipped when no table needs them. Which ids they cover is
+each table's :class:`~kelp.store.admission.AdmissionPolicy`'s decision.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from kelp.config import TableSpec
+from kelp.store.base import EmbeddingStore, PullResult, Table
+from kelp.store.metrics import StoreMetrics
+from prometheus_client import CollectorRegistry
+
+__all__ = ["BackendStore", "InitRows", "RowWrite", "StoredRows"]
+
+
+@dataclass
+class StoredRows:
+    """What :meth:`BackendStore._read_rows` found for ``n`` ids of one table, in the order given.
+
+    * ``present``: bool[n], a row is stored;
+    * ``rows``: float32[n, dim] and ``state``: float32[n], any value where not
+      present (the flow overwrites those);
+    * ``updated_s``: uint32[n], the row's last update (unix s), 0 where not present;
+    * ``handle``: the backend's own note about this read (the memory backend:
+      the slots read), handed back to :meth:`BackendStore._store_init_rows`.
+    """
+
+    present: np.ndarray
+    rows: np.ndarray
+    state: np.ndarray
+    updated_s: np.ndarray
+    handle: Any = None
+
+
+@dataclass
+class InitRows:
+    """Newly admitted ids of one table: store ``rows``/``state`` where no row is stored yet.
+
+    ``drop_counters``: also delete their sighting counters; ``read``: this call's :class:`StoredRows`.
+    """
+
+    ids: np.ndarray
+    rows: np.ndarray
+    state: np.ndarray
+    drop_counters: bool
+    read: StoredRows
+
+
+@dataclass
+class RowWrite:
+    """A push to one table; ``create=False``: only ids that still have a stored row keep it (``SET XX``)."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+    state: np.ndarray
+    create: bool
+
+
+class BackendStore(EmbeddingStore):
+    """An :class:`EmbeddingStore` whose ``pull_many``/``push_many`` are the flow above, on four primitives.
+
+    ``clock`` gives unix seconds (the time stamped on rows and used for TTLs);
+    ``_op_lock`` wraps each whole operation (a real lock in the memory backend,
+    nothing for Redis, whose calls may overlap).
+    """
+
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        registry: CollectorRegistry | None,
+        *,
+        initial_state: float,
+        seed: int | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(tables, initial_state, seed)
+        self.metrics = StoreMetrics(registry)
+        self._clock = clock
+        self._op_lock: AbstractContextManager[Any] = nullcontext()
+
+    # -- the primitives -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _read_rows(
+        self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
+    ) -> dict[str, StoredRows]:
+        """Stored rows of each table's ids; ``touch`` (a training read) may update access bookkeeping."""
+
+    @abc.abstractmethod
+    def _count_sightings(
+        self, requests: Mapping[str, tuple[np.ndarray, float]], now: float
+    ) -> dict[str, np.ndarray]:
+        """Record one sighting of each id (``{table: (ids, counter_ttl_s)}``); int64 counts including it."""
+
+    @abc.abstractmethod
+    def _store_init_rows(self, admits: Mapping[str, InitRows], now: float) -> None:
+        """Store each admitted id's init row where none is stored yet (a concurrent admission wins)."""
+
+    @abc.abstractmethod
+    def _write_rows(self, writes: Mapping[str, RowWrite], now: float) -> dict[str, int]:
+        """Write pushed rows (stamped ``now``); returns how many rows each table kept."""
+
+    # -- the flow -------------------------------------------------------------------------------
+
+    def pull_many(
+        self, ids_by_table: Mapping[str, np.ndarray], *, count: bool = True
+    ) -> dict[str, PullResult]:
+        started = time.perf_counter()
+        batch = {name: self.table(name).check_ids(raw) for name, raw in ids_by_table.items()}
+        with self._op_lock:
+            now = self._clock()
+            stored = self._read_rows(batch, now, touch=count)
+            missing = {name: self._missing(self.tables[name], stored[name]) for name in batch}
+            out = {
+                name: PullResult(s.rows, s.state, s.present.copy(), s.updated_s) for name, s in stored.items()
+            }
+            admitted = self._admit(batch, stored, missing, now) if count else {}
+            for name, ids in batch.items():
+                t, result, miss = self.tables[name], out[name], missing[name]
+                qualify = admitted.get(name, np.zeros(len(miss), dtype=bool))
+                rest, new = miss[~qualify], miss[qualify]
+                if len(rest):
+                    result.rows[rest] = t.default_rows(ids[rest])
+                if len(new):
+                    result.admitted[new] = True
+        self.metrics.latency.labels(op="pull").observe(time.perf_counter() - started)
+        return out
+
+    def _missing(self, t: Table, stored: StoredRows) -> np.ndarray:
+        """Positions without a stored row; their state reads ``initial_state``. Counts the row metrics."""
+        missing = np.flatnonzero(~stored.present)
+        stored.state[missing] = t.initial_state
+        self.metrics.rows_pulled.labels(table=t.name).inc(len(stored.present))
+        if len(missing):
+            self.metrics.misses.labels(table=t.name).inc(len(missing))
+        return missing
+
+    def _admit(
+        self,
+        batch: Mapping[str, np.ndarray],
+        stored: Mapping[str, StoredRows],
+        missing: Mapping[str, np.ndarray],
+        now: float,
+    ) -> dict[str, np.ndarray]:
+        """Ask each table's policy which missing ids it admits; store init rows where it says so.
+
+        Returns ``{table: bool[len(missing)]}``; admitted positions already hold their init row.
+        """
+        counting = {
+            name: (batch[name][m], ttl)
+            for name, m in missing.items()
+            if len(m) and (ttl := self.tables[name].admission.counter_ttl_s) is not None
+        }
+        sightings = self._count_sightings(counting, now) if counting else {}
+        qualified: dict[str, np.ndarray] = {}
+        admits: dict[str, InitRows] = {}
+        for name, m in missing.items():
+            if not len(m):
+                continue
+            t = self.tables[name]
+            policy = t.admission
+            qualify = policy.admit(len(m), sightings.get(name))
+            qualified[name] = qualify
+            self.metrics.rejections.labels(table=name).inc(int((~qualify).sum()))
+            new = m[qualify]
+            if not len(new):
+                continue
+            ids = batch[name][new]
+            init = t.init_rows(ids)
+            stored[name].rows[new] = init
+            if policy.stores_on_admit:
+                state = np.full(len(new), t.initial_state, dtype=np.float32)
+                admits[name] = InitRows(ids, init, state, policy.counter_ttl_s is not None, stored[name])
+        if admits:
+            self._store_init_rows(admits, now)
+            for name, a in admits.items():
+                stored[name].updated_s[missing[name][qualified[name]]] = np.uint32(now)
+                self.metrics.admissions.labels(table=name).inc(len(a.ids))
+        return qualified
+
+    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        started = time.perf_counter()
+        writes: dict[str, RowWrite] = {}
+        for name, (raw_ids, raw_rows, raw_state) in updates.items():
+            t = self.table(name)
+            ids, rows, state = t.check_push(raw_ids, raw_rows, raw_state)
+            writes[name] = RowWrite(ids, rows, state, create=t.admission.push_creates_rows)
+        with self._op_lock:
+            kept = self._write_rows(writes, self._clock())
+        for name, w in writes.items():
+            self.metrics.rows_pushed.labels(table=name).inc(kept[name])
+            if kept[name] < len(w.ids):
+                self.metrics.push_discarded.labels(table=name).inc(len(w.ids) - kept[name])
+        self.metrics.latency.labels(op="push").observe(time.perf_counter() - started)

@@ -1,0 +1,247 @@
+"""What both Redis backends share: the constructor, the four flow primitives as plans, delete, inspect, stats.
+
+A topology (:class:`~kelp.store.redis.RedisStore`, client-sharded standalone
+nodes; :class:`~kelp.store.redis_cluster.RedisClusterStore`, Redis Cluster)
+only says how to connect, how ids split into shard/bucket groups, and how to
+open a pipeline; see :class:`RedisBackend`.
+
+Rows are plain string keys (one per row, :mod:`kelp.store.keys`) with ``PX``
+set on every write when the table has a TTL; see docs/store.md for the measured
+memory and why not hashes. Pushes are whole-row last-writer-wins. Per call,
+every table shares one round trip per shard for the reads (op ``pull``), one
+for sighting counters and one for admissions (op ``admit``), one for pushes
+(op ``push``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+from kelp.config import StoreConfig, TableSpec
+from kelp.store.backend import BackendStore, InitRows, RowWrite, StoredRows
+from kelp.store.base import StoreStats, Table
+from kelp.store.connection import connection_options
+from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
+from kelp.store.keys import KeyLayout
+from kelp.store.redis_plan import Group, Plan, PlanRunner, adder, chunks, count_none, scatter, setter
+from prometheus_client import CollectorRegistry
+
+from kelp.retry import RetryPolicy
+
+__all__ = ["RedisBackend", "retry_policy"]
+
+
+def retry_policy(cfg: StoreConfig) -> RetryPolicy:
+    """The store's retry of one shard's pipeline, from ``store.retry``."""
+    return RetryPolicy(cfg.retry.attempts, cfg.retry.base_delay_s, cfg.retry.max_delay_s)
+
+
+class RedisBackend(BackendStore):
+    """Base of the Redis topologies. Subclasses implement the four hooks at the end of the class.
+
+    ``retry`` replaces the policy from ``store.retry`` (tests pass one that
+    never sleeps); ``seed`` seeds chance admission.
+    """
+
+    backend = "redis"
+    enforces = frozenset({TtlEviction})
+    eviction_hints: ClassVar[dict[type[EvictionPolicy], str]] = {
+        LfuCapacity: "cap memory with Redis maxmemory + maxmemory-policy allkeys-lfu (docs/store.md), "
+        "or use backend memory"
+    }
+
+    def __init__(
+        self,
+        cfg: StoreConfig,
+        tables: list[TableSpec],
+        deployment: str = "kelp",
+        registry: CollectorRegistry | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        initial_state: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(tables, registry, initial_state=initial_state, seed=seed)
+        self.cfg = cfg
+        self.deployment = deployment
+        self.retry = retry or retry_policy(cfg)
+        self.chunk = cfg.max_rows_per_command
+        self.layouts = {name: KeyLayout(deployment, name, self._cluster_buckets(cfg)) for name in self.tables}
+        self.shard_names = self._connect(cfg, connection_options(cfg))
+        self._runner = PlanRunner(self.shard_names, self._pipeline, self.retry, self.metrics)
+
+    # -- the flow's primitives ------------------------------------------------------------------
+
+    def _read_rows(
+        self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
+    ) -> dict[str, StoredRows]:
+        plan = Plan()
+        parts: dict[str, tuple[list[np.ndarray], list[bytes | None]]] = {}
+        for name, ids in ids_by_table.items():
+            order: list[np.ndarray] = []
+            values: list[bytes | None] = []
+            parts[name] = (order, values)
+            layout = self.layouts[name]
+            for g in self._groups(name, ids):
+                for pos in chunks(g.pos, self.chunk):
+                    order.append(pos)
+                    plan.add(
+                        g.shard,
+                        ("MGET", *layout.row_keys(ids[pos], np.full(len(pos), g.bucket))),
+                        values.extend,
+                    )
+        self._runner.run(plan, "pull", readonly=not touch)
+        return {
+            name: self._decode(self.tables[name], len(ids_by_table[name]), *parts[name]) for name in parts
+        }
+
+    def _decode(self, t: Table, n: int, order: list[np.ndarray], values: list[bytes | None]) -> StoredRows:
+        """Replies arrive grouped by shard; decode them in that order, then put rows back in id order."""
+        decoded = t.codec.decode(values)
+        if len(order) > 1 or (order and not np.array_equal(order[0], np.arange(n))):
+            where = np.concatenate(order)
+            for field_name in ("present", "rows", "state", "updated_s"):
+                arr = getattr(decoded, field_name)
+                unsorted = np.empty_like(arr)
+                unsorted[where] = arr
+                setattr(decoded, field_name, unsorted)
+        self.metrics.bytes_received.labels(table=t.name).inc(int(decoded.present.sum()) * t.codec.nbytes)
+        return StoredRows(decoded.present, decoded.rows, decoded.state, decoded.updated_s)
+
+    def _count_sightings(
+        self, requests: Mapping[str, tuple[np.ndarray, float]], now: float
+    ) -> dict[str, np.ndarray]:
+        """INCR each id's counter; ``PEXPIRE ... NX`` gives a new counter its own TTL once."""
+        plan = Plan()
+        counts: dict[str, np.ndarray] = {}
+        for name, (ids, ttl_s) in requests.items():
+            got = counts[name] = np.zeros(len(ids), dtype=np.int64)
+            layout = self.layouts[name]
+            ttl_ms = max(1, int(ttl_s * 1000))
+            for g in self._groups(name, ids):
+                keys = layout.counter_keys(ids[g.pos], np.full(len(g.pos), g.bucket))
+                for k, p in zip(keys, g.pos.tolist(), strict=True):
+                    plan.add(g.shard, ("INCR", k), setter(got, p))
+                    plan.add(g.shard, ("PEXPIRE", k, ttl_ms, "NX"))
+        self._runner.run(plan, "admit")
+        return counts
+
+    def _store_init_rows(self, admits: Mapping[str, InitRows], now: float) -> None:
+        """``SET NX`` (a concurrent admission or a newer row wins); DEL the counters of counting policies."""
+        plan = Plan()
+        for name, a in admits.items():
+            t = self.tables[name]
+            values = t.codec.encode(a.rows, a.state, 0, int(now))
+            layout = self.layouts[name]
+            px = self._px(t)
+            for g in self._groups(name, a.ids):
+                bucket = np.full(len(g.pos), g.bucket)
+                for k, i in zip(layout.row_keys(a.ids[g.pos], bucket), g.pos.tolist(), strict=True):
+                    plan.add(g.shard, ("SET", k, values[i], "NX", *px))
+                if a.drop_counters:
+                    for pos in chunks(np.arange(len(g.pos)), self.chunk):
+                        plan.add(g.shard, ("DEL", *layout.counter_keys(a.ids[g.pos][pos], bucket[pos])))
+        self._runner.run(plan, "admit")
+
+    def _write_rows(self, writes: Mapping[str, RowWrite], now: float) -> dict[str, int]:
+        """MSET (or SET ... PX with a TTL); ``create=False`` writes SET ... XX and counts the nil replies."""
+        plan = Plan()
+        dropped: dict[str, list[int]] = {}
+        for name, w in writes.items():
+            t = self.tables[name]
+            values = t.codec.encode(w.rows, w.state, 0, int(now))
+            layout = self.layouts[name]
+            px = self._px(t)
+            lost = dropped[name] = [0]
+            for g in self._groups(name, w.ids):
+                for pos in chunks(g.pos, self.chunk):
+                    keys = layout.row_keys(w.ids[pos], np.full(len(pos), g.bucket))
+                    vals = [values[i] for i in pos.tolist()] if len(pos) != len(values) else values
+                    self.metrics.bytes_sent.labels(table=name).inc(len(pos) * (t.codec.nbytes + len(keys[0])))
+                    if w.create and not px:
+                        flat: list[bytes] = [b""] * (2 * len(keys))
+                        flat[0::2] = keys
+                        flat[1::2] = vals
+                        plan.add(g.shard, ("MSET", *flat))
+                    elif w.create:
+                        for k, v in zip(keys, vals, strict=True):
+                            plan.add(g.shard, ("SET", k, v, *px))
+                    else:
+                        for k, v in zip(keys, vals, strict=True):
+                            plan.add(g.shard, ("SET", k, v, "XX", *px), count_none(lost))
+        self._runner.run(plan, "push")
+        return {name: len(w.ids) - dropped[name][0] for name, w in writes.items()}
+
+    @staticmethod
+    def _px(t: Table) -> tuple[Any, ...]:
+        return ("PX", t.ttl.ttl_ms) if t.ttl is not None else ()
+
+    # -- delete / inspect / stats ---------------------------------------------------------------
+
+    def delete(self, table: str, ids: np.ndarray) -> int:
+        ids = self.table(table).check_ids(ids)
+        layout = self.layouts[table]
+        deleted = [0]
+        plan = Plan()
+        for g in self._groups(table, ids):
+            for pos in chunks(g.pos, self.chunk):
+                bucket = np.full(len(pos), g.bucket)
+                plan.add(g.shard, ("DEL", *layout.row_keys(ids[pos], bucket)), adder(deleted))
+                plan.add(g.shard, ("DEL", *layout.counter_keys(ids[pos], bucket)))
+        self._runner.run(plan, "delete")
+        return deleted[0]
+
+    def raw_values(self, table: str, ids: np.ndarray) -> list[bytes | None]:
+        """Stored values as bytes (for ``kelp store inspect``); never counts or admits."""
+        ids = self.table(table).check_ids(ids)
+        values: list[bytes | None] = [None] * len(ids)
+        plan = Plan()
+        for g in self._groups(table, ids):
+            keys = self.layouts[table].row_keys(ids[g.pos], np.full(len(g.pos), g.bucket))
+            plan.add(g.shard, ("MGET", *keys), scatter(values, g.pos))
+        self._runner.run(plan, "inspect", readonly=True)
+        return values
+
+    def stats(self) -> StoreStats:
+        shards = [self._shard_info(i) for i in range(len(self.shard_names))]
+        return StoreStats(
+            backend=self.backend,
+            rows=dict.fromkeys(self.tables),
+            bytes=sum(int(s.get("used_memory") or 0) for s in shards),
+            counters=self.metrics.totals(),
+            shards=shards,
+        )
+
+    def close(self) -> None:
+        self._runner.close()
+        self._close_clients()
+
+    # -- what a topology implements -------------------------------------------------------------
+
+    @staticmethod
+    def _cluster_buckets(cfg: StoreConfig) -> int | None:
+        """Hash-tag buckets per table (Redis Cluster), or None (standalone keys)."""
+        return None
+
+    @abc.abstractmethod
+    def _connect(self, cfg: StoreConfig, options: dict[str, Any]) -> list[str]:
+        """Open the clients with ``options`` (from ``connection_options``); returns the shard names."""
+
+    @abc.abstractmethod
+    def _groups(self, table: str, ids: np.ndarray) -> list[Group]:
+        """Split a table's uint64 ids into groups, one shard (and bucket) each."""
+
+    @abc.abstractmethod
+    def _pipeline(self, shard: int, readonly: bool) -> Any:
+        """A fresh non-transactional pipeline to ``shard`` (``readonly``: a replica may serve it)."""
+
+    @abc.abstractmethod
+    def _shard_info(self, shard: int) -> dict[str, Any]:
+        """Memory and key counts of one shard for :meth:`stats`."""
+
+    @abc.abstractmethod
+    def _close_clients(self) -> None:
+        """Close every client :meth:`_connect` opened."""

@@ -1,0 +1,74 @@
+"""PushWriter commits offsets only when the store says the pushes covering them are durable.
+
+Real stores (the memory backend, and the hot-row cache over it); the source is
+a stand-in that records commits (its Kafka behaviour is tested elsewhere).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from kelp.config import HotCacheConfig, TableSpec
+from kelp.consumers.batch import SourceRange
+from kelp.daemon.ledger import UpdateLedger
+from kelp.daemon.outage import OutageGuard
+from kelp.daemon.pipeline import PushWriter
+from kelp.store import HotRowCache, MemoryStore
+from kelp.store.base import EmbeddingStore
+from kelp.trainer.metrics import TrainerMetrics
+from kelp.trainer.optim import SparseUpdate
+from prometheus_client import CollectorRegistry
+
+
+class RecordingSource:
+    def __init__(self) -> None:
+        self.commits: list[list[int]] = []
+
+    def commit(self, ranges: list[SourceRange]) -> None:
+        self.commits.append([r.first_offset for r in ranges])
+
+
+def _writer(store: EmbeddingStore, source: RecordingSource) -> PushWriter:
+    metrics = TrainerMetrics(CollectorRegistry())
+    guard = OutageGuard(1.0, metrics, sleep=lambda _s: None)
+    return PushWriter(source, store, UpdateLedger(), guard=guard, metrics=metrics, depth=1, threaded=False)  # type: ignore[arg-type]
+
+
+def _submit(writer: PushWriter, step: int, ids: np.ndarray) -> None:
+    batch = SimpleNamespace(sources=[SourceRange("t", 0, step * 10, step * 10 + 9)])
+    update = SparseUpdate(
+        ids, np.full((len(ids), 2), float(step), np.float32), np.zeros(len(ids), np.float32)
+    )
+    writer.submit(step, batch, {"t": update})  # type: ignore[arg-type]
+
+
+def test_write_through_store_commits_every_batch() -> None:
+    source = RecordingSource()
+    writer = _writer(MemoryStore([TableSpec(name="t", dim=2)]), source)
+    for step in (1, 2):
+        _submit(writer, step, np.arange(3, dtype=np.uint64))
+    assert source.commits == [[10], [20]] and writer.committed_step == 2
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_hot_cache_commits_only_after_its_write_back(every: int) -> None:
+    inner = MemoryStore([TableSpec(name="t", dim=2)])
+    cache = HotRowCache(inner, HotCacheConfig(enabled=True, writeback_every_steps=every), device="cpu")
+    ids = np.arange(3, dtype=np.uint64)
+    cache.pull("t", ids)  # the rows are cached, so pushes stay in the cache until a write-back
+    source = RecordingSource()
+    writer = _writer(cache, source)
+    for step in range(1, 6):
+        _submit(writer, step, ids)
+        written = inner.pull("t", ids, count=False).rows[0, 0]
+        if step % every == 0:
+            assert source.commits[-1] == [10 * s for s in range(step - every + 1, step + 1)]
+            assert written == step  # committed offsets cover only rows the inner store holds
+        else:
+            assert not source.commits or source.commits[-1][-1] < 10 * step
+    committed = writer.committed_step
+    assert writer.drain(timeout_s=5.0)  # drain forces the write-back, then commits the rest
+    assert writer.committed_step == 5 and inner.pull("t", ids, count=False).rows[0, 0] == 5.0
+    assert sum(len(c) for c in source.commits) == 5 and (committed == 5) == (5 % every == 0)
