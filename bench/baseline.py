@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor, nn
+
 from kelp.config import FeatureSpec, InitSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.store.index import IdIndex
@@ -34,7 +36,6 @@ from kelp.trainer.embedding import BatchTensors
 from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.optim import RowWiseAdagrad, build_dense_optimizer
 from kelp.trainer.step import StageTimer, StepResult, finish_step, forward_backward
-from torch import Tensor, nn
 
 __all__ = ["InMemoryBaseline", "InitFn", "PreparedBatch", "spec_init"]
 

@@ -31,6 +31,8 @@ import uuid
 from typing import Any
 
 import numpy as np
+from prometheus_client import CollectorRegistry
+
 from kelp.bench.runner import progress
 from kelp.bench.synth import CriteoSynth
 from kelp.bench.train import stream_config
@@ -39,7 +41,6 @@ from kelp.consumers.codec import encode_columns
 from kelp.consumers.criteo import SPARSE_NAMES
 from kelp.daemon.train import TrainDaemon
 from kelp.harness import RedisServer, TansuBroker
-from prometheus_client import CollectorRegistry
 
 __all__ = ["run"]
 

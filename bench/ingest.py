@@ -17,6 +17,8 @@ import time
 import uuid
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from kelp.bench.runner import progress
 from kelp.bench.synth import synth_messages
 from kelp.config import BatchingConfig, KafkaSourceConfig
@@ -24,7 +26,6 @@ from kelp.consumers.criteo import criteo_feature_spec
 from kelp.consumers.kafka_source import KafkaSource, consumer_settings
 from kelp.consumers.produce import produce
 from kelp.harness import TansuBroker
-from prometheus_client import CollectorRegistry
 
 __all__ = ["bench_kafka", "run"]
 

@@ -42,6 +42,8 @@ import numpy as np
 import redis
 import torch
 import yaml
+from prometheus_client import CollectorRegistry
+
 from kelp.bench.runner import progress
 from kelp.bench.synth import CriteoSynth
 from kelp.config import KelpConfig
@@ -51,7 +53,6 @@ from kelp.publish import build_publisher
 from kelp.store import build_store
 from kelp.store.keys import KeyLayout
 from kelp.trainer import build_model
-from prometheus_client import CollectorRegistry
 
 __all__ = ["run"]
 

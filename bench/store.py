@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import redis
+
 from kelp.bench.runner import progress
 from kelp.config import StoreConfig, TableSpec
 from kelp.harness import RedisServer

@@ -40,6 +40,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from kelp.consumers.codec import encode_columns, encode_sample
 from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES, criteo_feature_spec
 from kelp.store.hashing import splitmix64

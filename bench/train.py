@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
+
 from kelp.bench.baseline import InMemoryBaseline
 from kelp.bench.ingest import bench_kafka
 from kelp.bench.runner import progress
@@ -37,7 +39,6 @@ from kelp.daemon.train import TrainDaemon
 from kelp.examples import example_path
 from kelp.harness import RedisServer, TansuBroker
 from kelp.trainer import ProgressiveValidator, build_model, resolve_device
-from prometheus_client import CollectorRegistry
 
 __all__ = ["run"]
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from kelp.config.base import StrictModel, identifier
 from pydantic import Field, field_validator, model_validator
+
+from kelp.config.base import StrictModel, identifier
 
 __all__ = [
     "AdmissionSpec",

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kelp.config.root import CONFIG_VERSION, KelpConfig
-from kelp.config.sources import FileSourceConfig
 from pydantic import BaseModel, ValidationError
 
+from kelp.config.root import CONFIG_VERSION, KelpConfig
+from kelp.config.sources import FileSourceConfig
 from kelp.errors import ConfigError
 
 __all__ = ["ENV_PREFIX", "apply_env_overrides", "format_validation_error", "load_config", "parse_config"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Self
 
-from kelp.config.base import StrictModel
 from pydantic import Field, model_validator
+
+from kelp.config.base import StrictModel
 
 __all__ = ["LoggingConfig", "MetricsConfig", "PublisherConfig", "ServingConfig"]
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 from typing import Literal, Self
 
+from pydantic import Field, field_validator, model_validator
+
 from kelp.config.base import StrictModel
 from kelp.config.features import FeatureSpec
 from kelp.config.processes import LoggingConfig, MetricsConfig, PublisherConfig, ServingConfig
 from kelp.config.sources import BatchingConfig, SourceConfig
 from kelp.config.store import StoreConfig
 from kelp.config.trainer import TrainerConfig
-from pydantic import Field, field_validator, model_validator
 
 __all__ = ["CONFIG_VERSION", "KelpConfig"]
 

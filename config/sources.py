@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from kelp.config.base import StrictModel, split_csv
 from pydantic import Field, SecretStr, field_validator, model_validator
+
+from kelp.config.base import StrictModel, split_csv
 
 __all__ = [
     "BatchingConfig",

@@ -6,8 +6,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from kelp.config.base import StrictModel
 from pydantic import Field, field_validator
+
+from kelp.config.base import StrictModel
 
 __all__ = ["MODEL_NAMES", "DenseOptimizerSpec", "SparseOptimizerSpec", "TrainerConfig"]
 

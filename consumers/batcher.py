@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import JaggedIds, MicroBatch, SourceRange, table_features
 from kelp.consumers.decode import Chunk

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig, SourceConfig
 from kelp.consumers.base import Source
-from prometheus_client import CollectorRegistry
 
 __all__ = ["build_source"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from kelp.consumers.columns import Cols, FieldLayout, RejectError, bin_array, float_column, ids_from_list
 
 __all__ = ["read_columnar"]

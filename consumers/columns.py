@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from kelp.config import FeatureSpec
 from kelp.consumers.codec import hash_str_id
 from kelp.consumers.transforms import defaults_of

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import msgpack
 import numpy as np
+
 from kelp.config import FeatureSpec
 from kelp.consumers.codec import SCHEMA_VERSION
 from kelp.consumers.columnar import read_columnar

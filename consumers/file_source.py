@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgpack
+from prometheus_client import CollectorRegistry
+
 from kelp.config import BatchingConfig, FeatureSpec, FileSourceConfig
 from kelp.consumers.base import Source, ranges_of
 from kelp.consumers.batch import MicroBatch, SourceRange
@@ -36,7 +38,6 @@ from kelp.consumers.decode import Decoder, Rec
 from kelp.consumers.errors import SourceClosedError, SourceUserError
 from kelp.consumers.metrics import ConsumerMetrics
 from kelp.consumers.offsets import OffsetTracker
-from prometheus_client import CollectorRegistry
 
 __all__ = ["FileSource", "iter_criteo_tsv", "iter_csv", "iter_msgpack_log", "open_text"]
 

@@ -33,6 +33,8 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig
 from kelp.consumers.base import Source, ranges_of
 from kelp.consumers.batch import MicroBatch, SourceRange
@@ -42,7 +44,6 @@ from kelp.consumers.decode import Decoder
 from kelp.consumers.errors import SourceClosedError, translate_kafka_error
 from kelp.consumers.metrics import ConsumerMetrics
 from kelp.consumers.offsets import OffsetTracker
-from prometheus_client import CollectorRegistry
 
 __all__ = ["KafkaSource", "client_settings", "consumer_settings"]
 

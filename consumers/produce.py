@@ -11,8 +11,8 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from kelp.consumers.errors import SourceUserError, translate_kafka_error
 
+from kelp.consumers.errors import SourceUserError, translate_kafka_error
 from kelp.errors import KelpError
 
 __all__ = ["ProduceSummary", "file_messages", "produce"]

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import numpy as np
+
 from kelp.consumers.codec import hash_str_id
 from kelp.consumers.columns import U64_LIMIT, Cols, FieldLayout, RejectError
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from kelp.config import ClipTransform, DenseFeature, Log1pTransform, StandardizeTransform
 
 __all__ = ["apply_transforms", "defaults_of"]

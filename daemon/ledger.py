@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Mapping
 
 import numpy as np
+
 from kelp.store.base import PullResult
 from kelp.trainer.optim import SparseUpdate
 

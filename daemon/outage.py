@@ -21,10 +21,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from kelp.trainer.metrics import TrainerMetrics
-
 from kelp.errors import KelpError, StoreUnavailableError
 from kelp.retry import RetryPolicy
+from kelp.trainer.metrics import TrainerMetrics
 
 __all__ = ["OutageGuard", "StoreOutageError", "outage_policy"]
 

@@ -15,9 +15,8 @@ from typing import Literal
 
 from kelp.config import KelpConfig
 from kelp.consumers.checks import check_source
-from kelp.store import check_store_config
-
 from kelp.errors import ConfigError
+from kelp.store import check_store_config
 
 __all__ = ["Role", "preflight", "problems"]
 

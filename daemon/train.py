@@ -32,15 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
+
 from kelp.config import KelpConfig
 from kelp.daemon.health import HealthServer
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import END, Prefetcher, Prepared, PushWriter
-from kelp.trainer.metrics import STAGE_LABELS, TrainerMetrics
-from prometheus_client import CollectorRegistry
-
+from kelp.daemon.preflight import preflight
 from kelp.errors import KelpError
+from kelp.trainer.metrics import STAGE_LABELS, TrainerMetrics
 
 __all__ = ["DrainTimeoutError", "TrainDaemon", "TrainReport"]
 
@@ -146,8 +147,6 @@ class TrainDaemon:
     def run(self) -> TrainReport:
         from kelp.consumers import build_source
         from kelp.store import build_store
-
-        from kelp.daemon.preflight import preflight
 
         cfg = self.cfg
         preflight(cfg, self.origin, role="train")  # what `kelp config validate` refuses, refused here too

@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kelp.config import FileSourceConfig, KelpConfig, load_config
-from kelp.examples import example_path
 from prometheus_client import CollectorRegistry
 
+from kelp.config import FileSourceConfig, KelpConfig, load_config
 from kelp.errors import MissingBinaryError, UserError
+from kelp.examples import example_path
 
 __all__ = ["DemoReport", "default_config_path", "run_demo"]
 
@@ -216,6 +216,7 @@ def _stored_rows(redis_url: str, deployment: str) -> int:
 def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> DemoStream:
     """Produce the sample into a real broker, train from it against a real Redis, report."""
     from kafka import KafkaProducer
+
     from kelp.consumers.produce import file_messages, produce
     from kelp.demo.serving import demo_serving
     from kelp.harness import RedisServer, TansuBroker

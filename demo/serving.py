@@ -29,8 +29,8 @@ from typing import Any
 import msgpack
 import numpy as np
 import yaml
-from kelp.config import KelpConfig
 
+from kelp.config import KelpConfig
 from kelp.errors import KelpError
 
 __all__ = ["demo_serving"]

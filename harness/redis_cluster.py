@@ -7,10 +7,11 @@ import time
 from types import TracebackType
 
 import redis
-from kelp.harness.binaries import find_binary
-from kelp.harness.redis_server import RedisServer
 from redis.cluster import ClusterNode
 from redis.cluster import RedisCluster as RedisClusterClient
+
+from kelp.harness.binaries import find_binary
+from kelp.harness.redis_server import RedisServer
 
 __all__ = ["RedisCluster"]
 

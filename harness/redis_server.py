@@ -9,6 +9,7 @@ from pathlib import Path
 from types import TracebackType
 
 import redis
+
 from kelp.harness.binaries import find_binary
 from kelp.harness.ports import free_port
 from kelp.harness.process import ManagedProcess

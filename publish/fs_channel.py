@@ -31,11 +31,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kelp.files import atomic_write
 from kelp.publish.base import SnapshotChannel, Subscription
 from kelp.publish.errors import ChannelError, ChannelUnavailableError, SnapshotMissingError
 from kelp.publish.snapshot import Snapshot
-
-from kelp.files import atomic_write
 
 __all__ = ["FilesystemChannel", "FilesystemSubscription", "translate_os_errors"]
 

@@ -20,14 +20,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from kelp.config import FeatureSpec, KelpConfig, TrainerConfig
-from kelp.publish.base import SnapshotChannel
-from kelp.publish.metrics import PublisherMetrics
-from kelp.publish.snapshot import build_snapshot
 from prometheus_client import CollectorRegistry
 from torch import nn
 
+from kelp.config import FeatureSpec, KelpConfig, TrainerConfig
 from kelp.errors import KelpError
+from kelp.publish.base import SnapshotChannel
+from kelp.publish.metrics import PublisherMetrics
+from kelp.publish.snapshot import build_snapshot
 
 __all__ = ["Publisher", "build_channel", "build_publisher"]
 

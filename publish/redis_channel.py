@@ -30,6 +30,7 @@ import dataclasses
 from typing import Any
 
 from kelp.config import KelpConfig
+from kelp.errors import KelpError, UserError
 from kelp.publish.base import SnapshotChannel, Subscription
 from kelp.publish.errors import ChannelError, ChannelUnavailableError, SnapshotMissingError
 from kelp.publish.snapshot import Snapshot
@@ -43,8 +44,6 @@ from kelp.store.connection import (
     translate_redis_errors,
 )
 from kelp.store.keys import KEY_LAYOUT_VERSION
-
-from kelp.errors import KelpError, UserError
 
 __all__ = ["CHANNEL_ERRORS", "RedisChannel", "RedisSubscription", "channel_prefix"]
 

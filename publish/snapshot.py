@@ -41,15 +41,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kelp.config import FeatureSpec, TrainerConfig
-from kelp.publish.errors import SnapshotRejectedError
-from kelp.trainer.checkpoint import config_hash
-from kelp.trainer.models import build_model
 from pydantic import ValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
+
+from kelp.config import FeatureSpec, TrainerConfig
+from kelp.publish.errors import SnapshotRejectedError
+from kelp.trainer.checkpoint import config_hash
+from kelp.trainer.models import build_model
 
 __all__ = [
     "SNAPSHOT_FORMAT_VERSION",

@@ -33,14 +33,14 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.requests import Request
 from fastapi.responses import JSONResponse, Response
-from kelp.serving.errors import RequestError
-from kelp.serving.middleware import BodyLimitMiddleware, MetricsMiddleware
-from kelp.serving.replica import ServingReplica
-from kelp.serving.schemas import ErrorResponse, ModelInfo, ReadyResponse, ScoreResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kelp.errors import KelpError
+from kelp.serving.errors import RequestError
+from kelp.serving.middleware import BodyLimitMiddleware, MetricsMiddleware
+from kelp.serving.replica import ServingReplica
+from kelp.serving.schemas import ErrorResponse, ModelInfo, ReadyResponse, ScoreResponse
 
 __all__ = ["CONFIG_ENV", "app_from_env", "create_app"]
 

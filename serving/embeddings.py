@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
 from kelp.serving.metrics import ServingMetrics
 from kelp.store.base import EmbeddingStore, PullResult
 from kelp.store.slots import Column, SlotTable

@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
+
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import JaggedIds, MicroBatch
 from kelp.consumers.transforms import apply_transforms, defaults_of
 from kelp.serving.errors import BadRequestError
 from kelp.serving.schemas import RequestModels
-from pydantic import BaseModel
 
 __all__ = ["RequestEncoder"]
 

@@ -19,9 +19,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from kelp.serving.metrics import ServingMetrics
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kelp.serving.metrics import ServingMetrics
 
 __all__ = ["BodyLimitMiddleware", "MetricsMiddleware", "body_too_large"]
 

@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kelp.publish.snapshot import SnapshotManifest
 from torch import nn
+
+from kelp.publish.snapshot import SnapshotManifest
 
 __all__ = ["ModelSlot", "ServedModel"]
 

@@ -15,9 +15,13 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+from prometheus_client import CollectorRegistry
+
 from kelp.config import KelpConfig
+from kelp.errors import KelpError
 from kelp.publish.base import SnapshotChannel
 from kelp.publish.publisher import build_channel
+from kelp.retry import RetryPolicy
 from kelp.serving.embeddings import RowFetcher
 from kelp.serving.features import RequestEncoder
 from kelp.serving.metrics import ServingMetrics
@@ -27,10 +31,6 @@ from kelp.serving.scorer import Scorer
 from kelp.serving.watcher import SnapshotWatcher
 from kelp.store.base import EmbeddingStore
 from kelp.store.factory import build_store
-from prometheus_client import CollectorRegistry
-
-from kelp.errors import KelpError
-from kelp.retry import RetryPolicy
 
 __all__ = ["SERVING_RETRY", "ServingReplica"]
 

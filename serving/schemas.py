@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from kelp.config import FeatureSpec, ServingConfig
 from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from kelp.config import FeatureSpec, ServingConfig
 
 __all__ = [
     "EmbeddingAge",

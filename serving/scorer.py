@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import MicroBatch
 from kelp.serving.embeddings import RowFetcher

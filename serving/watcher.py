@@ -22,13 +22,12 @@ import threading
 import time
 
 from kelp.config import FeatureSpec
+from kelp.errors import KelpError
 from kelp.publish.base import SnapshotChannel, Subscription
 from kelp.publish.errors import SnapshotMissingError, SnapshotRejectedError
 from kelp.publish.snapshot import load_model
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.model import ModelSlot, ServedModel
-
-from kelp.errors import KelpError
 
 __all__ = ["SnapshotWatcher"]
 

@@ -29,6 +29,7 @@ import abc
 import threading
 
 import numpy as np
+
 from kelp.config import AdmissionSpec
 
 __all__ = ["AdmissionPolicy", "AdmitAfterCount", "AdmitByChance", "AlwaysAdmit", "Draws", "build_admission"]

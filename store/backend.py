@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from prometheus_client import CollectorRegistry
+
 from kelp.config import TableSpec
 from kelp.store.base import EmbeddingStore, PullResult, Table
 from kelp.store.metrics import StoreMetrics
-from prometheus_client import CollectorRegistry
 
 __all__ = ["BackendStore", "InitRows", "RowWrite", "StoredRows"]
 

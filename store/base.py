@@ -31,13 +31,13 @@ from types import TracebackType
 from typing import Any, ClassVar
 
 import numpy as np
+
 from kelp.config import TableSpec
+from kelp.errors import UserError
 from kelp.store.admission import Draws, build_admission
 from kelp.store.codec import RowCodec
 from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction, build_evictions
 from kelp.store.init import init_rows
-
-from kelp.errors import UserError
 
 __all__ = ["EmbeddingStore", "PullResult", "StoreStats", "Table", "UnknownTableError"]
 

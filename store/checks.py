@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
 from kelp.config import TableSpec
 from kelp.store.base import EmbeddingStore
 from kelp.store.init import init_rows

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+
 from kelp.store.errors import RowFormatError
 
 __all__ = ["HEADER_BYTES", "ROW_FORMAT_VERSION", "DecodedRows", "RowCodec"]

@@ -43,14 +43,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
-from kelp.config import StoreConfig
-from kelp.store.errors import ShardUnavailableError, StoreCommandError
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
+from kelp.config import StoreConfig
 from kelp.errors import KelpError, RedisAuthError, StoreError
+from kelp.store.errors import ShardUnavailableError, StoreCommandError
 
 __all__ = [
     "STORE_ERRORS",

@@ -23,6 +23,7 @@ import abc
 from typing import ClassVar
 
 import numpy as np
+
 from kelp.config import EvictionSpec
 
 __all__ = ["EvictionPolicy", "LfuCapacity", "TtlEviction", "build_evictions"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kelp.config import StoreConfig, TableSpec
-from kelp.store.base import EmbeddingStore
-from kelp.store.eviction import build_evictions
 from prometheus_client import CollectorRegistry
 
+from kelp.config import StoreConfig, TableSpec
 from kelp.errors import ConfigError
+from kelp.store.base import EmbeddingStore
+from kelp.store.eviction import build_evictions
 
 __all__ = ["BACKENDS", "backend_class", "build_store", "check_store_config"]
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
+
 from kelp.config import HotCacheConfig
 from kelp.store.base import EmbeddingStore, PullResult, StoreStats
 from kelp.store.metrics import StoreMetrics

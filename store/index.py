@@ -14,6 +14,7 @@ round, and the load factor stays below 1/2 so a lookup needs few rounds.
 from __future__ import annotations
 
 import numpy as np
+
 from kelp.store.hashing import splitmix64
 
 __all__ = ["IdIndex"]

@@ -10,6 +10,7 @@ so two trainers admitting the same id at once write identical rows.
 from __future__ import annotations
 
 import numpy as np
+
 from kelp.config import InitSpec
 from kelp.store.hashing import name_seed, splitmix64
 

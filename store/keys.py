@@ -18,6 +18,7 @@ Bumping the layout version (``k1`` -> ``k2``) makes old keys invisible.
 from __future__ import annotations
 
 import numpy as np
+
 from kelp.store.hashing import name_seed, splitmix64
 
 __all__ = ["KEY_LAYOUT_VERSION", "KeyLayout"]

@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
+from prometheus_client import CollectorRegistry
+
 from kelp.config import TableSpec
 from kelp.store.backend import BackendStore, InitRows, RowWrite, StoredRows
 from kelp.store.base import StoreStats, Table
 from kelp.store.eviction import LfuCapacity, TtlEviction
 from kelp.store.slots import Column, SlotTable
-from prometheus_client import CollectorRegistry
 
 __all__ = ["MemoryStore"]
 

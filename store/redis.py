@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from kelp.config import StoreConfig
 from kelp.store.connection import connect_node, node_name, translate_redis_errors
 from kelp.store.hashing import name_seed, rendezvous

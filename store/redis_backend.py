@@ -20,16 +20,16 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
+from prometheus_client import CollectorRegistry
+
 from kelp.config import StoreConfig, TableSpec
+from kelp.retry import RetryPolicy
 from kelp.store.backend import BackendStore, InitRows, RowWrite, StoredRows
 from kelp.store.base import StoreStats, Table
 from kelp.store.connection import connection_options
 from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.keys import KeyLayout
 from kelp.store.redis_plan import Group, Plan, PlanRunner, adder, chunks, count_none, scatter, setter
-from prometheus_client import CollectorRegistry
-
-from kelp.retry import RetryPolicy
 
 __all__ = ["RedisBackend", "retry_policy"]
 

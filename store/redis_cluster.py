@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from redis.cluster import RedisCluster
+
 from kelp.config import StoreConfig
 from kelp.store.connection import cluster_name, connect_cluster, translate_redis_errors
 from kelp.store.redis_backend import RedisBackend
 from kelp.store.redis_plan import Group
-from redis.cluster import RedisCluster
 
 __all__ = ["RedisClusterStore"]
 

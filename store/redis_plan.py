@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from kelp.store.connection import translate_redis_errors
-from kelp.store.metrics import StoreMetrics
 
 from kelp.retry import RetryPolicy
+from kelp.store.connection import translate_redis_errors
+from kelp.store.metrics import StoreMetrics
 
 __all__ = ["Command", "Group", "Plan", "PlanRunner", "adder", "chunks", "count_none", "scatter", "setter"]
 

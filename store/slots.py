@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from kelp.store.index import IdIndex
 
 __all__ = ["Column", "SlotTable"]

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
-from kelp.harness import RedisCluster, RedisServer, TansuBroker
 from prometheus_client import CollectorRegistry
 
 from kelp.errors import MissingBinaryError
+from kelp.harness import RedisCluster, RedisServer, TansuBroker
 
 S = TypeVar("S", RedisServer, RedisCluster, TansuBroker)
 

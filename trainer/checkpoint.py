@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from kelp.config import FeatureSpec, TrainerConfig
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
+from kelp.config import FeatureSpec, TrainerConfig
 from kelp.errors import UserError
 from kelp.files import atomic_write
 

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 - the PyTorch convention
+from torch import Tensor
+
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import MicroBatch
-from torch import Tensor
 
 __all__ = ["BatchTensors", "FeatureBag", "pool_features", "rows_to_leaf"]
 

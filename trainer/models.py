@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from kelp.config import FeatureSpec, TrainerConfig
 from torch import Tensor, nn
 
+from kelp.config import FeatureSpec, TrainerConfig
 from kelp.errors import UserError
 
 __all__ = ["DLRM", "MODELS", "CrossNetwork", "DCNv2", "ModelInputs", "build_model", "mlp"]

@@ -23,8 +23,9 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from kelp.config import DenseOptimizerSpec, SparseOptimizerSpec
 from torch import Tensor
+
+from kelp.config import DenseOptimizerSpec, SparseOptimizerSpec
 
 __all__ = ["RowWiseAdagrad", "SparseUpdate", "build_dense_optimizer"]
 

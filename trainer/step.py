@@ -22,12 +22,13 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 - the PyTorch convention
+from torch import Tensor, nn
+
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.trainer.embedding import BatchTensors, pool_features, rows_to_leaf
 from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
-from torch import Tensor, nn
 
 __all__ = ["STAGES", "PulledRows", "StageTimer", "StepResult", "TrainStep", "forward_backward"]
 

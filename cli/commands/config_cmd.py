@@ -6,6 +6,7 @@ import argparse
 import json
 
 import yaml
+
 from kelp.config import effective_config, load_config
 
 __all__ = ["register"]

@@ -26,11 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+
+    from kelp.daemon.preflight import preflight
     from kelp.serving.app import CONFIG_ENV, create_app
     from kelp.serving.process import tune_process
     from kelp.serving.replica import ServingReplica
-
-    from kelp.daemon.preflight import preflight
 
     cfg = load_config(args.config)
     preflight(cfg, args.config, role="serve")

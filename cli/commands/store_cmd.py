@@ -7,8 +7,8 @@ import dataclasses
 import json
 
 import numpy as np
-from kelp.config import load_config
 
+from kelp.config import load_config
 from kelp.errors import UserError
 
 __all__ = ["register"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-import kelp.bench
 import pytest
-from kelp.bench import SUITES, run_suite
 
+import kelp.bench
+from kelp.bench import SUITES, run_suite
 from kelp.errors import UserError
 
 NOT_SUITES = {"runner", "synth", "baseline"}  # helpers of the suites, not suites

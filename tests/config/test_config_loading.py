@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from kelp.config import FileSourceConfig, KelpConfig, effective_config, load_config, parse_config
 
+from kelp.config import FileSourceConfig, KelpConfig, effective_config, load_config, parse_config
 from kelp.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

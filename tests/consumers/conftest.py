@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kelp.config import KafkaSourceConfig
-from kelp.harness import TansuBroker
 
+from kelp.config import KafkaSourceConfig
 from kelp.errors import MissingBinaryError
+from kelp.harness import TansuBroker
 
 DATA = Path(__file__).parent / "data"
 

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
+from prometheus_client import CollectorRegistry
+
 from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig, SparseFeature
 from kelp.consumers import encode_columns
 from kelp.consumers.kafka_source import KafkaSource
-from prometheus_client import CollectorRegistry
 
 from .conftest import private_tansu
 

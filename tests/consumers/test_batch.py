@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kelp.config import FeatureSpec, SparseFeature
 from kelp.consumers.batch import JaggedIds, MicroBatch, dedup_ids
 

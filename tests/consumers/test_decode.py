@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kelp.config import DenseFeature, FeatureSpec, LabelSpec, SparseFeature
 from kelp.consumers.codec import encode_columns, encode_sample, hash_str_id
 from kelp.consumers.decode import Decoder, Rec

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from prometheus_client import CollectorRegistry
+
 from kelp.config import (
     BatchingConfig,
     CsvMapping,
@@ -14,7 +16,6 @@ from kelp.config import (
 )
 from kelp.consumers import build_source, criteo_feature_spec, encode_sample
 from kelp.consumers.file_source import FileSource
-from prometheus_client import CollectorRegistry
 
 from .conftest import DATA
 

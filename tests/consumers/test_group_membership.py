@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable
 
 import pytest
+from prometheus_client import CollectorRegistry
+
 from kelp.config import KafkaSourceConfig
 from kelp.consumers.kafka_source import KafkaSource
-from prometheus_client import CollectorRegistry
 
 from .conftest import private_tansu
 from .test_kafka_source import BATCHING, SPEC, committed, produce, samples

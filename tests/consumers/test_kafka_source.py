@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
+from prometheus_client import CollectorRegistry
+
 from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig, SparseFeature
 from kelp.consumers import encode_columns, encode_sample
 from kelp.consumers.kafka_source import KafkaSource
-from prometheus_client import CollectorRegistry
 
 from .test_decode import BAD
 

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
+from prometheus_client import CollectorRegistry
+
 from kelp.bench.synth import CriteoSynth
 from kelp.config import BatchingConfig, FileSourceConfig
 from kelp.consumers import criteo_feature_spec
 from kelp.consumers.decode import Chunk, Decoder
 from kelp.consumers.file_source import FileSource
-from prometheus_client import CollectorRegistry
 
 from .conftest import DATA
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 from kafka import KafkaConsumer, TopicPartition
+
 from kelp.config import FileSourceConfig, KafkaSourceConfig, KelpConfig, StoreConfig, load_config
 from kelp.consumers.produce import file_messages, produce
 from kelp.daemon.train import TrainDaemon, TrainReport
-from kelp.harness import TansuBroker, free_port
-
 from kelp.errors import MissingBinaryError
+from kelp.harness import TansuBroker, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRITEO = Path(__file__).parent / "data" / "criteo-2000.tsv"

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from kelp.daemon.outage import OutageGuard, StoreOutageError, outage_policy
-from kelp.trainer.metrics import TrainerMetrics
 from prometheus_client import CollectorRegistry
 
+from kelp.daemon.outage import OutageGuard, StoreOutageError, outage_policy
 from kelp.errors import StoreUnavailableError, UserError
+from kelp.trainer.metrics import TrainerMetrics
 
 
 class _FakeTime:

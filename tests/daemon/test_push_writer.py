@@ -10,16 +10,17 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
+
 from kelp.config import HotCacheConfig, TableSpec
 from kelp.consumers.batch import SourceRange
 from kelp.daemon.ledger import UpdateLedger
-from kelp.daemon.outage import OutageGuard
+from kelp.daemon.outage import OutageGuard, outage_policy
 from kelp.daemon.pipeline import PushWriter
 from kelp.store import HotRowCache, MemoryStore
 from kelp.store.base import EmbeddingStore
 from kelp.trainer.metrics import TrainerMetrics
 from kelp.trainer.optim import SparseUpdate
-from prometheus_client import CollectorRegistry
 
 
 class RecordingSource:
@@ -32,7 +33,7 @@ class RecordingSource:
 
 def _writer(store: EmbeddingStore, source: RecordingSource) -> PushWriter:
     metrics = TrainerMetrics(CollectorRegistry())
-    guard = OutageGuard(1.0, metrics, sleep=lambda _s: None)
+    guard = OutageGuard(1.0, metrics, policy=outage_policy(1.0, sleep=lambda _s: None))
     return PushWriter(source, store, UpdateLedger(), guard=guard, metrics=metrics, depth=1, threaded=False)  # type: ignore[arg-type]
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import redis
 import torch
+
 from kelp.config import KelpConfig, StoreConfig
 from kelp.daemon.outage import StoreOutageError
 from kelp.daemon.train import TrainDaemon

@@ -11,10 +11,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from kelp.config import load_config
 from kelp.daemon.train import TrainDaemon, TrainReport
 from kelp.harness import TansuBroker
-from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import CRITEO_ROWS, Running, base_config, group_offsets, on_kafka, wait_for, write_config
 

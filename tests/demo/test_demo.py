@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kelp.demo import default_config_path, run_demo
 
 pytestmark = pytest.mark.integration

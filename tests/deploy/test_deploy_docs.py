@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from chartkit import ROOT, Render, find
+
 from kelp.config.loader import parse_config
 
 DOCS = [ROOT / "docs" / "deploy.md", ROOT / "helm" / "README.md"]

@@ -36,6 +36,7 @@ from chartkit import (
     parse_rendered,
     pod_spec,
 )
+
 from kelp.config.loader import parse_config
 
 # Custom resources of the Prometheus Operator: no upstream Kubernetes schema, checked separately.

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import yaml
 from chartkit import ALERT_TESTS, ALERTS, DASHBOARD
+from prometheus_client import CollectorRegistry
+
 from kelp.consumers.metrics import ConsumerMetrics
+from kelp.metrics import registered_names
 from kelp.publish.metrics import PublisherMetrics
 from kelp.serving.metrics import ServingMetrics
 from kelp.store.metrics import StoreMetrics
 from kelp.trainer.metrics import TrainerMetrics
-from prometheus_client import CollectorRegistry
-
-from kelp.metrics import registered_names
 
 # Grafana's variables, replaced by values PromQL accepts before parsing.
 GRAFANA_SUBSTITUTIONS = {

@@ -6,6 +6,7 @@ import time
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
 from kelp.harness import RedisCluster, RedisServer, TansuBroker
 
 pytestmark = pytest.mark.integration

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from serving.helpers import small_config
+
 from kelp.config import KelpConfig
 from kelp.publish import SnapshotChannel
 from kelp.publish.fs_channel import FilesystemChannel
 from kelp.publish.redis_channel import RedisChannel
-from serving.helpers import small_config
 
 
 @pytest.fixture

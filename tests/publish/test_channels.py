@@ -7,6 +7,7 @@ import threading
 import pytest
 import redis
 import torch
+
 from kelp.config import KelpConfig
 from kelp.publish import Publisher, SnapshotChannel, SnapshotMissingError, SnapshotRejectedError
 from kelp.publish.fs_channel import FilesystemChannel
@@ -101,8 +102,9 @@ def test_redis_keys_are_namespaced_by_deployment(redis_url: str, cfg: KelpConfig
 
 
 def test_redis_cluster_channel(clean_redis_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from kelp.publish import build_channel
     from serving.helpers import small_config
+
+    from kelp.publish import build_channel
 
     cfg = small_config(
         "redis://unused:1", tmp_path, store={"backend": "redis-cluster", "urls": clean_redis_cluster.urls}

@@ -6,10 +6,11 @@ import json
 
 import pytest
 import torch
+from serving.helpers import small_config
+
 from kelp.config import KelpConfig
 from kelp.publish import SnapshotRejectedError, build_snapshot, load_model, verify_snapshot
 from kelp.trainer import build_model
-from serving.helpers import small_config
 
 
 def _snapshot(cfg: KelpConfig, seed: int = 0):  # type: ignore[no-untyped-def]

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
+
 from kelp.config import KelpConfig
 from kelp.publish import Publisher
 from kelp.serving import ServingReplica
-from prometheus_client import CollectorRegistry
 
 from .helpers import LiveServer, constant_model, logit_for, publisher_for, small_config
 

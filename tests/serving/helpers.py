@@ -9,13 +9,14 @@ from typing import Any
 
 import torch
 import uvicorn
-from kelp.config import KelpConfig
+from prometheus_client import CollectorRegistry
+from torch import nn
+
+from kelp.config import KelpConfig, parse_config
 from kelp.harness import free_port
 from kelp.publish import Publisher, build_publisher
 from kelp.serving import ServingReplica, create_app
 from kelp.trainer import build_model
-from prometheus_client import CollectorRegistry
-from torch import nn
 
 DEPLOYMENT = "svc"
 
@@ -46,7 +47,7 @@ def small_config(redis_url: str, tmp_path: Path, **sections: Any) -> KelpConfig:
     }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}
-    return KelpConfig.model_validate(data)
+    return parse_config(data, origin="small_config")
 
 
 def constant_model(cfg: KelpConfig, logit: float) -> nn.Module:

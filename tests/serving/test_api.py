@@ -8,12 +8,13 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
+
 from kelp.harness import RedisServer
 from kelp.publish import build_snapshot
 from kelp.serving import ServingReplica
 from kelp.store import build_store
 from kelp.trainer import build_model
-from prometheus_client import CollectorRegistry
 
 from .conftest import Live
 from .helpers import LiveServer, constant_model, logit_for, publisher_for, small_config, wait_until

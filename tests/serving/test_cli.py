@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kelp.harness import free_port
 
 from .helpers import constant_model, publisher_for, small_config, wait_until

@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
+
 from kelp.consumers.batch import MicroBatch
 from kelp.publish import build_publisher
 from kelp.serving import ServingReplica
 from kelp.store import build_store
 from kelp.trainer import TrainStep, build_model
-from prometheus_client import CollectorRegistry
 
 from .helpers import LiveServer, wait_until
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
+
 from kelp.serving.embeddings import RowFetcher
 from kelp.serving.metrics import ServingMetrics
 from kelp.store import build_store
-from prometheus_client import CollectorRegistry
 
 pytestmark = pytest.mark.integration
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kelp.publish import Snapshot, build_snapshot
 from kelp.publish.redis_channel import RedisChannel, channel_prefix
 

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from kelp.serving import ServingReplica, create_app
 from prometheus_client import CollectorRegistry
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import (
@@ -19,6 +18,8 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+
+from kelp.serving import ServingReplica, create_app
 
 from .helpers import constant_model, publisher_for
 

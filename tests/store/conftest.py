@@ -11,12 +11,12 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+
 from kelp.config import StoreConfig, TableSpec
 from kelp.harness import RedisCluster, RedisServer
+from kelp.retry import RetryPolicy
 from kelp.store import MemoryStore, build_store
 from kelp.store.checks import MakeStore
-
-from kelp.retry import RetryPolicy
 
 NO_SLEEP = RetryPolicy(attempts=3, base_delay_s=0.0, max_delay_s=0.0, sleep=lambda _s: None)
 _deployments = (f"t{i}" for i in itertools.count())

@@ -16,17 +16,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
+
 from kelp.config import KelpConfig
-from kelp.daemon.outage import OutageGuard
+from kelp.daemon.outage import OutageGuard, outage_policy
+from kelp.errors import RedisAuthError, UserError
 from kelp.harness import RedisCluster, RedisServer
 from kelp.publish import build_channel
+from kelp.retry import RetryPolicy
 from kelp.serving import ServingReplica
 from kelp.store import build_store
 from kelp.trainer.metrics import TrainerMetrics
-from prometheus_client import CollectorRegistry
-
-from kelp.errors import RedisAuthError, UserError
-from kelp.retry import RetryPolicy
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def _config(tmp_path: Path, store: dict[str, Any], **sections: Any) -> KelpConfi
     return KelpConfig.model_validate(
         {
             "deployment": "authtest",
-            "source": {"kind": "file", "file": {"path": str(tmp_path / "none.msgpack"), "format": "msgpack"}},
+            "source": {"kind": "file", "path": str(tmp_path / "none.msgpack"), "format": "msgpack"},
             "features": {"sparse": [{"name": "C1", "table": "ads"}], "tables": [{"name": "ads", "dim": 4}]},
             "store": store,
             **sections,
@@ -74,7 +74,8 @@ def _check(err: BaseException, where: str, setting: str) -> None:
 def _not_retried(call: Any) -> RedisAuthError:
     """The trainer's OutageGuard gives up at once (no retry) and re-raises the same error."""
     metrics = TrainerMetrics(CollectorRegistry())
-    guard = OutageGuard(60.0, metrics, sleep=lambda _s: pytest.fail("an auth error must not be retried"))
+    never_sleep = outage_policy(60.0, sleep=lambda _s: pytest.fail("an auth error must not be retried"))
+    guard = OutageGuard(60.0, metrics, policy=never_sleep)
     with pytest.raises(RedisAuthError) as info:
         guard.call("pull", call)
     assert metrics.errors.labels(stage="pull", kind="retried")._value.get() == 0

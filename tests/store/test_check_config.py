@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+
 from kelp.config import FeatureSpec, HotCacheConfig, StoreConfig, TableSpec
+from kelp.errors import ConfigError
 from kelp.store import build_store, check_store_config
 from kelp.store.eviction import LfuCapacity, TtlEviction
 from kelp.store.factory import BACKENDS, backend_class
-
-from kelp.errors import ConfigError
 
 REDIS_HINT = (
     "store.backend 'redis' does not enforce max_rows; cap memory with Redis maxmemory + maxmemory-policy "

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+
 from kelp.config import InitSpec
 from kelp.store.codec import HEADER_BYTES, RowCodec
 from kelp.store.errors import RowFormatError

@@ -6,9 +6,13 @@ import dataclasses
 
 import pytest
 import redis
+from redis.exceptions import RedisClusterException
+
 from kelp.config import StoreConfig
+from kelp.errors import RedisAuthError, StoreError, UserError
 from kelp.publish.errors import ChannelError, ChannelUnavailableError
 from kelp.publish.redis_channel import CHANNEL_ERRORS
+from kelp.retry import RetryPolicy
 from kelp.store.connection import (
     STORE_ERRORS,
     cluster_name,
@@ -17,10 +21,6 @@ from kelp.store.connection import (
     translate_redis_errors,
 )
 from kelp.store.errors import ShardUnavailableError, StoreAuthError, StoreCommandError
-from redis.exceptions import RedisClusterException
-
-from kelp.errors import RedisAuthError, StoreError, UserError
-from kelp.retry import RetryPolicy
 
 
 def test_node_names_never_carry_the_password() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kelp.store.checks import ALL_CHECKS, MakeStore
 
 pytestmark = pytest.mark.integration

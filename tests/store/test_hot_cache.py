@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kelp.config import HotCacheConfig, StoreConfig, TableSpec
 from kelp.store import HotRowCache, MemoryStore, build_store
 from kelp.store.checks import ALL_CHECKS

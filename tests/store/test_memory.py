@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from kelp.config import TableSpec
 from kelp.store import MemoryStore
 

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from kelp.config import AdmissionSpec, EvictionSpec
 from kelp.store.admission import AdmitAfterCount, AdmitByChance, AlwaysAdmit, Draws, build_admission
 from kelp.store.eviction import LfuCapacity, TtlEviction, build_evictions

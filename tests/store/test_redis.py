@@ -9,14 +9,14 @@ import time
 import numpy as np
 import pytest
 import redis
+
 from kelp.config import StoreConfig, TableSpec
+from kelp.errors import StoreUnavailableError, UserError
 from kelp.harness import RedisCluster, RedisServer
+from kelp.retry import RetryPolicy
 from kelp.store import build_store
 from kelp.store.errors import ShardUnavailableError, StoreAuthError
 from kelp.store.redis import RedisClusterStore, RedisStore
-
-from kelp.errors import StoreUnavailableError, UserError
-from kelp.retry import RetryPolicy
 
 pytestmark = pytest.mark.integration
 

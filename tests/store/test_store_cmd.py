@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 import pytest
+
 from kelp.cli.commands import store_cmd
 from kelp.config import StoreConfig, TableSpec
-from kelp.store import build_store
-
 from kelp.errors import UserError
+from kelp.store import build_store
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+
 from kelp.bench.baseline import InitFn
 from kelp.config import DenseFeature, FeatureSpec, SparseFeature, TableSpec, TrainerConfig
 from kelp.consumers.batch import JaggedIds, MicroBatch

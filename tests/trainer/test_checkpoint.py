@@ -6,12 +6,12 @@ import os
 import numpy as np
 import pytest
 import torch
-from kelp.trainer.checkpoint import FORMAT_VERSION, config_hash, load_latest, save_checkpoint
-from kelp.trainer.models import build_model
-from kelp.trainer.optim import build_dense_optimizer
 from safetensors import safe_open
 
 from kelp.errors import UserError
+from kelp.trainer.checkpoint import FORMAT_VERSION, config_hash, load_latest, save_checkpoint
+from kelp.trainer.models import build_model
+from kelp.trainer.optim import build_dense_optimizer
 
 from .conftest import small_config, small_spec
 

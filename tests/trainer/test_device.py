@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kelp.trainer.device import resolve_device
 
 from kelp.errors import UserError
+from kelp.trainer.device import resolve_device
 
 
 def test_cpu_and_auto() -> None:

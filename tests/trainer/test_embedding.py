@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from kelp.consumers.batch import MicroBatch
 from kelp.trainer.embedding import BatchTensors, pool_features, rows_to_leaf
 

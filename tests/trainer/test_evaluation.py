@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kelp.trainer.evaluation import BinnedAuc, ProgressiveValidator, exact_auc, log_loss_from_logits
 
 

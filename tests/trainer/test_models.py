@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kelp.config import TrainerConfig
-from kelp.consumers.criteo import criteo_feature_spec
-from kelp.trainer.models import DLRM, DCNv2, build_model
 from torch import nn
 
+from kelp.config import TrainerConfig
+from kelp.consumers.criteo import criteo_feature_spec
 from kelp.errors import UserError
+from kelp.trainer.models import DLRM, DCNv2, build_model
 
 from .conftest import small_config, small_spec
 

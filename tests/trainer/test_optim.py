@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from kelp.config import DenseOptimizerSpec
 from kelp.trainer.optim import RowWiseAdagrad, build_dense_optimizer
 

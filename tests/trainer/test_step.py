@@ -5,6 +5,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+
 from kelp.bench.baseline import InMemoryBaseline, spec_init
 from kelp.bench.synth import CriteoSynth
 from kelp.config import InitSpec
