@@ -3,7 +3,7 @@
 ::
 
     source ──poll──> [Prefetcher: pull rows] ──queue(prefetch_batches)──> main thread: ledger.apply,
-    TrainStep, ledger.record ──queue(push_queue_batches)──> [PushWriter: push, flush, commit, ack]
+    TrainStep, ledger.record ──queue(push_queue_batches)──> [PushWriter: push, ack, commit once durable]
 
 * :class:`Prefetcher` polls the next micro-batch and pulls its unique ids'
   rows while the current batch trains. ``depth=0`` does the same work inline

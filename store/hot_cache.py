@@ -110,7 +110,7 @@ class HotRowCache(EmbeddingStore):
             c = self._slots[name]
             slots = candidates[c["dirty"][candidates]]
             if len(slots):
-                updates[name] = (c.ids[slots], c.read("rows", slots), c.read("state", slots))
+                updates[name] = (c.ids[slots], *c.read(slots, "rows", "state"))
         if not updates:
             return
         self.inner.push_many(updates)
@@ -171,9 +171,7 @@ class HotRowCache(EmbeddingStore):
                 updated_s = np.zeros(len(ids), dtype=np.uint32)
                 hs = slots[cached]
                 if len(hs):
-                    rows[cached] = c.read("rows", hs)
-                    state[cached] = c.read("state", hs)
-                    updated_s[cached] = c["updated_s"][hs]
+                    rows[cached], state[cached], updated_s[cached] = c.read(hs, "rows", "state", "updated_s")
                     c["hits"][hs] += 1
                 if name in fetched:
                     f = fetched[name]
@@ -233,10 +231,13 @@ class HotRowCache(EmbeddingStore):
                 cached = slots >= 0
                 cs = slots[cached]
                 if len(cs):
-                    c.write("rows", cs, rows[cached])
-                    c.write("state", cs, state[cached])
-                    c["updated_s"][cs] = np.uint32(time.time())
-                    c["dirty"][cs] = True
+                    c.write(
+                        cs,
+                        rows=rows[cached],
+                        state=state[cached],
+                        updated_s=np.uint32(time.time()),
+                        dirty=True,
+                    )
                 if (~cached).any():
                     passthrough[name] = (ids[~cached], rows[~cached], state[~cached])
             if passthrough:

@@ -60,10 +60,19 @@ class Column:
         return np.full(shape, self.fill, dtype=self.dtype)
 
 
-def _device_index(slots: np.ndarray, column: Any) -> Any:
-    import torch
+class _DeviceIndex:
+    """``slots`` as an index tensor per device, made once per call (one host-to-device copy per call)."""
 
-    return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(column.device)
+    def __init__(self, slots: np.ndarray) -> None:
+        self.slots = slots
+        self._on: dict[Any, Any] = {}
+
+    def on(self, device: Any) -> Any:
+        if device not in self._on:
+            import torch
+
+            self._on[device] = torch.from_numpy(np.ascontiguousarray(self.slots, dtype=np.int64)).to(device)
+        return self._on[device]
 
 
 class SlotTable:
@@ -109,8 +118,7 @@ class SlotTable:
         self.index.insert(ids, slots)
         self.ids[slots] = ids
         self.live[slots] = True
-        for name, spec in self._specs.items():
-            self.write(name, slots, values.get(name, spec.fill))
+        self.write(slots, **{name: values.get(name, spec.fill) for name, spec in self._specs.items()})
         return slots
 
     def remove(self, slots: np.ndarray) -> None:
@@ -139,24 +147,34 @@ class SlotTable:
         slots = self.live_slots()
         return self.ids[slots], slots
 
-    def write(self, name: str, slots: np.ndarray, values: Any) -> None:
-        """``column[slots] = values``; numpy values are copied to a torch column's device."""
-        column = self._columns[name]
-        if isinstance(column, np.ndarray):
-            column[slots] = values
-            return
-        if isinstance(values, np.ndarray):
-            import torch
+    def write(self, slots: np.ndarray, **values: Any) -> None:
+        """``column[slots] = value`` per named column; numpy values are copied to a torch column's device."""
+        index = _DeviceIndex(slots)
+        for name, value in values.items():
+            column = self._columns[name]
+            if isinstance(column, np.ndarray):
+                column[slots] = value
+                continue
+            if isinstance(value, np.ndarray):
+                import torch
 
-            values = torch.from_numpy(np.ascontiguousarray(values)).to(column.device, column.dtype)
-        column[_device_index(slots, column)] = values
+                column[index.on(column.device)] = torch.from_numpy(np.ascontiguousarray(value)).to(
+                    column.device, column.dtype
+                )
+            else:
+                column[index.on(column.device)] = value
 
-    def read(self, name: str, slots: np.ndarray) -> np.ndarray:
-        """``column[slots]`` as a numpy array (copied from the device for a torch column)."""
-        column = self._columns[name]
-        if isinstance(column, np.ndarray):
-            return column[slots]
-        return column[_device_index(slots, column)].cpu().numpy()
+    def read(self, slots: np.ndarray, *names: str) -> list[np.ndarray]:
+        """``[column[slots] for each name]`` as numpy arrays (copied from the device for torch columns)."""
+        index = _DeviceIndex(slots)
+        out = []
+        for name in names:
+            column = self._columns[name]
+            if isinstance(column, np.ndarray):
+                out.append(column[slots])
+            else:
+                out.append(column[index.on(column.device)].cpu().numpy())
+        return out
 
     def reserve(self, rows: int) -> None:
         """Grow now so that slots ``[0, rows)`` exist."""

@@ -39,7 +39,8 @@ def test_grows_by_doubling_and_keeps_values() -> None:
     t.insert(np.arange(2, 7, dtype=np.uint64), rows=np.full((5, 3), 2.0, np.float32))
     assert t.capacity == 8 and len(t) == 7
     assert (t["rows"][first] == 1.0).all()
-    assert (t.read("rows", t.lookup(np.arange(2, 7, dtype=np.uint64))) == 2.0).all()
+    (rows,) = t.read(t.lookup(np.arange(2, 7, dtype=np.uint64)), "rows")
+    assert (rows == 2.0).all()
 
 
 def test_removed_slots_are_reused_and_reset() -> None:
@@ -73,9 +74,10 @@ def test_torch_columns_on_a_device() -> None:
     )
     slots = t.insert(np.array([4, 5, 6], np.uint64), w=np.ones((3, 2), np.float64))  # cast to the column
     assert isinstance(t["w"], torch.Tensor) and t["w"].dtype == torch.float32 and t.capacity == 4
-    t.write("w", slots[:1], np.full((1, 2), 3.0, np.float32))
-    np.testing.assert_array_equal(t.read("w", slots), [[3, 3], [1, 1], [1, 1]])
-    np.testing.assert_allclose(t.read("s", slots), [0.1] * 3)
+    t.write(slots[:1], w=np.full((1, 2), 3.0, np.float32), s=0.2)
+    w, s = t.read(slots, "w", "s")
+    np.testing.assert_array_equal(w, [[3, 3], [1, 1], [1, 1]])
+    np.testing.assert_allclose(s, [0.2, 0.1, 0.1])
     t.reserve(10)
     assert t.capacity == 16 and t["w"].shape == (16, 2)
     assert t.nbytes() == 16 * 2 * 4 + 16 * 4 + 16 * 8 + 16
