@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from types import TracebackType
 
+from kelp.closing import Closeable
 from kelp.consumers.batch import MicroBatch, SourceRange
 
 __all__ = ["Source", "ranges_of"]
@@ -33,7 +33,7 @@ def ranges_of(batch_or_sources: MicroBatch | Iterable[SourceRange]) -> list[Sour
     return list(batch_or_sources)
 
 
-class Source(ABC):
+class Source(Closeable, ABC):
     """An iterator of micro-batches with explicit, at-least-once commits."""
 
     @abstractmethod
@@ -65,11 +65,3 @@ class Source(ABC):
                 return
             if batch is not None:
                 yield batch
-
-    def __enter__(self) -> Source:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

@@ -7,8 +7,9 @@ Lifecycle (started in this order, stopped in reverse)::
 
 Every step: take a prefetched batch, apply the in-flight overlay (so it sees
 every earlier step's update, see :mod:`kelp.daemon.ledger`), train, record
-its updates, hand them to the write-behind pusher, which pushes, flushes and
-only then commits the batch's offsets. Dense checkpoints every
+its updates, hand them to the write-behind pusher, which pushes and commits
+the batch's offsets once the store says those pushes are durable
+(``store.flush(force=False)``; see :mod:`kelp.daemon.pipeline`). Dense checkpoints every
 ``checkpoint_every_steps`` or ``checkpoint_every_s``; a snapshot for serving
 every ``publisher.interval_s``.
 
@@ -18,7 +19,8 @@ push and flush everything trained, commit, checkpoint, publish, leave the
 consumer group. Batches prefetched but not trained are not committed, so they
 are read again after a restart: delivery is at least once and nothing
 acknowledged is lost. A fatal error (the store unreachable past
-``trainer.max_store_outage_s``, a bad record schema...) raises out of
+``trainer.max_store_outage_s``, wrong credentials for the store or the snapshot
+channel, a bad record schema...) raises out of
 :meth:`TrainDaemon.run`; the CLI prints it in one line and exits non-zero.
 """
 
@@ -40,7 +42,7 @@ from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import END, Prefetcher, Prepared, PushWriter
 from kelp.daemon.preflight import preflight
-from kelp.errors import KelpError
+from kelp.errors import KelpError, UserError
 from kelp.trainer.metrics import STAGE_LABELS, TrainerMetrics
 
 __all__ = ["DrainTimeoutError", "TrainDaemon", "TrainReport"]
@@ -335,6 +337,11 @@ class TrainDaemon:
             version = publisher.maybe_publish(
                 self.step.model, step=self.step_no, offsets=self.offsets, force=force
             )
+        except UserError:
+            # Wrong credentials or permissions for the channel: no later interval can succeed, and a
+            # trainer that silently never publishes is worse than one that stops with the reason.
+            self.metrics.errors.labels(stage="publish", kind="fatal").inc()
+            raise
         except KelpError as exc:
             # Serving keeps its current snapshot; training must not stop for it. Retried next interval.
             self.metrics.errors.labels(stage="publish", kind="retried" if exc.retriable else "fatal").inc()

@@ -4,7 +4,9 @@ Every exception Kelp raises on purpose derives from :class:`KelpError`. The
 class attribute ``retriable`` tells callers (and the shared retry policy)
 whether trying again can help, so no caller has to know which backend raised.
 Errors from Redis and Kafka are translated into this tree at the boundary, in
-the backend module that talks to them, never further up.
+one place each: ``kelp.store.connection.translate_redis_errors`` for every
+Redis client Kelp opens (store, snapshot channel, serving), and
+``kelp.consumers.errors.translate_kafka_error`` for Kafka; never further up.
 
 ``UserError`` marks mistakes a person can fix (a bad config, bad input). The
 CLI prints those as one line without a traceback.

@@ -21,8 +21,8 @@ Rules every channel keeps:
 from __future__ import annotations
 
 import abc
-from types import TracebackType
 
+from kelp.closing import Closeable
 from kelp.publish.errors import SnapshotRejectedError
 from kelp.publish.snapshot import Snapshot, verify_snapshot
 
@@ -40,7 +40,7 @@ class Subscription(abc.ABC):
         """Release the connection or handle."""
 
 
-class SnapshotChannel(abc.ABC):
+class SnapshotChannel(Closeable, abc.ABC):
     """Where snapshots are written and read (see the module docstring for the rules)."""
 
     name: str = "abstract"
@@ -94,13 +94,5 @@ class SnapshotChannel(abc.ABC):
             self.delete(old)
         return old
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release connections."""
-
-    def __enter__(self) -> SnapshotChannel:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

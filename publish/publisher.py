@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry
 from torch import nn
 
-from kelp.config import FeatureSpec, KelpConfig, TrainerConfig
+from kelp.config import FeatureSpec, KelpConfig, PublisherConfig, StoreConfig, TrainerConfig
 from kelp.errors import KelpError
 from kelp.publish.base import SnapshotChannel
 from kelp.publish.metrics import PublisherMetrics
@@ -114,26 +114,33 @@ class Publisher:
         self.channel.close()
 
 
-def build_channel(cfg: KelpConfig) -> SnapshotChannel:
-    """The configured snapshot channel (shared by publishers and replicas)."""
-    if cfg.publisher.channel == "filesystem":
+def build_channel(publisher: PublisherConfig, store: StoreConfig, deployment: str) -> SnapshotChannel:
+    """The configured snapshot channel (shared by publishers and replicas).
+
+    ``store`` gives the Redis channel its default endpoint and credentials
+    (``publisher.redis_url`` unset); ``deployment`` namespaces the keys.
+    """
+    if publisher.channel == "filesystem":
         from kelp.publish.fs_channel import FilesystemChannel
 
-        assert cfg.publisher.path is not None  # the config validator requires it
-        return FilesystemChannel(cfg.publisher.path)
+        assert publisher.path is not None  # the config validator requires it
+        return FilesystemChannel(publisher.path)
     from kelp.publish.redis_channel import RedisChannel
 
-    return RedisChannel.from_config(cfg)
+    return RedisChannel.from_config(publisher, store, deployment)
 
 
 def build_publisher(cfg: KelpConfig, registry: CollectorRegistry) -> Publisher:
     """A :class:`Publisher` for ``cfg`` with its metrics in ``registry``.
 
+    It reads four slices: ``publisher`` and ``store`` (the channel), ``features``
+    and ``trainer`` (what each snapshot's manifest records about the model).
+
     Raises :class:`~kelp.errors.UserError` when the config cannot publish
     (``channel: redis`` with an in-memory store and no ``publisher.redis_url``).
     """
     return Publisher(
-        build_channel(cfg),
+        build_channel(cfg.publisher, cfg.store, cfg.deployment),
         cfg.features,
         cfg.trainer,
         interval_s=cfg.publisher.interval_s,

@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from kelp.config import KelpConfig
+from kelp.config import PublisherConfig, StoreConfig
 from kelp.errors import KelpError, UserError
 from kelp.publish.base import SnapshotChannel, Subscription
 from kelp.publish.errors import ChannelError, ChannelUnavailableError, SnapshotMissingError
@@ -122,19 +122,18 @@ class RedisChannel(SnapshotChannel):
         self._script = client.register_script(_PUBLISH)
 
     @classmethod
-    def from_config(cls, cfg: KelpConfig) -> RedisChannel:
+    def from_config(cls, pub: PublisherConfig, store: StoreConfig, deployment: str) -> RedisChannel:
         """``publisher.redis_url``, else the store's first url (with the store's credentials and TLS).
 
         With ``store.backend: redis-cluster`` and no ``redis_url``, a cluster client on the
         store's seed nodes is used (the hash tag keeps every snapshot key in one slot).
         """
-        pub, store = cfg.publisher, cfg.store
         timeout = max(store.socket_timeout_s, 10.0)  # a snapshot is ~0.5 MB, not a row
         if pub.redis_url is not None:  # an explicit URL carries its own credentials
             options = connection_options(store, credentials=False, socket_timeout_s=timeout)
             errors = dataclasses.replace(CHANNEL_ERRORS, credentials="the credentials in publisher.redis_url")
             url = pub.redis_url
-            return cls(connect_node(url, options), cfg.deployment, node_name(url), errors)
+            return cls(connect_node(url, options), deployment, node_name(url), errors)
         if store.backend == "memory" or not store.urls:
             raise UserError(
                 "publisher.channel is 'redis' but there is no Redis to use: the store is in memory and "
@@ -143,8 +142,8 @@ class RedisChannel(SnapshotChannel):
         options = connection_options(store, socket_timeout_s=timeout)
         if store.backend == "redis-cluster":
             client = connect_cluster(store.urls, options, CHANNEL_ERRORS)
-            return cls(client, cfg.deployment, cluster_name(store.urls))
-        return cls(connect_node(store.urls[0], options), cfg.deployment, node_name(store.urls[0]))
+            return cls(client, deployment, cluster_name(store.urls))
+        return cls(connect_node(store.urls[0], options), deployment, node_name(store.urls[0]))
 
     # -- keys -----------------------------------------------------------------------------------
 

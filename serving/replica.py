@@ -67,7 +67,9 @@ class ServingReplica:
             store = build_store(store_cfg, list(self.spec.tables), cfg.deployment, self.registry, **extra)
         self.store = store
         try:
-            self.channel = channel if channel is not None else build_channel(cfg)
+            self.channel = (
+                channel if channel is not None else build_channel(cfg.publisher, cfg.store, cfg.deployment)
+            )
         except BaseException:
             store.close()
             raise

@@ -27,11 +27,11 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, ClassVar
 
 import numpy as np
 
+from kelp.closing import Closeable
 from kelp.config import TableSpec
 from kelp.errors import UserError
 from kelp.store.admission import Draws, build_admission
@@ -135,7 +135,7 @@ class Table:
         return ids, rows, state
 
 
-class EmbeddingStore(abc.ABC):
+class EmbeddingStore(Closeable, abc.ABC):
     """Batch-first embedding store. Subclasses implement the ``*_many`` forms.
 
     Inputs are *unique* ids per table (the consumer deduplicates); results keep
@@ -210,13 +210,5 @@ class EmbeddingStore(abc.ABC):
         """
         return True
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release connections and buffers."""
-
-    def __enter__(self) -> EmbeddingStore:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+    def close(self) -> None:
+        """Release connections and buffers (``with store:`` calls it)."""

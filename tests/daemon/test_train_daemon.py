@@ -205,7 +205,7 @@ def test_publishes_snapshots_while_training_and_on_drain(tmp_path: Path, redis_u
 
     published = daemon.registry.get_sample_value("kelp_publisher_snapshots_total", {"result": "ok"})
     assert published is not None and published >= 2  # the first step, at least one more, and the drain
-    with build_channel(cfg) as channel:
+    with build_channel(cfg.publisher, cfg.store, cfg.deployment) as channel:
         assert channel.latest_version() == report.published_version
         assert len(channel.versions()) == 3  # keep_versions prunes the rest
         snapshot = channel.read(report.published_version)

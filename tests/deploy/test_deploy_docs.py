@@ -16,6 +16,7 @@ import yaml
 from chartkit import ROOT, Render, find
 
 from kelp.config.loader import parse_config
+from kelp.daemon.preflight import problems
 
 DOCS = [ROOT / "docs" / "deploy.md", ROOT / "helm" / "README.md"]
 _YAML_BLOCK = re.compile(r"```yaml\n(.*?)```", re.DOTALL)
@@ -48,7 +49,7 @@ def _assert_kelp_accepts(docs: list[dict[str, Any]], origin: str) -> None:
     data = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
     trainer = find(docs, "StatefulSet", "-trainer")["spec"]["template"]["spec"]["containers"][0]
     env = {var["name"]: var.get("value", "from-secret") for var in trainer["env"]}
-    parse_config(data, origin, env)
+    assert problems(parse_config(data, origin, env), "train") == []
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))

@@ -38,6 +38,7 @@ from chartkit import (
 )
 
 from kelp.config.loader import parse_config
+from kelp.daemon.preflight import problems
 
 # Custom resources of the Prometheus Operator: no upstream Kubernetes schema, checked separately.
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -205,13 +206,17 @@ def test_every_object_has_the_standard_labels(manifests: list[Manifest]) -> None
 
 
 def test_rendered_config_is_accepted_by_kelp(manifests: list[Manifest]) -> None:
-    """Each container's view: the ConfigMap plus its KELP_... env overrides, through Kelp's own loader."""
+    """Each container's view: the ConfigMap plus its KELP_... env overrides, through Kelp's own loader.
+
+    And what the process would refuse at start (``kelp config validate --for train|serve``): nothing.
+    """
     config_map = find(manifests, "ConfigMap", "-config")
     data = yaml.safe_load(config_map["data"]["kelp.yaml"])
     for doc, container in _kelp_containers(manifests):
         cfg = parse_config(data, f"{doc['kind']}/{doc['metadata']['name']}", _fake_secret_env(container))
         assert cfg.store.backend in {"redis", "redis-cluster"}
         assert cfg.source.kind == "kafka"
+        assert problems(cfg, "train" if doc["kind"] == "StatefulSet" else "serve") == []
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         assert mounts["config"] == "/etc/kelp" and container["args"][-2:] != ["--config", ""]
         assert "/etc/kelp/kelp.yaml" in container["args"]

@@ -109,7 +109,7 @@ def test_redis_cluster_channel(clean_redis_cluster, tmp_path) -> None:  # type: 
     cfg = small_config(
         "redis://unused:1", tmp_path, store={"backend": "redis-cluster", "urls": clean_redis_cluster.urls}
     )
-    with build_channel(cfg) as channel:
+    with build_channel(cfg.publisher, cfg.store, cfg.deployment) as channel:
         pub = _publisher(channel, cfg, keep=2)
         model = build_model(cfg.features, cfg.trainer)
         torch.manual_seed(0)

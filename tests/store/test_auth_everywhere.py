@@ -93,7 +93,7 @@ def test_standalone_store_channel_and_replica(tmp_path: Path, locked_server: Red
     with build_store(cfg.store, list(cfg.features.tables), cfg.deployment) as store:
         errors.append(_not_retried(lambda: store.pull_many({"ads": IDS})))
         assert store.metrics.retries.labels(op="pull")._value.get() == 0  # the store's own retry too
-    with build_channel(cfg) as channel:
+    with build_channel(cfg.publisher, cfg.store, cfg.deployment) as channel:
         errors.append(_not_retried(channel.latest_version))
     replica = ServingReplica(cfg)
     try:
@@ -109,7 +109,7 @@ def test_standalone_store_channel_and_replica(tmp_path: Path, locked_server: Red
 def test_publisher_redis_url_with_a_wrong_password(tmp_path: Path, locked_server: RedisServer) -> None:
     url = f"redis://:{WRONG}@127.0.0.1:{locked_server.port}"
     cfg = _config(tmp_path, {"backend": "memory"}, publisher={"redis_url": url})
-    with build_channel(cfg) as channel:
+    with build_channel(cfg.publisher, cfg.store, cfg.deployment) as channel:
         err = _not_retried(channel.next_version)
     _check(err, f"127.0.0.1:{locked_server.port}", "publisher.redis_url")
 
@@ -120,7 +120,7 @@ def test_good_password_still_works(tmp_path: Path, locked_server: RedisServer) -
     )
     with build_store(cfg.store, list(cfg.features.tables), cfg.deployment) as store:
         assert store.pull_many({"ads": IDS})["ads"].admitted.all()
-    with build_channel(cfg) as channel:
+    with build_channel(cfg.publisher, cfg.store, cfg.deployment) as channel:
         assert channel.latest_version() is None
 
 
@@ -131,7 +131,7 @@ def test_cluster_store_channel_and_replica(tmp_path: Path, locked_cluster: Redis
     where = "cluster(" + ",".join(f"127.0.0.1:{s.port}" for s in locked_cluster.servers) + ")"
     errors = [
         _not_retried(lambda: build_store(cfg.store, list(cfg.features.tables), cfg.deployment)),
-        _not_retried(lambda: build_channel(cfg)),
+        _not_retried(lambda: build_channel(cfg.publisher, cfg.store, cfg.deployment)),
         _not_retried(lambda: ServingReplica(cfg)),
     ]
     for err in errors:
