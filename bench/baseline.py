@@ -29,7 +29,6 @@ from torch import Tensor, nn
 
 from kelp.config import FeatureSpec, InitSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
-from kelp.store.index import IdIndex
 from kelp.store.init import init_rows
 from kelp.store.slots import Column, SlotTable
 from kelp.trainer.embedding import BatchTensors
@@ -74,8 +73,8 @@ class _Table:
     """One in-memory table: a :class:`~kelp.store.slots.SlotTable`, ``weight`` and ``state`` on the device.
 
     Slots are never freed here (the baseline keeps every id it trained), so a
-    new id's row is the next slot; new rows read zeros and ``initial_state``
-    until :class:`InMemoryBaseline` copies the init rows in.
+    new id's row is the next slot, inserted with its init row; its state reads
+    ``initial_state`` (the column's fill).
     """
 
     def __init__(self, dim: int, capacity: int, initial_state: float, device: torch.device) -> None:
@@ -88,32 +87,12 @@ class _Table:
         )
 
     @property
-    def index(self) -> IdIndex:
-        return self.slots.index
-
-    @property
     def weight(self) -> Tensor:
         return self.slots["weight"]
 
     @property
     def state(self) -> Tensor:
         return self.slots["state"]
-
-    @property
-    def rows_used(self) -> int:
-        return len(self.slots)
-
-    def rows_for(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(rows int64[n], inserted bool[n])`` for unique ``ids``; missing ids get the next free rows."""
-        idx = self.slots.lookup(ids)
-        inserted = idx < 0
-        if inserted.any():
-            idx[inserted] = self.slots.insert(ids[inserted])
-        return idx, inserted
-
-    def ensure(self, rows: int) -> None:
-        """Room for ``rows`` rows (``rows_for`` already grows the table as it inserts)."""
-        self.slots.reserve(rows)
 
 
 class InMemoryBaseline:
@@ -156,12 +135,10 @@ class InMemoryBaseline:
         rows: dict[str, Tensor] = {}
         for name, ids in tensors.unique_ids.items():
             table = self.tables[name]
-            idx, inserted = table.rows_for(ids)
-            if inserted.any():
-                table.ensure(table.rows_used)
-                new_rows = torch.from_numpy(idx[inserted]).to(self.device)
-                init = torch.from_numpy(self.init_fn(name, ids[inserted])).to(self.device)
-                table.weight.index_copy_(0, new_rows, init)
+            idx = table.slots.lookup(ids)
+            new = idx < 0
+            if new.any():  # new ids get the next slots, holding their init rows (one copy to the device)
+                idx[new] = table.slots.insert(ids[new], weight=self.init_fn(name, ids[new]))
             rows[name] = torch.from_numpy(idx).to(self.device, non_blocking=True)
         return PreparedBatch(batch, tensors, rows)
 
@@ -212,7 +189,7 @@ class InMemoryBaseline:
     def lookup(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(rows f32[n, dim], state f32[n])`` of ``ids`` already trained (inspection and tests)."""
         t = self.tables[table]
-        idx = t.index.lookup(np.asarray(ids, dtype=np.uint64))
+        idx = t.slots.lookup(np.asarray(ids, dtype=np.uint64))
         if (idx < 0).any():
             raise KeyError(f"table {table!r}: {int((idx < 0).sum())} id(s) never trained")
         index = torch.from_numpy(idx).to(self.device)

@@ -74,7 +74,7 @@ class _Raw:
         """Per shard, per chunk, the keys (built untimed; order = table order, shard-major)."""
         per_shard: list[list[list[bytes]]] = [[] for _ in self.clients]
         for name, ids in batch.items():
-            for g in self.store._groups(name, ids):
+            for g in self.store.groups(name, ids):
                 for i in range(0, len(g.pos), self.chunk):
                     pos = g.pos[i : i + self.chunk]
                     per_shard[g.shard].append(self.store.layouts[name].row_keys(ids[pos]))
@@ -146,7 +146,7 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
         per_shard: list[list[np.ndarray]] = [[] for _ in servers]
         for name, ids in b.items():
             full = np.concatenate([np.zeros((len(ids), 4), np.float32), u[name][1]], axis=1)
-            for g in store._groups(name, ids):
+            for g in store.groups(name, ids):
                 for i in range(0, len(g.pos), store.chunk):
                     per_shard[g.shard].append(np.ascontiguousarray(full[g.pos[i : i + store.chunk]]))
         raw_rows.append(per_shard)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from kelp.config.base import StrictModel, identifier
 
@@ -198,6 +198,7 @@ class FeatureSpec(StrictModel):
         default_factory=TableDefaults,
         description="Used for tables named by a sparse feature but not listed under tables.",
     )
+    _from_defaults: set[str] = PrivateAttr(default_factory=set)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -218,7 +219,16 @@ class FeatureSpec(StrictModel):
                 spec = TableSpec(name=feature.table_name, **self.table_defaults.model_dump())
                 self.tables.append(spec)
                 listed.add(spec.name)
+                self._from_defaults.add(spec.name)
         return self
+
+    def defaulted_tables(self) -> frozenset[str]:
+        """Tables built from ``table_defaults`` (named by a sparse feature, not listed under ``tables``).
+
+        They are appended to ``tables`` at load, so an error about one should
+        point at ``table_defaults``, which is what the person wrote.
+        """
+        return frozenset(self._from_defaults)
 
     def sparse_table(self, feature: str) -> str:
         """Name of the table a sparse feature looks its ids up in."""

@@ -11,6 +11,7 @@ pass a config that train would refuse.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from kelp.config import KelpConfig
@@ -24,11 +25,36 @@ Role = Literal["train", "serve"]
 """Which process the config is for: a trainer reads the source, a serving replica does not."""
 
 
+_TABLE_FIELD = re.compile(r"^features\.tables\[(\d+)\](.*)$")
+
+
 def problems(cfg: KelpConfig, role: Role = "train") -> list[tuple[str, str]]:
     """``(field, message)`` for everything the given process would refuse (empty: good to go)."""
     found = list(check_source(cfg.source, cfg.features)) if role == "train" else []
-    found += check_store_config(cfg.store, list(cfg.features.tables))
+    found += _as_written(cfg, check_store_config(cfg.store, list(cfg.features.tables)))
     return found
+
+
+def _as_written(cfg: KelpConfig, found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Problems of tables built from ``table_defaults`` point at ``table_defaults``, once for all of them.
+
+    Those tables are appended to ``features.tables`` at load; the person wrote
+    ``table_defaults``, so that is the field to name, in one line.
+    """
+    defaulted = cfg.features.defaulted_tables()
+    out: list[tuple[str, str]] = []
+    shared: dict[tuple[str, str], list[str]] = {}
+    for field, message in found:
+        match = _TABLE_FIELD.match(field)
+        name = cfg.features.tables[int(match.group(1))].name if match else None
+        if match is None or name not in defaulted:
+            out.append((field, message))
+            continue
+        shared.setdefault((f"features.table_defaults{match.group(2)}", message), []).append(repr(name))
+    for (field, message), names in shared.items():
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        out.append((field, f"{message} (tables {shown} take table_defaults)"))
+    return out
 
 
 def preflight(cfg: KelpConfig, origin: str = "config", role: Role = "train") -> None:

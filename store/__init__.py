@@ -19,10 +19,19 @@ from kelp.store.base import EmbeddingStore, PullResult, StoreStats, UnknownTable
 from kelp.store.codec import ROW_FORMAT_VERSION, RowCodec
 from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.factory import BACKENDS, build_store, check_store_config
-from kelp.store.hot_cache import HotRowCache
 from kelp.store.keys import KEY_LAYOUT_VERSION
 from kelp.store.memory import MemoryStore
 from kelp.store.slots import Column, SlotTable
+
+
+def __getattr__(name: str) -> object:
+    """``HotRowCache`` on first use: it needs torch, and ``import kelp.store.hashing`` should not."""
+    if name == "HotRowCache":
+        from kelp.store.hot_cache import HotRowCache
+
+        return HotRowCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BACKENDS",

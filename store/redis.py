@@ -45,7 +45,7 @@ class RedisStore(RedisBackend):
         """int64[n] shard index of each id (stable across processes)."""
         return rendezvous(np.asarray(ids, np.uint64) ^ self._table_seeds[table], self._seeds)
 
-    def _groups(self, table: str, ids: np.ndarray) -> list[Group]:
+    def groups(self, table: str, ids: np.ndarray) -> list[Group]:
         if len(self._clients) == 1:
             return [Group(0, 0, np.arange(len(ids)))] if len(ids) else []
         shard = self.shard_of(table, ids)

@@ -85,7 +85,7 @@ class RedisBackend(BackendStore):
             values: list[bytes | None] = []
             parts[name] = (order, values)
             layout = self.layouts[name]
-            for g in self._groups(name, ids):
+            for g in self.groups(name, ids):
                 for pos in chunks(g.pos, self.chunk):
                     order.append(pos)
                     plan.add(
@@ -121,7 +121,7 @@ class RedisBackend(BackendStore):
             got = counts[name] = np.zeros(len(ids), dtype=np.int64)
             layout = self.layouts[name]
             ttl_ms = max(1, int(ttl_s * 1000))
-            for g in self._groups(name, ids):
+            for g in self.groups(name, ids):
                 keys = layout.counter_keys(ids[g.pos], np.full(len(g.pos), g.bucket))
                 for k, p in zip(keys, g.pos.tolist(), strict=True):
                     plan.add(g.shard, ("INCR", k), setter(got, p))
@@ -137,7 +137,7 @@ class RedisBackend(BackendStore):
             values = t.codec.encode(a.rows, a.state, 0, int(now))
             layout = self.layouts[name]
             px = self._px(t)
-            for g in self._groups(name, a.ids):
+            for g in self.groups(name, a.ids):
                 bucket = np.full(len(g.pos), g.bucket)
                 for k, i in zip(layout.row_keys(a.ids[g.pos], bucket), g.pos.tolist(), strict=True):
                     plan.add(g.shard, ("SET", k, values[i], "NX", *px))
@@ -156,7 +156,7 @@ class RedisBackend(BackendStore):
             layout = self.layouts[name]
             px = self._px(t)
             lost = dropped[name] = [0]
-            for g in self._groups(name, w.ids):
+            for g in self.groups(name, w.ids):
                 for pos in chunks(g.pos, self.chunk):
                     keys = layout.row_keys(w.ids[pos], np.full(len(pos), g.bucket))
                     vals = [values[i] for i in pos.tolist()] if len(pos) != len(values) else values
@@ -186,7 +186,7 @@ class RedisBackend(BackendStore):
         layout = self.layouts[table]
         deleted = [0]
         plan = Plan()
-        for g in self._groups(table, ids):
+        for g in self.groups(table, ids):
             for pos in chunks(g.pos, self.chunk):
                 bucket = np.full(len(pos), g.bucket)
                 plan.add(g.shard, ("DEL", *layout.row_keys(ids[pos], bucket)), adder(deleted))
@@ -199,7 +199,7 @@ class RedisBackend(BackendStore):
         ids = self.table(table).check_ids(ids)
         values: list[bytes | None] = [None] * len(ids)
         plan = Plan()
-        for g in self._groups(table, ids):
+        for g in self.groups(table, ids):
             keys = self.layouts[table].row_keys(ids[g.pos], np.full(len(g.pos), g.bucket))
             plan.add(g.shard, ("MGET", *keys), scatter(values, g.pos))
         self._runner.run(plan, "inspect", readonly=True)
@@ -231,8 +231,12 @@ class RedisBackend(BackendStore):
         """Open the clients with ``options`` (from ``connection_options``); returns the shard names."""
 
     @abc.abstractmethod
-    def _groups(self, table: str, ids: np.ndarray) -> list[Group]:
-        """Split a table's uint64 ids into groups, one shard (and bucket) each."""
+    def groups(self, table: str, ids: np.ndarray) -> list[Group]:
+        """Split a table's uint64 ids into groups, one shard (and bucket) each.
+
+        Public because it is the routing contract: ``kelp bench store`` builds its
+        raw MGET/MSET baseline on exactly these keys and shards.
+        """
 
     @abc.abstractmethod
     def _pipeline(self, shard: int, readonly: bool) -> Any:

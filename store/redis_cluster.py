@@ -36,7 +36,7 @@ class RedisClusterStore(RedisBackend):
         self._client = connect_cluster(cfg.urls, options)
         return [cluster_name(cfg.urls)]
 
-    def _groups(self, table: str, ids: np.ndarray) -> list[Group]:
+    def groups(self, table: str, ids: np.ndarray) -> list[Group]:
         bucket = self.layouts[table].bucket_of(ids)
         order = np.argsort(bucket, kind="stable")
         nb = self.layouts[table].buckets or 1

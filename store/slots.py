@@ -108,17 +108,24 @@ class SlotTable:
         """Add rows for unique ``ids`` that are not present; returns their int64[n] slots.
 
         Each keyword names a column and gives its values (an array of ``len(ids)``
-        rows, or one scalar); columns not named read their ``fill``.
+        rows, or one scalar); columns not named read their ``fill``. Slots never
+        handed out before already hold ``fill`` (columns are allocated with it), so
+        only reused slots are refilled: an insert writes each value once.
         """
         unknown = set(values) - set(self._specs)
         if unknown:
             raise KeyError(f"unknown column(s) {sorted(unknown)}; columns: {sorted(self._specs)}")
         ids = np.asarray(ids, dtype=np.uint64)
-        slots = self._alloc(len(ids))
+        slots, reused = self._alloc(len(ids))
         self.index.insert(ids, slots)
         self.ids[slots] = ids
         self.live[slots] = True
-        self.write(slots, **{name: values.get(name, spec.fill) for name, spec in self._specs.items()})
+        if values:
+            self.write(slots, **values)
+        if reused:
+            fills = {name: spec.fill for name, spec in self._specs.items() if name not in values}
+            if fills:
+                self.write(slots[:reused], **fills)
         return slots
 
     def remove(self, slots: np.ndarray) -> None:
@@ -192,7 +199,8 @@ class SlotTable:
 
     # -- allocation -----------------------------------------------------------------------------
 
-    def _alloc(self, k: int) -> np.ndarray:
+    def _alloc(self, k: int) -> tuple[np.ndarray, int]:
+        """``k`` slots, freed ones first; returns them and how many of them (a prefix) were reused."""
         out: list[np.ndarray] = []
         need = k
         while need and self._free:
@@ -202,12 +210,13 @@ class SlotTable:
                 self._free.append(rest)
             out.append(take)
             need -= len(take)
-        self.n_free -= k - need
+        reused = k - need
+        self.n_free -= reused
         if need:
             self.reserve(self.high + need)
             out.append(np.arange(self.high, self.high + need, dtype=np.int64))
             self.high += need
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        return (np.concatenate(out) if out else np.zeros(0, dtype=np.int64)), reused
 
     def _grow(self, need: int) -> None:
         capacity = self.capacity

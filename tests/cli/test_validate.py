@@ -94,3 +94,19 @@ def test_a_declared_feature_that_no_csv_column_feeds(tmp_path: Path, missing: st
         f"features: {{sparse: [{{name: cat1}}, {{name: {missing}}}]}}\n" + FS_PUBLISHER
     )
     _one_line_error(_validate(tmp_path, text), "features.sparse[1]", f"'{missing}' is declared", "no column")
+
+
+def test_max_rows_from_table_defaults_points_at_table_defaults(tmp_path: Path) -> None:
+    text = (
+        CRITEO_FILE
+        + CRITEO_FEATURES
+        + "  tables: [{name: C1}]\n"
+        + "  table_defaults: {eviction: {max_rows: 1000}}\n"
+        + "store: {backend: redis, urls: ['redis://127.0.0.1:1']}\n"
+    )
+    result = _validate(tmp_path, text)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines  # C2..C26 take table_defaults: one mistake, one line
+    assert "features.table_defaults.eviction.max_rows" in lines[0]
+    assert "(tables 'C2', 'C3', 'C4', 'C5', 'C6' and 20 more take table_defaults)" in lines[0]

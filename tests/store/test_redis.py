@@ -84,7 +84,7 @@ def test_cluster_groups_rows_by_bucket_and_spreads_over_all_nodes(clean_redis_cl
         ids = np.arange(3000, dtype=np.uint64)
         store.push("t", ids, *_rows(3000, 4))
         assert all(s.client().dbsize() > 0 for s in clean_redis_cluster.servers)  # keys on all 3 nodes
-        groups = store._groups("t", ids)
+        groups = store.groups("t", ids)
         assert len(groups) == 16  # 16 commands carry 3000 rows
         for g in groups:
             keys = store.layouts["t"].row_keys(ids[g.pos], np.full(len(g.pos), g.bucket))

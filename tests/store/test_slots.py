@@ -105,3 +105,13 @@ def test_matches_a_dict(ops: list[tuple[bool, list[int]]]) -> None:
     assert t["v"][t.lookup(keys)].tolist() == [model[k] for k in sorted(model)]
     live_ids, _ = t.items()
     assert sorted(live_ids.tolist()) == sorted(model)
+
+
+def test_a_reused_slot_is_refilled_only_in_columns_not_given() -> None:
+    t = SlotTable({"rows": Column(np.float32, width=2), "hits": Column(np.uint32, fill=7)}, capacity=4)
+    first = t.insert(np.array([1, 2], np.uint64), rows=np.full((2, 2), 5, np.float32), hits=3)
+    t.remove(first[:1])
+    again = t.insert(np.array([9, 10], np.uint64), rows=np.ones((2, 2), np.float32))
+    assert again[0] == first[0]  # the freed slot first, then a fresh one
+    assert t["hits"][again].tolist() == [7, 7]  # reused slot reset to the fill, fresh one born with it
+    assert t["rows"][again].tolist() == [[1, 1], [1, 1]]
