@@ -41,7 +41,13 @@ from kelp.config.sources import (
     SourceConfig,
 )
 from kelp.config.store import HotCacheConfig, RedisTls, RetrySpec, StoreConfig
-from kelp.config.trainer import MODEL_NAMES, DenseOptimizerSpec, SparseOptimizerSpec, TrainerConfig
+from kelp.config.trainer import (
+    MODEL_NAMES,
+    DenseOptimizerSpec,
+    DistributedConfig,
+    SparseOptimizerSpec,
+    TrainerConfig,
+)
 
 __all__ = [
     "CONFIG_VERSION",
@@ -52,6 +58,7 @@ __all__ = [
     "CsvMapping",
     "DenseFeature",
     "DenseOptimizerSpec",
+    "DistributedConfig",
     "DenseTransform",
     "EvictionSpec",
     "FeatureSpec",

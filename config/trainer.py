@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from kelp.config.base import StrictModel
 
-__all__ = ["MODEL_NAMES", "DenseOptimizerSpec", "SparseOptimizerSpec", "TrainerConfig"]
+__all__ = ["MODEL_NAMES", "DenseOptimizerSpec", "DistributedConfig", "SparseOptimizerSpec", "TrainerConfig"]
 
 MODEL_NAMES = ("dlrm-small", "dcn-v2")
 """The models ``kelp.trainer`` builds (a test keeps this equal to ``kelp.trainer.models.MODELS``)."""
@@ -27,6 +27,30 @@ class DenseOptimizerSpec(StrictModel):
     kind: Literal["adam", "adagrad", "sgd"] = "adam"
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+
+
+class DistributedConfig(StrictModel):
+    """How ranks launched by ``torchrun`` (``WORLD_SIZE`` > 1) form one process group.
+
+    The world itself (rank, world size, rendezvous) comes from ``torchrun``'s
+    environment, never from this file, so one config serves every rank.
+    """
+
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="Collective backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."
+    )
+    timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A collective that waits longer than this fails the rank (a dead or stuck peer), "
+        "so torchrun restarts the group instead of hanging.",
+    )
+    idle_wait_s: float = Field(
+        0.25,
+        gt=0,
+        le=5,
+        description="While no rank has a batch, ranks meet this often to agree on stop and checkpoints.",
+    )
 
 
 class TrainerConfig(StrictModel):
@@ -63,6 +87,7 @@ class TrainerConfig(StrictModel):
         30.0, gt=0, description="SIGTERM drain budget; match the pod's grace period."
     )
     max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (demos, tests).")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     @field_validator("device")
     @classmethod
