@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from kelp.metrics import LabelledRegistry
+
 __all__ = ["HealthServer", "Probe"]
 
 log = logging.getLogger("kelp.health")
@@ -34,7 +36,12 @@ class HealthServer:
     """Serves the three endpoints on ``host:port`` from a daemon thread (port 0 picks a free one)."""
 
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, liveness: Probe, readiness: Probe
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry | LabelledRegistry,
+        liveness: Probe,
+        readiness: Probe,
     ) -> None:
         handler = _handler(registry, liveness, readiness)
         self._server = ThreadingHTTPServer((host, port), handler)
@@ -55,7 +62,9 @@ class HealthServer:
         self._server.server_close()
 
 
-def _handler(registry: CollectorRegistry, liveness: Probe, readiness: Probe) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    registry: CollectorRegistry | LabelledRegistry, liveness: Probe, readiness: Probe
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

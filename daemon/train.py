@@ -37,13 +37,16 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from kelp.config import KelpConfig
+from kelp.daemon.group import Round, TrainingGroup, launched_world
 from kelp.daemon.health import HealthServer
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import END, Prefetcher, Prepared, PushWriter
 from kelp.daemon.preflight import preflight
 from kelp.errors import KelpError, UserError
+from kelp.metrics import LabelledRegistry
 from kelp.trainer.metrics import STAGE_LABELS, TrainerMetrics
+from kelp.trainer.step import DenseSync
 
 __all__ = ["DrainTimeoutError", "TrainDaemon", "TrainReport"]
 
@@ -83,6 +86,8 @@ class TrainReport:
     losses: list[float] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     published_version: int | None = None
+    rank: int = 0
+    world_size: int = 1
 
 
 class TrainDaemon:
@@ -108,6 +113,7 @@ class TrainDaemon:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = TrainerMetrics(self.registry)
         self.guard = OutageGuard(cfg.trainer.max_store_outage_s, self.metrics)
+        self.group = TrainingGroup(launched_world(), cfg.trainer.distributed, self.metrics)
         self._http = http
         self._publish = publish
         self._on_step = on_step
@@ -116,7 +122,9 @@ class TrainDaemon:
         self._state = "starting"
         self._last_tick = time.monotonic()
         self._health: HealthServer | None = None
-        self.report = TrainReport()
+        self.report = TrainReport(rank=self.group.rank, world_size=self.group.size)
+        self._exhausted = False
+        self._busy = False
 
     # ------------------------------------------------------------------ control
 
@@ -155,8 +163,11 @@ class TrainDaemon:
         started = time.perf_counter()
         threads_before = torch.get_num_threads()
         if self._http and cfg.metrics.enabled:
+            # One port per rank on a host: the base port plus torchrun's LOCAL_RANK.
+            port = cfg.metrics.port + self.group.world.local_rank if cfg.metrics.port else 0
+            labelled = LabelledRegistry(self.registry, {"rank": str(self.group.rank)})
             self._health = HealthServer(
-                cfg.metrics.host, cfg.metrics.port, self.registry, self.liveness, self.readiness
+                cfg.metrics.host, port, labelled, self.liveness, self.readiness
             ).start()
         try:
             with build_store(cfg.store, list(cfg.features.tables), cfg.deployment, self.registry) as store:
@@ -173,16 +184,17 @@ class TrainDaemon:
             self.report.stage_seconds = self._stage_totals()
             self.metrics.ready.set(0)
             torch.set_num_threads(threads_before)
+            self.group.close()
             if self._health is not None:
                 self._health.stop()
         return self.report
 
     def _build_model(self) -> None:
         from kelp.trainer import ProgressiveValidator, TrainStep, build_model, resolve_device
-        from kelp.trainer.checkpoint import config_hash, load_latest
+        from kelp.trainer.checkpoint import config_hash
 
         cfg = self.cfg
-        device = resolve_device(cfg.trainer.device)
+        device = self.group.rank_device(resolve_device(cfg.trainer.device))
         self.validator = ProgressiveValidator(window_batches=cfg.trainer.eval_window_batches)
         self.step = TrainStep(
             build_model(cfg.features, cfg.trainer),
@@ -192,29 +204,54 @@ class TrainDaemon:
             validator=self.validator,
         )
         self.config_hash = config_hash(cfg.features, cfg.trainer)
+        self.group.start(self.step.model, device)
+        start = self.group.share_start(self._leader_start() if self.group.is_leader else None)
+        self.step_no = 0
+        self.offsets: dict[tuple[str, int], int] = {}
+        if start is not None:
+            self._adopt(start)
+        self.report.first_step = self.step_no
+        if device.type == "cpu":
+            torch.set_num_threads(_cpu_threads(cfg))
+        log.info("model %s on %s (%d intra-op threads)", cfg.trainer.model, device, torch.get_num_threads())
+
+    def _leader_start(self) -> dict[str, Any]:
+        """What every rank starts from: the latest checkpoint, or this (the leader's) fresh model."""
+        from kelp.trainer.checkpoint import load_latest
+
+        cfg = self.cfg
         info = load_latest(
             cfg.trainer.checkpoint_dir,
             self.step.model,
             self.step.optimizer,
             expected_config_hash=self.config_hash,
         )
-        self.step_no = 0
-        self.offsets: dict[tuple[str, int], int] = {}
+        start: dict[str, Any] = {"step": 0, "offsets": {}, "path": None, "created_at": None}
         if info is not None:
-            self.step_no = info.step
-            self.offsets = dict(info.offsets)
-            self.report.resumed_from = str(info.path)
-            self.metrics.checkpoint_written(info.created_at)
             log.info("resumed dense model from %s (step %d)", info.path.name, info.step)
+            start.update(
+                step=info.step, offsets=dict(info.offsets), path=str(info.path), created_at=info.created_at
+            )
         else:
             log.info("no checkpoint in %s: starting a fresh model", cfg.trainer.checkpoint_dir)
-        self.report.first_step = self.step_no
-        if device.type == "cpu":
-            torch.set_num_threads(_cpu_threads(cfg))
-        log.info("model %s on %s (%d intra-op threads)", cfg.trainer.model, device, torch.get_num_threads())
+        if self.group.distributed:  # the followers copy the dense state; alone it is already loaded
+            start["model"] = {k: v.detach().to("cpu") for k, v in self.step.model.state_dict().items()}
+            start["optimizer"] = self.step.optimizer.state_dict()
+        return start
+
+    def _adopt(self, start: dict[str, Any]) -> None:
+        if not self.group.is_leader:
+            self.step.model.load_state_dict(start["model"])
+            if start["optimizer"]["state"]:
+                self.step.optimizer.load_state_dict(start["optimizer"])
+        self.step_no = start["step"]
+        self.offsets = dict(start["offsets"])
+        if start["path"] is not None:
+            self.report.resumed_from = start["path"]
+            self.metrics.checkpoint_written(start["created_at"])
 
     def _build_publisher(self) -> Any:
-        if not (self._publish and self.cfg.publisher.enabled):
+        if not (self._publish and self.cfg.publisher.enabled and self.group.is_leader):  # one voice
             return None
         from kelp.publish import build_publisher
 
@@ -244,22 +281,20 @@ class TrainDaemon:
         self._last_checkpoint_step = self.step_no
         self._last_log = (time.monotonic(), self.report.samples)
         try:
-            while not self._stop.is_set():
+            while True:
                 self._last_tick = time.monotonic()
                 writer.check()
-                wait_started = time.perf_counter()
-                item = prefetcher.next(_TICK_S)
-                if item is None:
+                agreed = self._group_step(prefetcher, ledger, writer)
+                if agreed is None:
                     continue
-                if item is END:
+                if agreed.exhausted:
                     self.request_stop("source exhausted")
+                if agreed.stop or agreed.exhausted:
+                    self.request_stop("another rank stopped")  # no-op when this rank asked first
                     break
-                assert isinstance(item, Prepared)
-                self.metrics.stage_seconds.labels(stage="fetch").observe(time.perf_counter() - wait_started)
-                self._train_one(item, ledger, writer)
                 if cfg.max_steps is not None and self.step_no - self.report.first_step >= cfg.max_steps:
                     self.request_stop("max_steps")
-                self._maybe_checkpoint(force=False)
+                self._maybe_checkpoint(force=False, clock_due=agreed.checkpoint)
                 self._maybe_publish(publisher, force=False)
                 self._maybe_log()
         except BaseException:
@@ -269,11 +304,55 @@ class TrainDaemon:
             raise
         self._drain(prefetcher, writer, publisher)
 
-    def _train_one(self, item: Prepared, ledger: UpdateLedger, writer: PushWriter) -> None:
+    def _group_step(self, prefetcher: Prefetcher, ledger: UpdateLedger, writer: PushWriter) -> Round | None:
+        """Train this rank's next batch, or join the group's step with none; the group's agreement.
+
+        Alone, nothing to do returns None (poll again). In a group every call is
+        one all-reduce (see :mod:`kelp.daemon.group`): a rank without a batch
+        ready contributes nothing rather than waiting, so uneven partitions never block.
+        """
+        stop = self._stop.is_set()
+        item: Prepared | None = None
+        if not (stop or self._exhausted):
+            wait_started = time.perf_counter()
+            got = prefetcher.next(self._wait_s())
+            if got is END:
+                self._exhausted = True
+            elif got is not None:
+                assert isinstance(got, Prepared)
+                item = got
+                self.metrics.stage_seconds.labels(stage="fetch").observe(time.perf_counter() - wait_started)
+        if item is None and not (stop or self._exhausted or self.group.distributed):
+            return None
+        flags = {"stop": stop, "exhausted": self._exhausted, "checkpoint": self._checkpoint_clock_due()}
+        rounds: list[Round] = []
+
+        def dense_sync(samples: int) -> bool:
+            rounds.append(self.group.exchange(samples, **flags))
+            return rounds[-1].samples > 0
+
+        if item is not None:
+            self._train_one(item, ledger, writer, dense_sync)
+        else:
+            self.step.idle(dense_sync)
+            if rounds[-1].samples:
+                self.step_no += 1  # other ranks trained: step numbers stay equal on every rank
+        self._busy = rounds[-1].samples > 0
+        return rounds[-1]
+
+    def _wait_s(self) -> float:
+        """How long to wait for a batch: alone, a tick; in a busy group, not at all (contribute nothing)."""
+        if not self.group.distributed:
+            return _TICK_S
+        return 0.0 if self._busy else self.cfg.trainer.distributed.idle_wait_s
+
+    def _train_one(
+        self, item: Prepared, ledger: UpdateLedger, writer: PushWriter, dense_sync: DenseSync
+    ) -> None:
         batch = item.batch
         unique = {table: t.unique_ids for table, t in batch.tables.items()}
         pulled = ledger.apply(item.watermark, item.pulled, unique)
-        result = self.step(batch, pulled)
+        result = self.step(batch, pulled, dense_sync)
         self.step_no += 1
         ledger.record(self.step_no, result.updates)
         writer.submit(self.step_no, batch, result.updates)
@@ -295,25 +374,51 @@ class TrainDaemon:
 
     # ------------------------------------------------------------------ periodic work
 
-    def _maybe_checkpoint(self, force: bool) -> None:
-        from kelp.trainer.checkpoint import save_checkpoint
+    def _checkpoint_clock_due(self) -> bool:
+        return time.monotonic() - self._last_checkpoint_s >= self.cfg.trainer.checkpoint_every_s
+
+    def _maybe_checkpoint(self, force: bool, clock_due: bool = False) -> None:
+        """Checkpoint every ``checkpoint_every_steps`` or when the (agreed) clock says so.
+
+        In a group every rank comes here at the same step: the ranks gather
+        their trained-through offsets and dense digests, refuse to go on if the
+        replicas differ, and the leader alone writes the file.
+        """
+        from kelp.trainer.checkpoint import dense_digest, save_checkpoint
 
         cfg = self.cfg.trainer
-        due = (
-            self.step_no - self._last_checkpoint_step >= cfg.checkpoint_every_steps
-            or time.monotonic() - self._last_checkpoint_s >= cfg.checkpoint_every_s
-        )
+        due = self.step_no - self._last_checkpoint_step >= cfg.checkpoint_every_steps or clock_due
         if not (force or due) or self.step_no == self._last_checkpoint_step:
             return
         started = time.perf_counter()
+        offsets, ranks = self.offsets, None
+        if self.group.distributed:
+            ranks = self.group.gather(
+                {
+                    "rank": self.group.rank,
+                    "offsets": [
+                        {"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(offsets.items())
+                    ],
+                    "dense_sha256": dense_digest(self.step.model),
+                }
+            )
+            if len({entry["dense_sha256"] for entry in ranks}) > 1:
+                raise KelpError(
+                    f"dense replicas diverged at step {self.step_no}: "
+                    + ", ".join(f"rank {e['rank']} {e['dense_sha256'][:12]}" for e in ranks)
+                )
+            offsets = _union_offsets(ranks)
         try:
+            if not self.group.is_leader:
+                return
             path = save_checkpoint(
                 cfg.checkpoint_dir,
                 self.step.model,
                 self.step.optimizer,
                 step=self.step_no,
                 config_hash=self.config_hash,
-                offsets=self.offsets,
+                offsets=offsets,
+                ranks=ranks,
             )
         except OSError as exc:
             self.metrics.checkpoints.labels(result="failed").inc()
@@ -323,7 +428,7 @@ class TrainDaemon:
             return
         finally:
             self._last_checkpoint_s = time.monotonic()
-        self._last_checkpoint_step = self.step_no
+            self._last_checkpoint_step = self.step_no
         self.metrics.checkpoint_written()
         self.metrics.stage_seconds.labels(stage="checkpoint").observe(time.perf_counter() - started)
         self.report.checkpoint = str(path)
@@ -398,10 +503,11 @@ class TrainDaemon:
         self._export_eval()
         self._state = "stopped"
         log.info(
-            "drained: %d steps this run, committed through step %d, checkpoint %s",
+            "drained: %d steps this run, committed through step %d, checkpoint %s%s",
             self.report.steps,
             writer.committed_step,
             self.report.checkpoint,
+            f" (rank {self.group.rank} of {self.group.size})" if self.group.distributed else "",
         )
 
     def _stage_totals(self) -> dict[str, float]:
@@ -411,3 +517,17 @@ class TrainDaemon:
             if value:
                 totals[stage] = value
         return totals
+
+
+def _union_offsets(ranks: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    """The group's trained-through offsets: per partition the furthest any rank trained.
+
+    A partition that moved between ranks in a rebalance appears under both; the
+    newer owner's offset is the larger one.
+    """
+    union: dict[tuple[str, int], int] = {}
+    for entry in ranks:
+        for o in entry["offsets"]:
+            key = (o["topic"], int(o["partition"]))
+            union[key] = max(union.get(key, 0), int(o["offset"]))
+    return union

@@ -23,11 +23,12 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
-__all__ = ["LATENCY_BUCKETS_S", "NAMESPACE", "MetricFactory", "registered_names"]
+__all__ = ["LATENCY_BUCKETS_S", "NAMESPACE", "LabelledRegistry", "MetricFactory", "registered_names"]
 
 NAMESPACE = "kelp"
 
@@ -140,3 +141,23 @@ def registered_names(registry: CollectorRegistry | None = None) -> set[str]:
         for family in reg.collect()
         for suffix in _SERIES_SUFFIXES.get(family.type, ("",))
     }
+
+
+class LabelledRegistry:
+    """A registry seen with constant labels added to every sample (``rank`` for a trainer group).
+
+    prometheus-client has no per-registry constant labels; exporting through
+    this view keeps the metric objects label-free, so code that records a
+    metric never has to know which rank it runs on.
+    """
+
+    def __init__(self, registry: CollectorRegistry, labels: Mapping[str, str]) -> None:
+        self.registry = registry
+        self.labels = dict(labels)
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labelled.samples.append(sample._replace(labels={**sample.labels, **self.labels}))
+            yield labelled

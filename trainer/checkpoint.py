@@ -20,7 +20,9 @@ Inside a checkpoint file (format version 1):
   (list of ``{topic, partition, offset}``, the *next* offset to consume,
   Kafka commit semantics), and ``optimizer``: ``class``, ``param_groups``
   and the non-tensor per-parameter state values, so the nested
-  ``state_dict`` can be rebuilt without pickle.
+  ``state_dict`` can be rebuilt without pickle. A trainer group adds
+  ``ranks``: per rank ``{rank, offsets, dense_sha256}`` (every rank's
+  trained-through offsets, and proof that the dense replicas were equal).
 
 Writes are atomic: bytes go to a temp file in the same directory, which is
 fsynced and ``os.replace``-d into place, then the ``latest`` pointer is
@@ -35,7 +37,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,7 @@ __all__ = [
     "FORMAT_VERSION",
     "CheckpointInfo",
     "config_hash",
+    "dense_digest",
     "load_latest",
     "read_checkpoint",
     "save_checkpoint",
@@ -73,6 +76,15 @@ class CheckpointInfo:
     created_at: float
     offsets: dict[tuple[str, int], int]
     format_version: int
+
+
+def dense_digest(model: nn.Module) -> str:
+    """SHA-256 of the model's state_dict bytes, in key order: equal digests mean bitwise-equal replicas."""
+    digest = hashlib.sha256()
+    for key, tensor in model.state_dict().items():
+        digest.update(key.encode())
+        digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def config_hash(spec: FeatureSpec, trainer: TrainerConfig) -> str:
@@ -134,9 +146,14 @@ def save_checkpoint(
     step: int,
     config_hash: str,
     offsets: Mapping[tuple[str, int], int] | None = None,
+    ranks: Sequence[Mapping[str, Any]] | None = None,
     keep: int = 5,
 ) -> Path:
-    """Write ``ckpt-<step>.safetensors`` atomically, point ``latest`` at it, keep the newest ``keep``."""
+    """Write ``ckpt-<step>.safetensors`` atomically, point ``latest`` at it, keep the newest ``keep``.
+
+    ``ranks`` (a trainer group): one JSON-able entry per rank, with that rank's
+    trained-through offsets and the digest of its dense parameters.
+    """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     directory = Path(directory)
@@ -153,6 +170,8 @@ def save_checkpoint(
         ],
         "optimizer": optim_meta,
     }
+    if ranks is not None:
+        meta["ranks"] = list(ranks)
     data = st_save(tensors, metadata={"kelp": json.dumps(meta)})
     path = directory / f"ckpt-{int(step):012d}.safetensors"
     atomic_write(path, data)

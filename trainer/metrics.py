@@ -16,7 +16,14 @@
 ``kelp_trainer_checkpoint_age_seconds``            gauge: seconds since that checkpoint (at scrape)
 ``kelp_trainer_errors_total``                      retried or fatal errors, by stage and kind
 ``kelp_trainer_ready``                             gauge: 1 while /readyz answers 200
+``kelp_trainer_world_size``                        gauge: ranks in the trainer group (1 alone)
+``kelp_trainer_allreduce_seconds``                 histogram: seconds per group step's dense all-reduce
+``kelp_trainer_group_idle_steps_total``            group steps this rank joined without a batch
 =================================================  ==================================================
+
+Every series the trainer serves carries a ``rank`` label (``"0"`` alone), added
+at export (:class:`kelp.metrics.LabelledRegistry`), so ranks of one group are
+told apart in Prometheus even when they share a pod.
 
 Stage labels: ``fetch`` (waiting for a micro-batch; decode is the consumer's
 ``kelp_consumer_decode_seconds``), ``pull``, ``to_device``, ``forward_backward``,
@@ -74,6 +81,13 @@ class TrainerMetrics:
         self.checkpoint_age.set_function(self._checkpoint_age)
         self.errors = m.counter("errors", "Retried or fatal errors.", ["stage", "kind"])
         self.ready = m.gauge("ready", "1 while the trainer is ready (/readyz answers 200).")
+        self.world_size = m.gauge("world_size", "Ranks in the trainer group (1 when training alone).")
+        self.allreduce_seconds = m.histogram(
+            "allreduce_seconds", "Seconds per group step's dense all-reduce."
+        )
+        self.idle_steps = m.counter(
+            "group_idle_steps", "Group steps this rank joined with no batch of its own."
+        )
         self._checkpoint_at: float | None = None
 
     def observe_stages(self, timings: dict[str, float]) -> None:

@@ -10,12 +10,18 @@ Pure compute, no I/O: the daemon pulls rows, calls :class:`TrainStep`, pushes
 
 The forward pass precedes every update, so its logits are exactly the
 predictions a progressive validator wants; no second forward is needed.
+
+In a trainer group the daemon passes ``dense_sync``: called between backward
+and the dense optimizer step with the batch's sample count, it replaces the
+local dense gradients with the group's (an all-reduce) and says whether to
+step. A rank without a batch calls :meth:`TrainStep.idle` so the group's
+collective still meets. This module never talks to the process group itself.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,7 +36,10 @@ from kelp.trainer.embedding import BatchTensors, pool_features, rows_to_leaf
 from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
 
-__all__ = ["STAGES", "PulledRows", "StageTimer", "StepResult", "TrainStep", "forward_backward"]
+__all__ = ["STAGES", "DenseSync", "PulledRows", "StageTimer", "StepResult", "TrainStep", "forward_backward"]
+
+DenseSync = Callable[[int], bool]
+"""``dense_sync(local_samples) -> step?``: make the dense grads the group's; False when nobody had data."""
 
 STAGES: tuple[str, ...] = ("to_device", "forward_backward", "dense_update", "sparse_update", "evaluate")
 """Stage names in :attr:`StepResult.timings` (seconds each), in execution order."""
@@ -153,7 +162,15 @@ class TrainStep:
         self.sync_timings = sync_timings
         self.steps = 0
 
-    def __call__(self, batch: MicroBatch, pulled: Mapping[str, PulledRows]) -> StepResult:
+    def idle(self, dense_sync: DenseSync) -> None:
+        """Take part in a group step without a batch: zero dense grads, then the group's update (if any)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if dense_sync(0):
+            self.optimizer.step()
+
+    def __call__(
+        self, batch: MicroBatch, pulled: Mapping[str, PulledRows], dense_sync: DenseSync | None = None
+    ) -> StepResult:
         timer = StageTimer(self.device, self.sync_timings)
         self.model.train()
         bt = BatchTensors.from_batch(batch, self.spec, self.device)
@@ -177,7 +194,8 @@ class TrainStep:
         loss, logits = forward_backward(self.model, bt, rows)
         timer.lap("forward_backward")
 
-        self.optimizer.step()
+        if dense_sync is None or dense_sync(batch.size):
+            self.optimizer.step()
         timer.lap("dense_update")
 
         updates = {
