@@ -1,0 +1,211 @@
+"""Several trainers, one model: ``kelp train`` ranks under torchrun, on real Tansu and Redis.
+
+Each test launches ``python -m torch.distributed.run --standalone
+--nproc-per-node 2 -m kelp.cli train`` (gloo on CPU) and watches the Kafka
+group's committed offsets. What must hold:
+
+* committed offsets add up to every record (nothing skipped);
+* the dense parameters are bitwise equal on both ranks (the final checkpoint
+  records each rank's digest);
+* uneven partitions do not hang anybody;
+* kill -9 of one rank: torchrun restarts the group and every record is
+  still committed in the end (records after the last commit retrained).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from kafka import KafkaProducer
+
+from kelp.config import KelpConfig, load_config
+from kelp.consumers.produce import file_messages, produce
+from kelp.harness import TansuBroker
+from kelp.trainer.checkpoint import read_checkpoint
+
+from .conftest import CRITEO, CRITEO_ROWS, PARTITIONS, base_config, group_offsets, on_kafka, wait_for, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def _group_config(tmp_path: Path, tansu: TansuBroker, topic: str, redis_url: str) -> Path:
+    cfg: KelpConfig = on_kafka(base_config(tmp_path, checkpoint_every_steps=10), tansu, topic, redis_url)
+    cfg.batching.batch_size = 64
+    cfg.trainer.torch_threads = 1  # two ranks on two cores
+    cfg.trainer.distributed.timeout_s = 30
+    return write_config(cfg, tmp_path / "kelp.yaml")
+
+
+def _launch(config: Path, log: Path, max_restarts: int = 0) -> subprocess.Popen[bytes]:
+    """torchrun with two ranks, workers' output into ``log`` (its own process group, for cleanup)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=2",
+                f"--max-restarts={max_restarts}",
+                "--monitor-interval=0.5",
+                "-m",
+                "kelp.cli",
+                "train",
+                "--config",
+                str(config),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            start_new_session=True,
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 90) -> int:
+    """SIGTERM torchrun (it forwards SIGTERM to its ranks, which drain); kill the session if it lingers."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _final_checkpoint(cfg: KelpConfig) -> dict:
+    pointer = json.loads((cfg.trainer.checkpoint_dir / "latest").read_text())
+    _, meta = read_checkpoint(cfg.trainer.checkpoint_dir / pointer["file"])
+    return meta
+
+
+def _assert_group_checkpoint(cfg: KelpConfig, committed: list[int], log: str) -> None:
+    meta = _final_checkpoint(cfg)
+    ranks = meta["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1], ranks
+    assert len({r["dense_sha256"] for r in ranks}) == 1, f"dense replicas differ: {ranks}\n{log[-3000:]}"
+    trained = {o["partition"]: o["offset"] for o in meta["offsets"]}
+    assert [trained.get(p, 0) for p in range(PARTITIONS)] == committed
+
+
+def _produce_skewed(tansu: TansuBroker, topic: str, share_on_0: float) -> None:
+    """The fixture's rows, ``share_on_0`` of them on partition 0 and the rest on partition 1."""
+    producer = KafkaProducer(bootstrap_servers=tansu.bootstrap, acks="all", linger_ms=20)
+    try:
+        for i, (value, _) in enumerate(file_messages(CRITEO, "criteo_tsv", 1)):
+            partition = 0 if (i % 100) < share_on_0 * 100 else 1
+            producer.send(topic, value, partition=partition)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def test_two_ranks_train_the_topic_with_bitwise_equal_dense_replicas(
+    tmp_path: Path, tansu: TansuBroker, criteo_topic: str, redis_url: str
+) -> None:
+    config = _group_config(tmp_path, tansu, criteo_topic, redis_url)
+    cfg = load_config(config)
+    log_path = tmp_path / "group.log"
+    proc = _launch(config, log_path)
+    try:
+        wait_for(
+            lambda: sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
+            or proc.poll() is not None,
+            150,
+            "every record committed",
+        )
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        _stop(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = log_path.read_text()
+    assert "(rank 0 of 2)" in log and "(rank 1 of 2)" in log, log[-3000:]
+    committed = group_offsets(tansu, cfg.source.group_id, criteo_topic)
+    assert sum(committed) == CRITEO_ROWS
+    _assert_group_checkpoint(cfg, committed, log)
+
+
+def test_uneven_partitions_finish_without_a_hang(tmp_path: Path, tansu: TansuBroker, redis_url: str) -> None:
+    topic = f"skewed-{time.monotonic_ns()}"
+    tansu.create_topic(topic, partitions=PARTITIONS)
+    _produce_skewed(tansu, topic, share_on_0=0.9)
+    config = _group_config(tmp_path, tansu, topic, redis_url)
+    cfg = load_config(config)
+    log_path = tmp_path / "group.log"
+    proc = _launch(config, log_path)
+    try:
+        wait_for(
+            lambda: sum(group_offsets(tansu, cfg.source.group_id, topic)) == CRITEO_ROWS or proc.poll() is not None,
+            150,
+            "every record committed",
+        )
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        _stop(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    committed = group_offsets(tansu, cfg.source.group_id, topic)
+    assert committed[0] == 1800 and committed[1] == 200
+    log = log_path.read_text()
+    assert "(rank 0 of 2)" in log and "(rank 1 of 2)" in log, log[-3000:]
+    _assert_group_checkpoint(cfg, committed, log)
+
+
+def _workers(proc: subprocess.Popen[bytes]) -> list[int]:
+    """The rank processes torchrun started (its direct children), oldest first."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True)
+    return sorted(int(pid) for pid in out.stdout.split())
+
+
+def test_kill_9_of_one_rank_restarts_the_group_and_loses_nothing(
+    tmp_path: Path, tansu: TansuBroker, redis_url: str
+) -> None:
+    topic = f"killed-{time.monotonic_ns()}"
+    tansu.create_topic(topic, partitions=PARTITIONS)
+    config = _group_config(tmp_path, tansu, topic, redis_url)
+    cfg = load_config(config)
+    log_path = tmp_path / "group.log"
+    proc = _launch(config, log_path, max_restarts=3)
+    producer = threading.Thread(  # records keep arriving while a rank dies
+        target=produce,
+        args=({"bootstrap_servers": tansu.bootstrap}, topic, file_messages(CRITEO, "criteo_tsv", 1)),
+        kwargs={"rate": 300.0, "quiet": True},
+        daemon=True,
+    )
+    try:
+        producer.start()
+        seen: list[int] = []
+
+        def committed() -> int:
+            seen.append(sum(group_offsets(tansu, cfg.source.group_id, topic)))
+            return seen[-1]
+
+        wait_for(lambda: committed() >= 300 or proc.poll() is not None, 120, "300 records committed")
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        victim = _workers(proc)[-1]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(lambda: log_path.read_text().count("joined the trainer group") >= 4, 90, "the group to restart")
+        restarted_s = time.monotonic() - killed_at
+        wait_for(lambda: committed() == CRITEO_ROWS or proc.poll() is not None, 150, "every record committed")
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        _stop(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        producer.join(30)
+    log = log_path.read_text()
+    assert victim not in _workers(proc)
+    assert seen == sorted(seen), f"committed offsets went backwards: {seen}"
+    assert restarted_s < 90
+    final = group_offsets(tansu, cfg.source.group_id, topic)
+    assert sum(final) == CRITEO_ROWS
+    _assert_group_checkpoint(cfg, final, log)
