@@ -160,6 +160,12 @@ class TrainDaemon:
 
         cfg = self.cfg
         preflight(cfg, self.origin, role="train")  # what `kelp config validate` refuses, refused here too
+        if self.group.distributed and cfg.source.kind != "kafka":
+            raise UserError(
+                f"{self.origin}: source.kind: {cfg.source.kind} cannot be split between "
+                f"{self.group.size} ranks (each would train every record); use kind: kafka, "
+                "whose consumer group splits the partitions"
+            )
         started = time.perf_counter()
         threads_before = torch.get_num_threads()
         if self._http and cfg.metrics.enabled:
@@ -459,8 +465,8 @@ class TrainDaemon:
     def _maybe_log(self) -> None:
         now = time.monotonic()
         since, samples_then = self._last_log
-        if now - since < self.cfg.trainer.log_every_s:
-            return
+        if now - since < self.cfg.trainer.log_every_s or self.report.samples == samples_then:
+            return  # nothing trained since the last line (an idle group step): say nothing
         rate = (self.report.samples - samples_then) / (now - since)
         self._last_log = (now, self.report.samples)
         self._export_eval()

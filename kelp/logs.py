@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from typing import Literal, TextIO
@@ -55,10 +56,28 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class _RankField(logging.Filter):
+    """Adds ``rank=<RANK>`` to every record of a process torchrun started with WORLD_SIZE > 1."""
+
+    def __init__(self, rank: str) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
 def configure_logging(level: str = "info", fmt: LogFormat = "text", stream: TextIO | None = None) -> None:
-    """Install one handler on the root logger, replacing any earlier one."""
+    """Install one handler on the root logger, replacing any earlier one.
+
+    Under torchrun (``WORLD_SIZE`` > 1) every line carries the rank, so the
+    interleaved output of a trainer group can be told apart.
+    """
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonLineFormatter() if fmt == "json" else TextFormatter())
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        handler.addFilter(_RankField(os.environ.get("RANK", "?")))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

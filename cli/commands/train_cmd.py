@@ -1,8 +1,15 @@
-"""``kelp train --config FILE``: run the trainer daemon until stopped.
+"""``kelp train --config FILE [--nproc K]``: run the trainer daemon until stopped.
 
 SIGTERM or SIGINT drains (see :mod:`kelp.daemon.train`) and exits 0; a second
 signal exits at once with status 130 (what was not committed is read again on
 restart). A fatal error exits 1 with one line; a bad config exits 2.
+
+``--nproc K`` (K > 1) starts a trainer group of K ranks on this machine with
+torchrun's own launcher (``torch.distributed.run --standalone``): the same as
+``torchrun --standalone --nproc-per-node K --max-restarts R -m kelp.cli train
+--config FILE``. Across machines, run torchrun directly with a c10d rendezvous
+endpoint (the Helm chart does). A rank that dies makes torchrun restart the
+whole group, up to ``--max-restarts`` times.
 """
 
 from __future__ import annotations
@@ -27,11 +34,61 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--config", required=True, help="Kelp config file (YAML); KELP_A__B env vars override"
     )
     parser.add_argument("--max-steps", type=int, default=None, help="stop (and drain) after this many steps")
+    parser.add_argument(
+        "--nproc", type=int, default=1, help="ranks of a trainer group on this machine (torchrun's launcher)"
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="with --nproc: group restarts after a rank dies (default 3)",
+    )
     parser.set_defaults(handler=_train)
+
+
+def _launch_group(args: argparse.Namespace) -> int:
+    """Run K ranks of this same command under torchrun's elastic agent; its exit status is ours."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    load_config(args.config)  # a bad config fails here, once, not in K ranks
+    argv = [
+        "--standalone",
+        f"--nproc-per-node={args.nproc}",
+        f"--max-restarts={args.max_restarts}",
+        "--monitor-interval=0.5",
+        "-m",
+        "kelp.cli",
+        "train",
+        "--config",
+        args.config,
+    ]
+    if args.max_steps is not None:
+        argv += ["--max-steps", str(args.max_steps)]
+    try:
+        run(get_args_parser().parse_args(argv))
+    except SignalException as exc:
+        # The agent forwarded the signal; every rank drained (a rank that did not is reported above).
+        log.info("trainer group stopped by signal %s", exc.sigval.name)
+        return 0
+    except ChildFailedError as exc:
+        print(
+            f"kelp: error: trainer group failed after {args.max_restarts} restarts: {exc.name}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
     from kelp.daemon.train import TrainDaemon
+
+    if args.nproc < 1:
+        print("kelp: error: --nproc must be >= 1", file=sys.stderr)
+        return 2
+    if args.nproc > 1:
+        return _launch_group(args)
 
     cfg = load_config(args.config)
     if args.max_steps is not None:
