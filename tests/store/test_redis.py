@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
 from kelp.config import StoreConfig, TableSpec
 from kelp.errors import StoreUnavailableError, UserError
@@ -232,3 +233,25 @@ def test_every_table_of_a_call_shares_one_round_trip_per_step(redis_url: str) ->
         assert (trips("pull"), trips("admit")) == (3, 4)
         store.push_many({name: (ids, *_rows(100, 2)) for name in batch})
         assert trips("push") == 1
+
+
+@pytest.mark.parametrize("topology", ["standalone", "cluster"])
+def test_admission_counts_are_shared_between_trainer_ranks(
+    topology: str, redis_url: str, clean_redis_cluster: RedisCluster
+) -> None:
+    """Two ranks of a trainer group are two store clients: an id each sees once reaches min_count=2."""
+    spec = TableSpec(name="t", dim=4, admission={"min_count": 2})
+    urls = [redis_url] if topology == "standalone" else clean_redis_cluster.urls
+    cfg = StoreConfig(backend="redis" if topology == "standalone" else "redis-cluster", urls=urls)
+    deployment = f"ranks{time.monotonic_ns()}"  # one deployment, two clients (two ranks' processes)
+    with (
+        build_store(cfg, [spec], deployment, CollectorRegistry()) as rank0,
+        build_store(cfg, [spec], deployment, CollectorRegistry()) as rank1,
+    ):
+        ids = np.array([11, 12, 13], dtype=np.uint64)
+        assert not rank0.pull("t", ids).admitted.any()  # first sighting, on rank 0
+        assert rank1.pull("t", ids[:2]).admitted.all()  # second sighting, on rank 1: admitted
+        rank1.push("t", ids[:2], *_rows(2, 4, 0.5))
+        seen = rank0.pull("t", ids, count=False)
+        assert seen.admitted.tolist() == [True, True, False]
+        assert np.allclose(seen.rows[:2], 0.5)  # rank 0 reads what rank 1 wrote
