@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "train": "the whole trainer on criteo-synth vs an in-memory single-process baseline",
     "freshness": "seconds from produce to servable rows and to a live dense snapshot",
     "serve": "closed-loop serving latency under hot swaps vs raw MGET + bare forward",
+    "scale": "the same records through 1 and 2 trainer ranks (torch.distributed): equality, lost rows, AUC",
 }
 """Only suites that exist: a test keeps this equal to the ``kelp.bench.<suite>`` modules."""
 

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CriteoSynth", "SynthColumns", "synth_messages"]
 
+
 @lru_cache(maxsize=8)
 def _zipf_cdf(n_ids: int, exponent: float) -> np.ndarray:
     """float64[n_ids]: cumulative probability of ranks 1..n_ids under p(r) ~ r**-exponent."""

@@ -95,7 +95,8 @@ class TrainDaemon:
 
     ``http=False`` skips the health/metrics server (benchmarks, embedded use);
     ``publish=False`` skips the publisher (no serving in the loop). ``origin``
-    names the config in errors (the file path, from the CLI).
+    names the config in errors (the file path, from the CLI). ``wrap_store``
+    (benchmarks) wraps the built store, e.g. to trace when rows were read and written.
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class TrainDaemon:
         publish: bool = True,
         on_step: Any = None,
         origin: str = "config",
+        wrap_store: Any = None,
     ) -> None:
         self.cfg = cfg
         self.origin = origin
@@ -117,6 +119,7 @@ class TrainDaemon:
         self._http = http
         self._publish = publish
         self._on_step = on_step
+        self._wrap_store = wrap_store
         self._stop = threading.Event()
         self._stop_reason = ""
         self._state = "starting"
@@ -176,7 +179,8 @@ class TrainDaemon:
                 cfg.metrics.host, port, labelled, self.liveness, self.readiness
             ).start()
         try:
-            with build_store(cfg.store, list(cfg.features.tables), cfg.deployment, self.registry) as store:
+            with build_store(cfg.store, list(cfg.features.tables), cfg.deployment, self.registry) as built:
+                store = built if self._wrap_store is None else self._wrap_store(built)
                 self._build_model()
                 publisher = self._build_publisher()
                 try:
