@@ -54,7 +54,29 @@ def pod_spec(obj: Manifest) -> dict[str, Any]:
     return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
 
 
+GROUP_REPLICAS = 3
+
+
+def group_values() -> dict[str, Any]:
+    """The production values with a trainer group: 3 GPU pods under torchrun."""
+    values = load_values(PRODUCTION_VALUES)
+    values["trainer"]["replicas"] = GROUP_REPLICAS
+    return values
+
+
+def kelp_args(container: dict[str, Any]) -> list[str]:
+    """The ``kelp`` arguments of a container: its args, or what torchrun runs after ``-m kelp.cli``."""
+    args = list(container["args"])
+    if container.get("command") == ["torchrun"]:
+        start = args.index("-m")
+        assert args[start + 1] == "kelp.cli", args
+        return args[start + 2 :]
+    assert "command" not in container, container["command"]  # the image's entrypoint: kelp
+    return args
+
+
 VALUE_SETS: dict[str, Callable[[], dict[str, Any]]] = {
     "default": dict,
     "production": lambda: load_values(PRODUCTION_VALUES),
+    "group": group_values,
 }

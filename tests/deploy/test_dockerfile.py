@@ -50,3 +50,14 @@ def test_dockerfile_copies_every_package_folder() -> None:
     text = (ROOT / "Dockerfile").read_text()
     for folder in sorted(top_level):
         assert f"COPY {folder}/ {folder}/" in text, folder
+
+
+def test_torchrun_is_on_the_image_path() -> None:
+    """The chart's trainer group runs `command: ["torchrun"]`: torch's console script in the image's venv."""
+    text = (ROOT / "Dockerfile").read_text()
+    build, final = text[: text.rindex("FROM ")], text[text.rindex("FROM ") :]
+    assert "python -m venv /opt/kelp" in build
+    assert "PATH=/opt/kelp/bin:$PATH" in build  # pip below is the venv's, so torch's scripts land in it
+    assert '"torch==${TORCH_VERSION}"' in build
+    assert "COPY --from=build /opt/kelp /opt/kelp" in final
+    assert "PATH=/opt/kelp/bin:$PATH" in final

@@ -9,6 +9,7 @@ are errors) with ``kubernetes_validate``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -24,18 +25,23 @@ from chartkit import (
     ALERTS,
     CHART_DIR,
     DASHBOARD,
+    GROUP_REPLICAS,
     K8S_VERSION,
     NAMESPACE,
     PRODUCTION_VALUES,
+    RELEASE,
     ROOT,
     VALUE_SETS,
     Manifest,
     Render,
     find,
+    group_values,
+    kelp_args,
     load_values,
     parse_rendered,
     pod_spec,
 )
+from torch.distributed.run import config_from_args, get_args_parser
 
 from kelp.config.loader import parse_config
 from kelp.daemon.preflight import problems
@@ -54,15 +60,25 @@ def _kelp_containers(docs: list[Manifest]) -> list[tuple[Manifest, dict[str, Any
 
 
 def _fake_secret_env(container: dict[str, Any]) -> dict[str, str]:
-    """The container's environment, with every Secret reference replaced by a placeholder."""
+    """The container's environment, with every Secret (or pod field) reference replaced by a placeholder."""
     env: dict[str, str] = {}
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = str(var["value"])
+        elif "fieldRef" in var["valueFrom"]:
+            env[var["name"]] = f"field:{var['valueFrom']['fieldRef']['fieldPath']}"
         else:
             ref = var["valueFrom"]["secretKeyRef"]
             env[var["name"]] = f"secret:{ref['name']}/{ref['key']}"
     return env
+
+
+def _torchrun(container: dict[str, Any], pod_name: str) -> argparse.Namespace:
+    """The container's torchrun command line as torchrun itself parses it (Kubernetes' $(VAR) expanded)."""
+    assert container["command"] == ["torchrun"]
+    args = [arg.replace("$(POD_NAME)", pod_name) for arg in container["args"]]
+    assert all("$(" not in arg for arg in args), args
+    return get_args_parser().parse_args(args)
 
 
 # ------------------------------------------------------------------ lint and schema
@@ -105,6 +121,10 @@ def test_values_schema_config_part_is_generated_from_kelp_config() -> None:
         ({"config": {"source": {"max_poll_records": 0}}}, "at '/config/source/max_poll_records'"),
         ({"config": {"publisher": {"channel": "filesystem"}}}, "at '/config/publisher/channel'"),
         ({"trainer": {"gpu": "one"}}, "at '/trainer/gpu'"),
+        ({"trainer": {"distributed": {"rdzvPort": 0}}}, "at '/trainer/distributed/rdzvPort'"),
+        ({"trainer": {"distributed": {"minReplicas": 0}}}, "at '/trainer/distributed/minReplicas'"),
+        ({"trainer": {"distributed": {"nnodes": 3}}}, "additional properties 'nnodes'"),
+        ({"trainer": {"podDisruptionBudget": {"minAvailable": 3}}}, "additional properties 'minAvailable'"),
         ({"serving": {"replica": 3}}, "at '/serving': additional properties 'replica'"),
         (
             {"monitoring": {"serviceMonitor": {"interval": "30 seconds"}}},
@@ -138,6 +158,14 @@ def test_invalid_values_are_rejected_by_the_schema(
         (
             {"serving": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}},
             "minReplicas (5) must not exceed maxReplicas (2)",
+        ),
+        (
+            {"trainer": {"replicas": 3, "distributed": {"minReplicas": 4}}},
+            "trainer.distributed.minReplicas (4) must not exceed trainer.replicas (3)",
+        ),
+        (
+            {"trainer": {"replicas": 2, "distributed": {"rdzvPort": 9400}}},
+            "trainer.distributed.rdzvPort (9400) must differ from config.metrics.port",
         ),
     ],
 )
@@ -180,12 +208,14 @@ def test_default_and_production_render_the_expected_objects(
         "ServiceAccount/kelp",
         "StatefulSet/kelp-trainer",
     ]
-    if value_set[0] == "production":
+    if value_set[0] in {"production", "group"}:
         expected += [
             "HorizontalPodAutoscaler/kelp-serving",
             "PrometheusRule/kelp",
             "ServiceMonitor/kelp",
         ]
+    if value_set[0] == "group":
+        expected += ["PodDisruptionBudget/kelp-trainer"]
     assert kinds == sorted(expected)
 
 
@@ -218,8 +248,8 @@ def test_rendered_config_is_accepted_by_kelp(manifests: list[Manifest]) -> None:
         assert cfg.source.kind == "kafka"
         assert problems(cfg, "train" if doc["kind"] == "StatefulSet" else "serve") == []
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert mounts["config"] == "/etc/kelp" and container["args"][-2:] != ["--config", ""]
-        assert "/etc/kelp/kelp.yaml" in container["args"]
+        args = kelp_args(container)
+        assert mounts["config"] == "/etc/kelp" and args[args.index("--config") + 1] == "/etc/kelp/kelp.yaml"
 
 
 def test_no_secret_lands_in_the_config_map(production_manifests: list[Manifest]) -> None:
@@ -277,7 +307,7 @@ def test_probes_use_the_real_endpoints_and_ports(manifests: list[Manifest]) -> N
     for component, (port_name, port) in expected.items():
         workload = find(manifests, "StatefulSet" if component == "trainer" else "Deployment", f"-{component}")
         container = pod_spec(workload)["containers"][0]
-        assert container["args"][0] == ("train" if component == "trainer" else "serve")
+        assert kelp_args(container)[0] == ("train" if component == "trainer" else "serve")
         assert {"name": port_name, "containerPort": port, "protocol": "TCP"} in container["ports"]
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port_name}
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port_name}
@@ -286,7 +316,8 @@ def test_probes_use_the_real_endpoints_and_ports(manifests: list[Manifest]) -> N
         assert (
             service["spec"]["selector"].items() <= workload["spec"]["template"]["metadata"]["labels"].items()
         )
-        assert [p["targetPort"] for p in service["spec"]["ports"]] == [port_name]
+        in_group = component == "trainer" and container.get("command") == ["torchrun"]
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == [port_name, *(["rdzv"] * in_group)]
 
 
 @pytest.mark.parametrize(("drain", "margin", "grace"), [(30, 15, 45), (60, 15, 75), (12.5, 5, 18)])
@@ -301,12 +332,137 @@ def test_trainer_grace_period_covers_the_drain(render: Render, drain: float, mar
     assert pod_spec(trainer)["terminationGracePeriodSeconds"] == grace == math.ceil(drain) + margin
 
 
-def test_trainer_replicas_share_one_consumer_group(render: Render) -> None:
+# ------------------------------------------------------------------ the trainer group (replicas > 1)
+
+
+@pytest.mark.parametrize("name", ["default", "production"])
+def test_one_trainer_runs_kelp_train_without_torchrun(render: Render, name: str) -> None:
+    """trainer.replicas 1 (default and production): the image's `kelp` entrypoint, as before the group."""
+    manifests = render(VALUE_SETS[name]())
+    trainer = find(manifests, "StatefulSet", "-trainer")
+    assert trainer["spec"]["replicas"] == 1
+    container = pod_spec(trainer)["containers"][0]
+    assert "command" not in container
+    assert container["args"] == ["train", "--config", "/etc/kelp/kelp.yaml"]
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    assert "POD_NAME" not in {var["name"] for var in container["env"]}
+    assert [p["name"] for p in find(manifests, "Service", "-trainer")["spec"]["ports"]] == ["metrics"]
+    assert [
+        d for d in manifests if d["kind"] == "PodDisruptionBudget" and "trainer" in d["metadata"]["name"]
+    ] == []
+
+
+def test_trainer_group_runs_torchrun_with_a_c10d_rendezvous_on_pod_0(render: Render) -> None:
     docs = render({"trainer": {"replicas": 3}})
     trainer = find(docs, "StatefulSet", "-trainer")
+    spec = pod_spec(trainer)
+    (container,) = spec["containers"]
     assert trainer["spec"]["replicas"] == 3
+    assert trainer["spec"]["podManagementPolicy"] == "Parallel"
+
+    args = _torchrun(container, f"{trainer['metadata']['name']}-1")
+    launch, entry, entry_args = config_from_args(args)
+    assert container["args"][0] == "--nnodes=3:3" and (launch.min_nodes, launch.max_nodes) == (3, 3)
+    assert launch.nproc_per_node == 1
+    assert launch.rdzv_backend == "c10d"
+    assert launch.run_id == RELEASE
+    assert launch.max_restarts == 10
+    assert launch.rdzv_configs["join_timeout"] == "240"
+    assert launch.shutdown_timeout == spec["terminationGracePeriodSeconds"]  # the drain is never cut short
+    assert entry_args[-5:] == ["-m", "kelp.cli", "train", "--config", "/etc/kelp/kelp.yaml"]
+    assert Path(entry).name.startswith("python")
+
+    # The endpoint is pod 0 through the headless Service that is the StatefulSet's serviceName.
+    service = find(docs, "Service", "-trainer")
+    assert trainer["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"].items() <= trainer["spec"]["template"]["metadata"]["labels"].items()
+    domain = f"{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local"
+    host, port = launch.rdzv_endpoint.rsplit(":", 1)
+    assert host == f"{trainer['metadata']['name']}-0.{domain}"
+    assert {"name": "rdzv", "containerPort": int(port), "protocol": "TCP"} in container["ports"]
+    assert {"name": "rdzv", "port": int(port), "targetPort": "rdzv", "protocol": "TCP"} in service["spec"][
+        "ports"
+    ]
+    assert launch.local_addr == f"{trainer['metadata']['name']}-1.{domain}"
+    pod_name = next(v for v in container["env"] if v["name"] == "POD_NAME")
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+    # Every rank still reads the one config and joins the one consumer group.
     cfg = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
     assert cfg["source"]["group_id"] == "kelp-trainer"
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 12])
+def test_pod_0_is_rank_0(render: Render, replicas: int) -> None:
+    """torchrun's c10d rendezvous numbers nodes in sorted (--local-addr, pid, id) order.
+
+    Each pod joins under its own DNS name, so pod 0 is node rank 0 (the rank that
+    checkpoints and publishes) also with ten or more pods (…-trainer-10 sorts after …-trainer-0.).
+    """
+    trainer = find(render({"trainer": {"replicas": replicas}}), "StatefulSet", "-trainer")
+    (container,) = pod_spec(trainer)["containers"]
+    pods = [f"{trainer['metadata']['name']}-{i}" for i in range(replicas)]
+    addrs = {pod: _torchrun(container, pod).local_addr for pod in pods}
+    assert len(set(addrs.values())) == replicas
+    assert min(addrs, key=addrs.__getitem__) == pods[0]
+    endpoint_host = _torchrun(container, pods[1]).rdzv_endpoint.rsplit(":", 1)[0]
+    assert endpoint_host == addrs[pods[0]]  # pod 0's torchrun recognises the endpoint as its own name
+
+
+def test_trainer_group_min_replicas_makes_it_elastic(render: Render) -> None:
+    trainer = find(
+        render({"trainer": {"replicas": 4, "distributed": {"minReplicas": 2, "maxRestarts": 3}}}),
+        "StatefulSet",
+        "-trainer",
+    )
+    launch, _, _ = config_from_args(_torchrun(pod_spec(trainer)["containers"][0], "kelp-trainer-0"))
+    assert (launch.min_nodes, launch.max_nodes, launch.max_restarts) == (2, 4, 3)
+
+
+def test_trainer_group_pod_disruption_budget_allows_one_pod_down(render: Render) -> None:
+    docs = render({"trainer": {"replicas": 3}})
+    trainer = find(docs, "StatefulSet", "-trainer")
+    pdb = find(docs, "PodDisruptionBudget", "-trainer")
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": trainer["spec"]["selector"]["matchLabels"]},
+    }
+    assert (
+        pdb["spec"]["selector"]["matchLabels"].items()
+        <= trainer["spec"]["template"]["metadata"]["labels"].items()
+    )
+    serving = find(docs, "Deployment", "-serving")["spec"]["template"]["metadata"]["labels"]
+    assert not pdb["spec"]["selector"]["matchLabels"].items() <= serving.items()
+
+    docs = render({"trainer": {"replicas": 3, "podDisruptionBudget": {"enabled": False}}})
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "PodDisruptionBudget"] == ["kelp-serving"]
+
+
+def test_trainer_group_gets_gpus_per_pod(render: Render) -> None:
+    """group_values: production (1 GPU, CUDA image, node selector) with 3 pods; every pod asks for its GPU."""
+    docs = render(group_values())
+    trainer = find(docs, "StatefulSet", "-trainer")
+    assert trainer["spec"]["replicas"] == GROUP_REPLICAS
+    spec = pod_spec(trainer)
+    (container,) = spec["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["image"].endswith(":0.1.0-cu126")
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert (
+        config_from_args(_torchrun(container, "kelp-trainer-0"))[0].nproc_per_node == 1
+    )  # one GPU, one rank
+    cfg = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    assert cfg["trainer"]["device"] == "cuda"
+
+
+def test_replicas_do_not_change_the_config(render: Render) -> None:
+    """Rank, world size and rendezvous come from torchrun's env: every pod count renders the same config."""
+    configs = {
+        find(render({"trainer": {"replicas": n}}), "ConfigMap", "-config")["data"]["kelp.yaml"]
+        for n in (1, 2, 5)
+    }
+    assert len(configs) == 1
 
 
 def test_checkpoints_on_emptydir_by_default_and_pvc_in_production(
@@ -318,7 +474,7 @@ def test_checkpoints_on_emptydir_by_default_and_pvc_in_production(
     mount = next(m for m in container["volumeMounts"] if m["name"] == "checkpoints")
     assert mount["mountPath"] == cfg["trainer"]["checkpoint_dir"]
     volumes = {v["name"]: v for v in pod_spec(trainer)["volumes"]}
-    if value_set[0] == "production":
+    if value_set[0] in {"production", "group"}:
         assert "checkpoints" not in volumes
         (claim,) = trainer["spec"]["volumeClaimTemplates"]
         assert claim["metadata"]["name"] == "checkpoints"

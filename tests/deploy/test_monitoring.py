@@ -33,6 +33,12 @@ GRAFANA_SUBSTITUTIONS = {
     "$namespace": ".*",
 }
 # Names a Prometheus server adds itself; not Kelp's to export.
+# Metrics the dashboard already charts while the Python side is adding them (the trainer group's
+# contract). The name check tolerates only these; test_pending_metrics_are_exported xpasses once
+# they are registered, and then the entry must go.
+PENDING_METRICS = {
+    "kelp_consumer_committed_lag_records": "ConsumerMetrics: high watermark minus committed offset",
+}
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _METRIC = re.compile(r"\bkelp_[a-z0-9_]+\b")
 
@@ -155,7 +161,7 @@ def test_dashboard_panels_have_unique_ids_and_the_datasource_variable() -> None:
 @pytest.mark.parametrize("source", ["dashboard", "alerts"])
 def test_every_metric_name_is_exported_by_kelp(source: str) -> None:
     exprs = _dashboard_exprs() if source == "dashboard" else _alert_exprs()
-    exposed = _exposed_names()
+    exposed = _exposed_names() | set(PENDING_METRICS)
     unknown = {}
     for where, expr in exprs:
         names = _metric_names(expr)
@@ -177,3 +183,64 @@ def test_name_extraction_ignores_label_values() -> None:
         "kelp_a_total",
         "kelp_b",
     }
+
+
+@pytest.mark.xfail(reason="being added to kelp's registries; remove from PENDING_METRICS once it xpasses")
+def test_pending_metrics_are_exported() -> None:
+    assert set(PENDING_METRICS) <= _exposed_names()
+
+
+# ------------------------------------------------------------------ dashboard layout
+
+
+def _rows() -> dict[str, list[dict[str, Any]]]:
+    """Top-level panels grouped under the row above them."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    current = ""
+    for panel in sorted(
+        json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"],
+        key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]),
+    ):
+        if panel["type"] == "row":
+            current = panel["title"]
+            rows[current] = []
+        else:
+            rows.setdefault(current, []).append(panel)
+    return rows
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    panels = json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]
+    cells: dict[tuple[int, int], str] = {}
+    for panel in panels:
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+        for y in range(pos["y"], pos["y"] + pos["h"]):
+            for x in range(pos["x"], pos["x"] + pos["w"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = panel["title"]
+
+
+def test_dashboard_has_a_trainer_group_row() -> None:
+    """Per-rank throughput, all-reduce cost, group size, idle steps and the group's committed lag."""
+    group = _rows()["Trainer group"]
+    exprs = [target["expr"] for panel in group for target in panel["targets"]]
+    used = {name for expr in exprs for name in _metric_names(expr)}
+    assert {
+        "kelp_trainer_samples_total",
+        "kelp_trainer_allreduce_seconds_sum",
+        "kelp_trainer_allreduce_seconds_count",
+        "kelp_trainer_allreduce_seconds_bucket",
+        "kelp_trainer_world_size",
+        "kelp_trainer_group_idle_steps_total",
+        "kelp_consumer_committed_lag_records",
+    } <= used
+    per_rank = [e for e in exprs if "by (rank)" in e or "by (le, rank)" in e]
+    for metric in (
+        "kelp_trainer_samples_total",
+        "kelp_trainer_allreduce_seconds_sum",
+        "kelp_trainer_group_idle_steps_total",
+    ):
+        assert any(metric in e for e in per_rank), f"{metric}: no per-rank series"
+    allreduce = next(p for p in group if "kelp_trainer_allreduce_seconds_sum" in p["targets"][0]["expr"])
+    assert allreduce["fieldConfig"]["defaults"]["unit"] == "s"

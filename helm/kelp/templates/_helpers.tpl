@@ -80,6 +80,34 @@ Image reference. Call with (dict "root" $ "override" .Values.trainer.image).
 {{- end }}
 
 {{/*
+The trainer group (trainer.replicas > 1): every pod runs torchrun, whose c10d
+rendezvous store is hosted by pod 0's torchrun. Pods are named through the
+headless trainer Service (the StatefulSet's serviceName, publishNotReadyAddresses)
+so pod 0 resolves before any pod is ready.
+*/}}
+{{- define "kelp.trainerGroup" -}}
+{{- if gt (int .Values.trainer.replicas) 1 }}true{{ end }}
+{{- end }}
+
+{{- define "kelp.trainerService" -}}
+{{- include "kelp.fullname" . }}-trainer
+{{- end }}
+
+{{/* The DNS domain of the trainer pods: <pod>.<this>. */}}
+{{- define "kelp.trainerDomain" -}}
+{{- printf "%s.%s.svc.%s" (include "kelp.trainerService" .) .Release.Namespace .Values.trainer.distributed.clusterDomain }}
+{{- end }}
+
+{{- define "kelp.trainerMinReplicas" -}}
+{{- $min := .Values.trainer.distributed.minReplicas }}
+{{- if eq (toString $min) "" }}{{ int .Values.trainer.replicas }}{{ else }}{{ int $min }}{{ end }}
+{{- end }}
+
+{{- define "kelp.rdzvEndpoint" -}}
+{{- printf "%s-trainer-0.%s:%d" (include "kelp.fullname" .) (include "kelp.trainerDomain" .) (int .Values.trainer.distributed.rdzvPort) }}
+{{- end }}
+
+{{/*
 Cross-field rules that values.schema.json cannot express well. Each message
 names the value to change.
 */}}
@@ -104,6 +132,14 @@ names the value to change.
 {{- if ne (empty $tls.cert.existingSecret) (empty $tls.key.existingSecret) }}
 {{- fail (printf "%s: set both cert and key (client certificate and its private key), or neither." $what) }}
 {{- end }}
+{{- end }}
+{{- $replicas := int .Values.trainer.replicas }}
+{{- $dist := .Values.trainer.distributed }}
+{{- if and (gt $replicas 1) (ne (toString $dist.minReplicas) "") (gt (int $dist.minReplicas) $replicas) }}
+{{- fail (printf "trainer.distributed.minReplicas (%d) must not exceed trainer.replicas (%d)." (int $dist.minReplicas) $replicas) }}
+{{- end }}
+{{- if and (gt $replicas 1) (eq (int $dist.rdzvPort) (int (include "kelp.metricsPort" .))) }}
+{{- fail (printf "trainer.distributed.rdzvPort (%d) must differ from config.metrics.port." (int $dist.rdzvPort)) }}
 {{- end }}
 {{- $hpa := .Values.serving.autoscaling }}
 {{- if and $hpa.enabled (gt (int $hpa.minReplicas) (int $hpa.maxReplicas)) }}
