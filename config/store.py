@@ -73,6 +73,13 @@ class StoreConfig(StrictModel):
         "one slot. Hazard: changing it changes every key (rows written before become invisible).",
     )
     hot_cache: HotCacheConfig = Field(default_factory=HotCacheConfig)
+    sparse_updates: Literal["overwrite", "compose"] = Field(
+        "overwrite",
+        description="overwrite: a push writes whole rows, the last writer wins (several trainer ranks can "
+        "overwrite each other's updates to a hot row); compose: a push sends gradients and Redis applies "
+        "row-wise Adagrad to the stored row in one script call per shard batch, so concurrent updates add "
+        "up (redis backends, float32 rows, no hot_cache).",
+    )
 
     _split = field_validator("urls", mode="before")(split_csv)
 
@@ -85,4 +92,9 @@ class StoreConfig(StrictModel):
                 raise ValueError(f"url {url!r} must start with redis://, rediss:// or unix://")
         if self.replicas and len(self.replicas) != len(self.urls):
             raise ValueError(f"replicas has {len(self.replicas)} groups but urls has {len(self.urls)} shards")
+        if self.sparse_updates == "compose" and (self.backend == "memory" or self.hot_cache.enabled):
+            raise ValueError(
+                "sparse_updates: compose needs backend redis or redis-cluster and hot_cache.enabled: false "
+                "(the update is applied inside Redis)"
+            )
         return self

@@ -37,7 +37,7 @@ from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.store.base import EmbeddingStore, PullResult
 from kelp.trainer.metrics import TrainerMetrics
-from kelp.trainer.optim import SparseUpdate
+from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate
 
 __all__ = ["END", "Prefetcher", "Prepared", "PushWriter"]
 
@@ -179,6 +179,8 @@ class PushWriter(_Stage):
     """
 
     threaded: bool = True
+    adagrad: RowWiseAdagrad | None = None
+    """Set (``store.sparse_updates: compose``): send gradients and let the store apply this optimizer."""
 
     def __post_init__(self) -> None:
         self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=self.depth)
@@ -246,14 +248,23 @@ class PushWriter(_Stage):
 
     def _write(self, item: _Pending) -> None:
         started = time.perf_counter()
-        payload = {t: (u.ids, u.rows, u.state) for t, u in item.updates.items() if len(u.ids)}
-        if payload:
-            self.guard.call("push", lambda: self.store.push_many(payload))
+        self._push({t: u for t, u in item.updates.items() if len(u.ids)})
         self.metrics.stage_seconds.labels(stage="push").observe(time.perf_counter() - started)
         self.ledger.acknowledge(item.step)  # readable by any pull that begins from now on
         self.metrics.inflight_rows.set(self.ledger.rows())
         self._not_durable.append(item)
         self._commit_durable(force=False)
+
+    def _push(self, updates: Mapping[str, SparseUpdate]) -> None:
+        if not updates:
+            return
+        adagrad = self.adagrad
+        if adagrad is None:
+            rows = {t: (u.ids, u.rows, u.state) for t, u in updates.items()}
+            self.guard.call("push", lambda: self.store.push_many(rows))
+            return
+        grads = {t: (u.ids, u.rows, u.state, u.grads) for t, u in updates.items()}
+        self.guard.call("push", lambda: self.store.apply_adagrad_many(grads, adagrad.lr, adagrad.eps))
 
     def _commit_durable(self, force: bool) -> None:
         """Commit every batch pushed so far once the store says its pushes are durable.

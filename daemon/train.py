@@ -26,6 +26,7 @@ channel, a bad record schema...) raises out of
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -281,6 +282,7 @@ class TrainDaemon:
             metrics=self.metrics,
             depth=cfg.push_queue_batches,
             threaded=cfg.prefetch_batches > 0,
+            adagrad=self._in_store_adagrad(),
         )
         writer.start()
         prefetcher.start()
@@ -313,6 +315,13 @@ class TrainDaemon:
             prefetcher.stop()
             raise
         self._drain(prefetcher, writer, publisher)
+
+    def _in_store_adagrad(self) -> Any:
+        """``store.sparse_updates: compose``: the step keeps its row gradients, the store applies them."""
+        if self.cfg.store.sparse_updates != "compose":
+            return None
+        self.step.sparse_optimizer = dataclasses.replace(self.step.sparse_optimizer, keep_grads=True)
+        return self.step.sparse_optimizer
 
     def _group_step(self, prefetcher: Prefetcher, ledger: UpdateLedger, writer: PushWriter) -> Round | None:
         """Train this rank's next batch, or join the group's step with none; the group's agreement.

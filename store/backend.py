@@ -74,12 +74,16 @@ class InitRows:
 
 @dataclass
 class RowWrite:
-    """A push to one table; ``create=False``: only ids that still have a stored row keep it (``SET XX``)."""
+    """A push to one table; ``create=False``: only ids that still have a stored row keep it (``SET XX``).
+
+    ``grads`` (``apply_adagrad_many``): float32[n, dim] gradients to apply to the stored rows instead.
+    """
 
     ids: np.ndarray
     rows: np.ndarray
     state: np.ndarray
     create: bool
+    grads: np.ndarray | None = None
 
 
 class BackendStore(EmbeddingStore):
@@ -205,14 +209,41 @@ class BackendStore(EmbeddingStore):
         return qualified
 
     def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
-        started = time.perf_counter()
         writes: dict[str, RowWrite] = {}
         for name, (raw_ids, raw_rows, raw_state) in updates.items():
             t = self.table(name)
             ids, rows, state = t.check_push(raw_ids, raw_rows, raw_state)
             writes[name] = RowWrite(ids, rows, state, create=t.admission.push_creates_rows)
+        self._push(writes, lambda now: self._write_rows(writes, now))
+
+    def apply_adagrad_many(
+        self,
+        updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        lr: float,
+        eps: float,
+    ) -> None:
+        if not self.composes_updates:
+            super().apply_adagrad_many(updates, lr, eps)
+        writes: dict[str, RowWrite] = {}
+        for name, (raw_ids, raw_rows, raw_state, raw_grads) in updates.items():
+            t = self.table(name)
+            ids, rows, state = t.check_push(raw_ids, raw_rows, raw_state)
+            grads = np.ascontiguousarray(raw_grads, dtype=np.float32)
+            if grads.shape != rows.shape:
+                raise ValueError(f"table {name!r}: grads {grads.shape} do not match rows {rows.shape}")
+            writes[name] = RowWrite(ids, rows, state, create=t.admission.push_creates_rows, grads=grads)
+        self._push(writes, lambda now: self._apply_adagrad(writes, lr, eps, now))
+
+    def _apply_adagrad(
+        self, writes: Mapping[str, RowWrite], lr: float, eps: float, now: float
+    ) -> dict[str, int]:
+        """Backends with ``composes_updates`` apply ``writes[t].grads`` to stored rows in place."""
+        raise NotImplementedError
+
+    def _push(self, writes: Mapping[str, RowWrite], write: Callable[[float], dict[str, int]]) -> None:
+        started = time.perf_counter()
         with self._op_lock:
-            kept = self._write_rows(writes, self._clock())
+            kept = write(self._clock())
         for name, w in writes.items():
             self.metrics.rows_pushed.labels(table=name).inc(kept[name])
             if kept[name] < len(w.ids):

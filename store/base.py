@@ -191,6 +191,24 @@ class EmbeddingStore(Closeable, abc.ABC):
     def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         """:meth:`push` for several tables: ``{table: (ids, rows, state)}``."""
 
+    composes_updates: ClassVar[bool] = False
+    """Whether :meth:`apply_adagrad_many` is supported (the update is applied inside the store)."""
+
+    def apply_adagrad_many(
+        self,
+        updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        lr: float,
+        eps: float,
+    ) -> None:
+        """Apply row-wise Adagrad inside the store: ``{table: (ids, rows, state, grads)}``.
+
+        Where a row is stored, ``grads`` float32[n, dim] update *that* row and
+        its accumulator (``acc += mean(g^2); row -= lr * g / (sqrt(acc) + eps)``),
+        so concurrent writers' updates compose. Where none is stored, ``rows`` and
+        ``state`` (the trainer's own result) are written as :meth:`push_many` would.
+        """
+        raise NotImplementedError(f"store backend {self.backend!r} cannot apply updates in place")
+
     @abc.abstractmethod
     def delete(self, table: str, ids: np.ndarray) -> int:
         """Remove stored rows (and admission counters); returns how many rows existed."""

@@ -62,6 +62,16 @@ def check_store_config(store_cfg: StoreConfig, tables: list[TableSpec]) -> list[
                     f"store.backend '{store_cfg.backend}' does not enforce {policy.setting}; {hint}",
                 )
             )
+    if store_cfg.sparse_updates == "compose" and cls.composes_updates:
+        for i, spec in enumerate(tables):
+            if spec.dtype != "float32":
+                problems.append(
+                    (
+                        f"features.tables[{i}].dtype",
+                        "store.sparse_updates: compose applies updates to float32 rows only; "
+                        "use dtype float32 or sparse_updates: overwrite",
+                    )
+                )
     return problems
 
 

@@ -29,6 +29,7 @@ from kelp.store.base import StoreStats, Table
 from kelp.store.connection import connection_options
 from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.keys import KeyLayout
+from kelp.store.redis_adagrad import ADAGRAD_SCRIPT, script_args
 from kelp.store.redis_plan import Group, Plan, PlanRunner, adder, chunks, count_none, scatter, setter
 
 __all__ = ["RedisBackend", "retry_policy"]
@@ -48,6 +49,7 @@ class RedisBackend(BackendStore):
 
     backend = "redis"
     enforces = frozenset({TtlEviction})
+    composes_updates = True
     eviction_hints: ClassVar[dict[type[EvictionPolicy], str]] = {
         LfuCapacity: "cap memory with Redis maxmemory + maxmemory-policy allkeys-lfu (docs/store.md), "
         "or use backend memory"
@@ -174,6 +176,39 @@ class RedisBackend(BackendStore):
                             plan.add(g.shard, ("SET", k, v, "XX", *px), count_none(lost))
         self._runner.run(plan, "push")
         return {name: len(w.ids) - dropped[name][0] for name, w in writes.items()}
+
+    def _apply_adagrad(
+        self, writes: Mapping[str, RowWrite], lr: float, eps: float, now: float
+    ) -> dict[str, int]:
+        """One ``EVAL`` of :data:`~kelp.store.redis_adagrad.ADAGRAD_SCRIPT` per chunk of a shard group."""
+        plan = Plan()
+        kept: dict[str, list[int]] = {}
+        for name, w in writes.items():
+            t = self.tables[name]
+            assert w.grads is not None
+            values = t.codec.encode(w.rows, w.state, 0, int(now))
+            layout = self.layouts[name]
+            px_ms = t.ttl.ttl_ms if t.ttl is not None else 0
+            got = kept[name] = [0]
+            for g in self.groups(name, w.ids):
+                for pos in chunks(g.pos, self.chunk):
+                    keys = layout.row_keys(w.ids[pos], np.full(len(pos), g.bucket))
+                    grads = [w.grads[i].tobytes() for i in pos.tolist()]
+                    rows = [values[i] for i in pos.tolist()]
+                    args = script_args(
+                        lr=lr,
+                        eps=eps,
+                        dim=t.codec.dim,
+                        now=int(now),
+                        px_ms=px_ms,
+                        create=w.create,
+                        grads=grads,
+                        rows=rows,
+                    )
+                    self.metrics.bytes_sent.labels(table=name).inc(sum(map(len, grads)) + sum(map(len, rows)))
+                    plan.add(g.shard, ("EVAL", ADAGRAD_SCRIPT, len(keys), *keys, *args), adder(got))
+        self._runner.run(plan, "push")
+        return {name: got[0] for name, got in kept.items()}
 
     @staticmethod
     def _px(t: Table) -> tuple[Any, ...]:

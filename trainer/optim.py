@@ -35,12 +35,15 @@ class SparseUpdate(NamedTuple):
 
     * ``ids``: uint64[K], admitted ids only (K <= U), in pull order;
     * ``rows``: float32[K, dim];
-    * ``state``: float32[K].
+    * ``state``: float32[K];
+    * ``grads``: float32[K, dim], the gradients that made ``rows`` (only with
+      ``RowWiseAdagrad(keep_grads=True)``, for a store that applies them itself).
     """
 
     ids: np.ndarray
     rows: np.ndarray
     state: np.ndarray
+    grads: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class RowWiseAdagrad:
 
     lr: float = 0.05
     eps: float = 1e-8
+    keep_grads: bool = False
+    """Also return each row's gradient (``store.sparse_updates: compose``)."""
 
     @classmethod
     def from_spec(cls, spec: SparseOptimizerSpec) -> RowWiseAdagrad:
@@ -87,12 +92,20 @@ class RowWiseAdagrad:
             ids = ids[keep]
             rows, state = rows.index_select(0, index), state.index_select(0, index)
             grad = grad.index_select(0, index) if grad is not None else None
+        grads = None
+        if self.keep_grads:
+            grads = (
+                np.zeros(tuple(rows.shape), np.float32)
+                if grad is None
+                else grad.to("cpu", torch.float32).numpy()
+            )
         if grad is not None:
             rows, state = self.step(rows, state, grad)
         return SparseUpdate(
             ids=ids,
             rows=rows.detach().to("cpu", torch.float32).numpy(),
             state=state.detach().to("cpu", torch.float32).numpy(),
+            grads=grads,
         )
 
 

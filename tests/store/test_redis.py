@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import redis
+import torch
 from prometheus_client import CollectorRegistry
 
 from kelp.config import StoreConfig, TableSpec
@@ -255,3 +256,63 @@ def test_admission_counts_are_shared_between_trainer_ranks(
         seen = rank0.pull("t", ids, count=False)
         assert seen.admitted.tolist() == [True, True, False]
         assert np.allclose(seen.rows[:2], 0.5)  # rank 0 reads what rank 1 wrote
+
+
+@pytest.mark.parametrize("topology", ["standalone", "cluster"])
+def test_in_store_adagrad_composes_two_writers_updates(
+    topology: str, redis_url: str, clean_redis_cluster: RedisCluster
+) -> None:
+    """Two ranks update the same rows from the same read: overwrite keeps one update, compose keeps both."""
+    from kelp.trainer.optim import RowWiseAdagrad
+
+    spec = TableSpec(name="t", dim=4, eviction={"ttl_s": 60})
+    urls = [redis_url] if topology == "standalone" else clean_redis_cluster.urls
+    cfg = StoreConfig(
+        backend="redis" if topology == "standalone" else "redis-cluster", urls=urls, sparse_updates="compose"
+    )
+    opt = RowWiseAdagrad(lr=0.1, eps=1e-8)
+    ids = np.arange(1, 301, dtype=np.uint64)
+    start = np.random.default_rng(0).normal(size=(300, 4)).astype(np.float32)
+    g1, g2 = (np.random.default_rng(s).normal(size=(300, 4)).astype(np.float32) for s in (1, 2))
+    deployment = f"compose{time.monotonic_ns()}"
+    with (
+        build_store(cfg, [spec], deployment, CollectorRegistry()) as rank0,
+        build_store(cfg, [spec], deployment, CollectorRegistry()) as rank1,
+    ):
+        rank0.push("t", ids, start, np.zeros(300, np.float32))
+        read = rank0.pull("t", ids, count=False)  # both ranks start from this read
+        as_t = torch.from_numpy
+        for store, g in ((rank0, g1), (rank1, g2)):
+            rows, state = opt.step(as_t(read.rows), as_t(read.state), as_t(g))
+            store.apply_adagrad_many({"t": (ids, rows.numpy(), state.numpy(), g)}, opt.lr, opt.eps)
+        stored = rank1.pull("t", ids, count=False)
+        # Both updates in order, as one trainer would apply them (double math in Redis, float32 stored).
+        rows, state = opt.step(as_t(read.rows), as_t(read.state), as_t(g1))
+        rows, state = opt.step(rows, state, as_t(g2))
+        assert np.allclose(stored.rows, rows.numpy(), atol=1e-5)
+        assert np.allclose(stored.state, state.numpy(), rtol=1e-5)
+        if topology == "standalone":  # the TTL is re-armed by the script's SET ... PX
+            key = rank0.layouts["t"].row_keys(ids[:1], np.zeros(1, np.int64))[0]
+            assert 0 < redis.Redis.from_url(redis_url).pttl(key) <= 60_000
+
+        # Absent rows: written from the trainer's own result (the table creates rows on push).
+        fresh = np.array([10_001], dtype=np.uint64)
+        one = np.ones((1, 4), np.float32)
+        rank0.apply_adagrad_many({"t": (fresh, one, np.ones(1, np.float32), one)}, opt.lr, opt.eps)
+        assert np.allclose(rank1.pull("t", fresh, count=False).rows, 1.0)
+
+
+def test_compose_is_refused_where_it_cannot_work() -> None:
+    from kelp.store import check_store_config
+
+    with pytest.raises(ValueError, match="sparse_updates: compose needs backend redis"):
+        StoreConfig(backend="memory", sparse_updates="compose")
+    cfg = StoreConfig(backend="redis", urls=["redis://127.0.0.1:1"], sparse_updates="compose")
+    problems = check_store_config(cfg, [TableSpec(name="t", dim=4, dtype="float16")])
+    assert problems == [
+        (
+            "features.tables[0].dtype",
+            "store.sparse_updates: compose applies updates to float32 rows only; "
+            "use dtype float32 or sparse_updates: overwrite",
+        )
+    ]
