@@ -27,7 +27,11 @@ drain). Reported:
   (one host clock for both ranks), so a race inside one round trip can be missed;
 * ``auc_1``, ``auc_2``: progressive AUC over every trained sample (each
   sample scored before the update that used it), all ranks together;
-* ``allreduce_seconds_per_step``: mean seconds in the dense all-reduce per group step at N=2.
+* ``allreduce_seconds_per_step``: mean seconds in the dense all-reduce per group step at N=2;
+* ``*_2_compose``: N=2 again with ``store.sparse_updates: compose`` (gradients
+  applied to the stored row inside Redis, so concurrent updates add up);
+* ``push_rows_per_s`` / ``compose_rows_per_s``: one shard, 50k dim-16 rows,
+  a plain push against the in-store Adagrad script (median of 3 each).
 """
 
 from __future__ import annotations
@@ -47,12 +51,15 @@ import numpy as np
 import torch
 import yaml
 from kafka import KafkaConsumer, TopicPartition
+from prometheus_client import CollectorRegistry
 
 from kelp.bench.runner import progress
 from kelp.bench.synth import synth_messages
 from kelp.bench.train import BATCH, PER_MESSAGE, SEED, stream_config
+from kelp.config import StoreConfig, TableSpec
 from kelp.consumers.produce import produce
 from kelp.harness import RedisServer, TansuBroker
+from kelp.store import build_store
 from kelp.trainer.evaluation import exact_auc
 
 __all__ = ["lost_update_fraction", "run"]
@@ -187,25 +194,30 @@ def run(quick: bool) -> dict[str, Any]:
         )
         out["records_produced"] = summary.messages  # Kafka records (columnar messages of 256 samples)
         out["samples_produced"] = summary.records
-        for ranks in (1, 2):
-            work = Path(tmp) / f"n{ranks}"
+        for ranks, updates in ((1, "overwrite"), (2, "overwrite"), (2, "compose")):
+            label = f"{ranks}" if updates == "overwrite" else f"{ranks}_compose"
+            work = Path(tmp) / f"n{label}"
             cfg = stream_config(broker.bootstrap, topic, redis_srv.url, work, hot_cache=False)
-            cfg.source = cfg.source.model_copy(update={"group_id": f"scale-n{ranks}-{topic}"})
+            cfg.source = cfg.source.model_copy(update={"group_id": f"scale-n{label}-{topic}"})
+            cfg.store.sparse_updates = updates
             cfg.trainer.torch_threads = 1 if ranks > 1 else None
             work.mkdir(parents=True)
             config = work / "kelp.yaml"
             config.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
-            progress(f"N={ranks}: training {summary.records:,} samples")
+            progress(f"N={label}: training {summary.records:,} samples")
             kafka = (broker.bootstrap, cfg.source.group_id, topic)
             seconds = _train(ranks, config, work / "out", kafka=kafka, records=summary.messages)
             got = _collect(work / "out", ranks, [t.name for t in cfg.features.tables])
-            progress(
-                f"N={ranks}: {got['samples_per_s']:,.0f} samples/s, AUC {got['auc']:.4f} ({seconds:.0f}s)"
-            )
-            out[f"samples_per_s_{ranks}"] = round(got["samples_per_s"], 1)
-            out[f"auc_{ranks}"] = round(got["auc"], 4)
-            out[f"samples_trained_{ranks}"] = got["samples"]
-            if ranks > 1:
+            speed, auc = got["samples_per_s"], got["auc"]
+            progress(f"N={label}: {speed:,.0f} samples/s, AUC {auc:.4f} ({seconds:.0f}s)")
+            out[f"samples_per_s_{label}"] = round(speed, 1)
+            out[f"auc_{label}"] = round(auc, 4)
+            out[f"samples_trained_{label}"] = got["samples"]
+            if updates == "compose":
+                out["dense_max_abs_diff_compose"] = got["dense_max_abs_diff"]
+                # The same races happen; with compose the stored row absorbs both updates instead.
+                out["concurrent_update_fraction_compose"] = round(got["lost_update_fraction"], 5)
+            elif ranks > 1:
                 out["ranks"] = ranks
                 out["records_committed"] = _committed(broker.bootstrap, cfg.source.group_id, topic)
                 out["dense_max_abs_diff"] = got["dense_max_abs_diff"]
@@ -215,6 +227,40 @@ def run(quick: bool) -> dict[str, Any]:
                 out["allreduce_seconds_per_step"] = round(got["allreduce_seconds_per_step"], 6)
                 out["group_steps_2"] = got["group_steps"]
                 out["per_rank_samples_2"] = got["per_rank_samples"]
+        out.update(_push_vs_compose(redis_srv.url))
     out["ratio_2_vs_1"] = round(out["samples_per_s_2"] / out["samples_per_s_1"], 3)
     out["auc_delta_2_minus_1"] = round(out["auc_2"] - out["auc_1"], 4)
+    out["auc_delta_2_compose_minus_1"] = round(out["auc_2_compose"] - out["auc_1"], 4)
     return out
+
+
+def _push_vs_compose(redis_url: str, rows: int = 50_000, dim: int = 16, repeats: int = 3) -> dict[str, Any]:
+    """Rows/s of a plain push (MSET of whole rows) vs the in-store Adagrad script, same rows, same server."""
+    spec = TableSpec(name="t", dim=dim)
+    ids = np.arange(1, rows + 1, dtype=np.uint64)
+    gen = np.random.default_rng(SEED)
+    values, grads = (
+        gen.normal(size=(rows, dim)).astype(np.float32),
+        gen.normal(size=(rows, dim)).astype(np.float32),
+    )
+    state = np.zeros(rows, np.float32)
+    cfg = StoreConfig(backend="redis", urls=[redis_url], sparse_updates="compose")
+    median: dict[str, float] = {}
+    with build_store(cfg, [spec], f"bench-compose-{uuid.uuid4().hex[:6]}", CollectorRegistry()) as store:
+        store.push("t", ids, values, state)
+        for name, call in (
+            ("push", lambda: store.push("t", ids, values, state)),
+            ("compose", lambda: store.apply_adagrad_many({"t": (ids, values, state, grads)}, 0.05, 1e-8)),
+        ):
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - started)
+            median[name] = rows / sorted(times)[len(times) // 2]
+    progress(f"push {median['push']:,.0f} rows/s, in-store Adagrad {median['compose']:,.0f} rows/s")
+    return {
+        "push_rows_per_s": round(median["push"], 1),
+        "compose_rows_per_s": round(median["compose"], 1),
+        "compose_vs_push_ratio": round(median["compose"] / median["push"], 3),
+    }

@@ -57,14 +57,22 @@ class RowTrace:
 
     def push_many(self, payload: dict[str, Any]) -> Any:
         result = self._store.push_many(payload)
+        self._record(payload)
+        return result
+
+    def apply_adagrad_many(self, payload: dict[str, Any], lr: float, eps: float) -> Any:
+        result = self._store.apply_adagrad_many(payload, lr, eps)
+        self._record(payload)
+        return result
+
+    def _record(self, payload: dict[str, Any]) -> None:
         written = time.monotonic()
         read, pulled = self._pulls.popleft()
         table = next(iter(payload))
         while self._pulls and not np.isin(payload[table][0], pulled.get(table, ())).all():
             read, pulled = self._pulls.popleft()
-        for name, (ids, _rows, _state) in payload.items():
-            self.events.setdefault(name, []).append((np.asarray(ids, dtype=np.uint64), read, written))
-        return result
+        for name, update in payload.items():
+            self.events.setdefault(name, []).append((np.asarray(update[0], dtype=np.uint64), read, written))
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Flat arrays per table: ``<table>.ids``, ``<table>.read``, ``<table>.written``."""
