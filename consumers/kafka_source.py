@@ -350,6 +350,10 @@ class KafkaSource(Source):
         self.metrics.commits.labels(result="ok").inc()
         for tp, om in offsets.items():
             self.metrics.committed.labels(topic=tp.topic, partition=str(tp.partition)).set(om.offset)
+            highwater = self._consumer.highwater(tp)
+            if highwater is not None:
+                lag = max(0, highwater - om.offset)
+                self.metrics.committed_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(lag)
 
     def _assigned(self, assigned: list[Any]) -> None:
         for tp in assigned:

@@ -7,6 +7,7 @@
 ``kelp_consumer_batches_total``             micro-batches emitted
 ``kelp_consumer_decode_seconds``            histogram: time to decode + validate one poll's records
 ``kelp_consumer_lag_records``               gauge: high watermark - position, by topic and partition
+``kelp_consumer_committed_lag_records``     gauge: high watermark - committed offset (a group's true backlog)
 ``kelp_consumer_committed_offset``          gauge: last committed offset, by topic and partition
 ``kelp_consumer_queue_batches``             gauge: batches waiting for the trainer
 ``kelp_consumer_paused``                    gauge: 1 while fetching is paused for back-pressure
@@ -40,6 +41,9 @@ class ConsumerMetrics:
         self.decode_seconds = m.histogram("decode_seconds", "Decode + validate time per run of records.")
         self.lag = m.gauge("lag_records", "High watermark minus position.", ["topic", "partition"])
         self.committed = m.gauge("committed_offset", "Last committed offset.", ["topic", "partition"])
+        self.committed_lag = m.gauge(
+            "committed_lag_records", "High watermark minus the last committed offset.", ["topic", "partition"]
+        )
         self.queue = m.gauge("queue_batches", "Micro-batches waiting for the trainer.")
         self.paused = m.gauge("paused", "1 while fetching is paused because the batch queue is full.")
         self.commits = m.counter("commits", "Offset commits sent.", ["result"])

@@ -49,10 +49,12 @@ from kelp.metrics import LabelledRegistry
 from kelp.trainer.metrics import STAGE_LABELS, TrainerMetrics
 from kelp.trainer.step import DenseSync
 
-__all__ = ["DrainTimeoutError", "TrainDaemon", "TrainReport"]
+__all__ = ["PEER_STOPPED", "DrainTimeoutError", "TrainDaemon", "TrainReport"]
 
 log = logging.getLogger("kelp.train")
 _TICK_S = 0.25
+PEER_STOPPED = "another rank stopped"
+"""``TrainReport.stopped_by`` of a rank that drained only because a peer of its group was stopping."""
 
 
 def _cpu_threads(cfg: KelpConfig) -> int:
@@ -302,7 +304,7 @@ class TrainDaemon:
                 if agreed.exhausted:
                     self.request_stop("source exhausted")
                 if agreed.stop or agreed.exhausted:
-                    self.request_stop("another rank stopped")  # no-op when this rank asked first
+                    self.request_stop(PEER_STOPPED)  # no-op when this rank asked first
                     break
                 if cfg.max_steps is not None and self.step_no - self.report.first_step >= cfg.max_steps:
                     self.request_stop("max_steps")

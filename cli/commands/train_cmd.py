@@ -2,7 +2,9 @@
 
 SIGTERM or SIGINT drains (see :mod:`kelp.daemon.train`) and exits 0; a second
 signal exits at once with status 130 (what was not committed is read again on
-restart). A fatal error exits 1 with one line; a bad config exits 2.
+restart). A fatal error exits 1 with one line; a bad config exits 2. A rank of
+a group that drained only because another rank was stopping exits 75, so its
+torchrun agent restarts it (a stopped pod's peers rejoin rather than finish).
 
 ``--nproc K`` (K > 1) starts a trainer group of K ranks on this machine with
 torchrun's own launcher (``torch.distributed.run --standalone``): the same as
@@ -26,6 +28,9 @@ from kelp.config import load_config
 __all__ = ["register"]
 
 log = logging.getLogger("kelp.train")
+
+PEER_STOPPED_EXIT = 75
+"""Exit status (EX_TEMPFAIL) of a rank that drained because a peer stopped: torchrun restarts it."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -82,7 +87,7 @@ def _launch_group(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from kelp.daemon.train import TrainDaemon
+    from kelp.daemon.train import PEER_STOPPED, TrainDaemon
 
     if args.nproc < 1:
         print("kelp: error: --nproc must be >= 1", file=sys.stderr)
@@ -111,4 +116,12 @@ def _train(args: argparse.Namespace) -> int:
         f"kelp train: stopped by {report.stopped_by}; {report.steps} steps, {report.samples} samples "
         f"in {report.seconds:.1f}s; progressive AUC {report.auc:.4f}; checkpoint {report.checkpoint}"
     )
+    if report.stopped_by == PEER_STOPPED:
+        # This rank was not asked to stop: exiting non-zero makes its torchrun agent restart it and
+        # rejoin the rendezvous at once, instead of waiting for the stopped peer as a finished job.
+        print(
+            f"kelp train: rank {report.rank} exits {PEER_STOPPED_EXIT} so torchrun restarts it",
+            file=sys.stderr,
+        )
+        return PEER_STOPPED_EXIT
     return 0

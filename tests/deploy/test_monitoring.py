@@ -33,12 +33,6 @@ GRAFANA_SUBSTITUTIONS = {
     "$namespace": ".*",
 }
 # Names a Prometheus server adds itself; not Kelp's to export.
-# Metrics the dashboard already charts while the Python side is adding them (the trainer group's
-# contract). The name check tolerates only these; test_pending_metrics_are_exported xpasses once
-# they are registered, and then the entry must go.
-PENDING_METRICS = {
-    "kelp_consumer_committed_lag_records": "ConsumerMetrics: high watermark minus committed offset",
-}
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _METRIC = re.compile(r"\bkelp_[a-z0-9_]+\b")
 
@@ -161,7 +155,7 @@ def test_dashboard_panels_have_unique_ids_and_the_datasource_variable() -> None:
 @pytest.mark.parametrize("source", ["dashboard", "alerts"])
 def test_every_metric_name_is_exported_by_kelp(source: str) -> None:
     exprs = _dashboard_exprs() if source == "dashboard" else _alert_exprs()
-    exposed = _exposed_names() | set(PENDING_METRICS)
+    exposed = _exposed_names()
     unknown = {}
     for where, expr in exprs:
         names = _metric_names(expr)
@@ -183,11 +177,6 @@ def test_name_extraction_ignores_label_values() -> None:
         "kelp_a_total",
         "kelp_b",
     }
-
-
-@pytest.mark.xfail(reason="being added to kelp's registries; remove from PENDING_METRICS once it xpasses")
-def test_pending_metrics_are_exported() -> None:
-    assert set(PENDING_METRICS) <= _exposed_names()
 
 
 # ------------------------------------------------------------------ dashboard layout
