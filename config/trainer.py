@@ -45,6 +45,12 @@ class DistributedConfig(StrictModel):
         description="A collective that waits longer than this fails the rank (a dead or stuck peer), "
         "so torchrun restarts the group instead of hanging.",
     )
+    dense_lr_scaling: Literal["linear", "none"] = Field(
+        "linear",
+        description="A group step averages the dense gradient over every rank's batch, so N ranks take N "
+        "times fewer dense steps per record: linear multiplies dense_optimizer.lr by the world size "
+        "(measured on criteo-synth: it recovers most of the AUC that larger steps lose); none keeps it.",
+    )
     idle_wait_s: float = Field(
         0.25,
         gt=0,

@@ -224,9 +224,25 @@ class TrainDaemon:
         if start is not None:
             self._adopt(start)
         self.report.first_step = self.step_no
+        self._set_dense_lr()
         if device.type == "cpu":
             torch.set_num_threads(_cpu_threads(cfg))
         log.info("model %s on %s (%d intra-op threads)", cfg.trainer.model, device, torch.get_num_threads())
+
+    def _set_dense_lr(self) -> None:
+        """The dense lr from the config (never a checkpoint's saved one), scaled for a group."""
+        settings = self.cfg.trainer
+        lr = settings.dense_optimizer.lr
+        if self.group.distributed and settings.distributed.dense_lr_scaling == "linear":
+            lr *= self.group.size
+            log.info(
+                "dense lr %g x %d ranks = %g (trainer.distributed.dense_lr_scaling)",
+                settings.dense_optimizer.lr,
+                self.group.size,
+                lr,
+            )
+        for group in self.step.optimizer.param_groups:
+            group["lr"] = lr
 
     def _leader_start(self) -> dict[str, Any]:
         """What every rank starts from: the latest checkpoint, or this (the leader's) fresh model."""
