@@ -31,7 +31,10 @@ drain). Reported:
 * ``*_2_compose``: N=2 again with ``store.sparse_updates: compose`` (gradients
   applied to the stored row inside Redis, so concurrent updates add up);
 * ``push_rows_per_s`` / ``compose_rows_per_s``: one shard, 50k dim-16 rows,
-  a plain push against the in-store Adagrad script (median of 3 each).
+  a plain push against the in-store Adagrad script (median of 3 each);
+* ``bare_allreduce_ms_*``: the group step's all-reduce alone (2 processes,
+  gloo, median of 30) for dlrm-small's dense size and 10x it: the network
+  term of ``docs/scaling.md``, without the waiting that a training step adds.
 """
 
 from __future__ import annotations
@@ -179,7 +182,7 @@ def _collect(out: Path, ranks: int, tables: list[str]) -> dict[str, Any]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    samples = (16 if quick else 96) * BATCH
+    samples = (12 if quick else 96) * BATCH  # quick: under 60 s on 2 cores with three trainings
     out: dict[str, Any] = {"workload": "criteo-synth (synthetic)", "model": "dlrm-small", "batch_size": BATCH}
     progress("starting tansu and redis-server")
     with TansuBroker() as broker, RedisServer() as redis_srv, tempfile.TemporaryDirectory() as tmp:
@@ -228,10 +231,28 @@ def run(quick: bool) -> dict[str, Any]:
                 out["group_steps_2"] = got["group_steps"]
                 out["per_rank_samples_2"] = got["per_rank_samples"]
         out.update(_push_vs_compose(redis_srv.url))
+        out.update(_bare_allreduce(Path(tmp) / "allreduce.json"))
     out["ratio_2_vs_1"] = round(out["samples_per_s_2"] / out["samples_per_s_1"], 3)
     out["auc_delta_2_minus_1"] = round(out["auc_2"] - out["auc_1"], 4)
     out["auc_delta_2_compose_minus_1"] = round(out["auc_2_compose"] - out["auc_1"], 4)
     return out
+
+
+def _bare_allreduce(out: Path) -> dict[str, Any]:
+    """Median ms of the bare gloo all-reduce of dlrm-small's dense size and 10x it, two processes."""
+    floats = (129_297, 1_292_970)  # dlrm-small's dense parameters; a model 10x larger
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["-m", "kelp.bench.allreduce_probe", "--out", str(out)]
+    for n in floats:
+        command += ["--floats", str(n)]
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    medians = json.loads(out.read_text())
+    small, large = (medians[str(n)] * 1e3 for n in floats)
+    progress(f"bare all-reduce: {small:.2f} ms (dlrm-small), {large:.2f} ms (10x)")
+    return {
+        "bare_allreduce_ms_dlrm_small": round(medians[str(floats[0])] * 1e3, 3),
+        "bare_allreduce_ms_10x": round(medians[str(floats[1])] * 1e3, 3),
+    }
 
 
 def _push_vs_compose(redis_url: str, rows: int = 50_000, dim: int = 16, repeats: int = 3) -> dict[str, Any]:
