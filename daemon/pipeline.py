@@ -30,6 +30,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass
 
+import numpy as np
+
 from kelp.consumers.base import Source
 from kelp.consumers.batch import MicroBatch
 from kelp.consumers.errors import SourceClosedError
@@ -164,6 +166,7 @@ class _Pending:
     step: int
     batch: MicroBatch
     updates: Mapping[str, SparseUpdate]
+    grads: Mapping[str, np.ndarray]
 
 
 @dataclass(eq=False)
@@ -199,9 +202,15 @@ class PushWriter(_Stage):
         if self._error is not None:
             raise self._error
 
-    def submit(self, step: int, batch: MicroBatch, updates: Mapping[str, SparseUpdate]) -> None:
-        """Queue a trained step's updates; blocks while ``depth`` steps are already in flight."""
-        item = _Pending(step, batch, updates)
+    def submit(
+        self,
+        step: int,
+        batch: MicroBatch,
+        updates: Mapping[str, SparseUpdate],
+        grads: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Queue a trained step (its row grads too, for ``adagrad``); blocks while ``depth`` are in flight."""
+        item = _Pending(step, batch, updates, grads or {})
         if self._thread is None:
             self._write(item)
             return
@@ -248,14 +257,14 @@ class PushWriter(_Stage):
 
     def _write(self, item: _Pending) -> None:
         started = time.perf_counter()
-        self._push({t: u for t, u in item.updates.items() if len(u.ids)})
+        self._push({t: u for t, u in item.updates.items() if len(u.ids)}, item.grads)
         self.metrics.stage_seconds.labels(stage="push").observe(time.perf_counter() - started)
         self.ledger.acknowledge(item.step)  # readable by any pull that begins from now on
         self.metrics.inflight_rows.set(self.ledger.rows())
         self._not_durable.append(item)
         self._commit_durable(force=False)
 
-    def _push(self, updates: Mapping[str, SparseUpdate]) -> None:
+    def _push(self, updates: Mapping[str, SparseUpdate], grads: Mapping[str, np.ndarray]) -> None:
         if not updates:
             return
         adagrad = self.adagrad
@@ -263,8 +272,8 @@ class PushWriter(_Stage):
             rows = {t: (u.ids, u.rows, u.state) for t, u in updates.items()}
             self.guard.call("push", lambda: self.store.push_many(rows))
             return
-        grads = {t: (u.ids, u.rows, u.state, u.grads) for t, u in updates.items()}
-        self.guard.call("push", lambda: self.store.apply_adagrad_many(grads, adagrad.lr, adagrad.eps))
+        payload = {t: (u.ids, u.rows, u.state, grads[t]) for t, u in updates.items()}
+        self.guard.call("push", lambda: self.store.apply_adagrad_many(payload, adagrad.lr, adagrad.eps))
 
     def _commit_durable(self, force: bool) -> None:
         """Commit every batch pushed so far once the store says its pushes are durable.

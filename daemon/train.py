@@ -392,7 +392,7 @@ class TrainDaemon:
         result = self.step(batch, pulled, dense_sync)
         self.step_no += 1
         ledger.record(self.step_no, result.updates)
-        writer.submit(self.step_no, batch, result.updates)
+        writer.submit(self.step_no, batch, result.updates, result.grads)
         for r in batch.sources:
             key = (r.topic, r.partition)
             self.offsets[key] = max(self.offsets.get(key, 0), r.last_offset + 1)

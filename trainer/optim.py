@@ -35,15 +35,15 @@ class SparseUpdate(NamedTuple):
 
     * ``ids``: uint64[K], admitted ids only (K <= U), in pull order;
     * ``rows``: float32[K, dim];
-    * ``state``: float32[K];
-    * ``grads``: float32[K, dim], the gradients that made ``rows`` (only with
-      ``RowWiseAdagrad(keep_grads=True)``, for a store that applies them itself).
+    * ``state``: float32[K].
+
+    With ``RowWiseAdagrad(keep_grads=True)`` the gradients that made ``rows``
+    travel beside it (``StepResult.grads``), for a store that applies them itself.
     """
 
     ids: np.ndarray
     rows: np.ndarray
     state: np.ndarray
-    grads: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,19 @@ class RowWiseAdagrad:
         grad: Tensor | None,
         admitted: np.ndarray | None = None,
     ) -> SparseUpdate:
-        """Step the admitted rows and return them as numpy, ready to push.
+        """:meth:`update_with_grads` without the gradients."""
+        return self.update_with_grads(ids, rows, state, grad, admitted)[0]
+
+    @torch.no_grad()
+    def update_with_grads(
+        self,
+        ids: np.ndarray,
+        rows: Tensor,
+        state: Tensor,
+        grad: Tensor | None,
+        admitted: np.ndarray | None = None,
+    ) -> tuple[SparseUpdate, np.ndarray | None]:
+        """Step the admitted rows and return them as numpy, ready to push (and their grads if kept).
 
         ``ids`` uint64[U], ``rows`` f32[U, dim], ``state`` f32[U], ``grad``
         f32[U, dim] (None when no gradient reached the table: nothing changes,
@@ -101,12 +113,12 @@ class RowWiseAdagrad:
             )
         if grad is not None:
             rows, state = self.step(rows, state, grad)
-        return SparseUpdate(
+        update = SparseUpdate(
             ids=ids,
             rows=rows.detach().to("cpu", torch.float32).numpy(),
             state=state.detach().to("cpu", torch.float32).numpy(),
-            grads=grads,
         )
+        return update, grads
 
 
 def build_dense_optimizer(params: Iterable[Tensor], spec: DenseOptimizerSpec) -> torch.optim.Optimizer:

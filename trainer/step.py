@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -70,6 +70,8 @@ class StepResult:
     * ``loss``: mean BCE over the batch, before the update;
     * ``logits``: float32[B], the pre-update predictions (progressive validation);
     * ``updates``: per table, admitted ids and their new rows and state, to ``push``;
+    * ``grads``: per table, the row gradients behind ``updates`` (only when the
+      sparse optimizer keeps them: ``store.sparse_updates: compose``);
     * ``timings``: seconds per stage of :data:`STAGES`.
     """
 
@@ -77,6 +79,7 @@ class StepResult:
     logits: np.ndarray
     updates: dict[str, SparseUpdate]
     timings: dict[str, float] = field(default_factory=dict)
+    grads: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class StageTimer:
@@ -198,15 +201,18 @@ class TrainStep:
             self.optimizer.step()
         timer.lap("dense_update")
 
-        updates = {
-            table: self.sparse_optimizer.update(
-                bt.unique_ids[table], rows[table], states[table], rows[table].grad, pulled[table].admitted
+        updates: dict[str, SparseUpdate] = {}
+        grads: dict[str, np.ndarray] = {}
+        for table, leaf in rows.items():
+            updates[table], grad = self.sparse_optimizer.update_with_grads(
+                bt.unique_ids[table], leaf, states[table], leaf.grad, pulled[table].admitted
             )
-            for table in rows
-        }
+            if grad is not None:
+                grads[table] = grad
         timer.lap("sparse_update")
 
         self.steps += 1
-        return finish_step(
+        result = finish_step(
             timer, validator=self.validator, labels=batch.labels, loss=loss, logits=logits, updates=updates
         )
+        return replace(result, grads=grads) if grads else result

@@ -6,6 +6,7 @@ import math
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,29 @@ def test_publishes_snapshots_while_training_and_on_drain(tmp_path: Path, redis_u
     served = load_model(snapshot, cfg.features)
     for name, tensor in daemon.step.model.state_dict().items():
         assert torch.equal(served.state_dict()[name].cpu(), tensor.cpu()), name
+
+
+def test_in_store_adagrad_trains_like_whole_row_pushes(tmp_path: Path, redis_url: str) -> None:
+    """One trainer: ``sparse_updates: compose`` (Redis applies the step) stores what ``overwrite`` stores."""
+    tables = ["C1", "C2", "C3"]
+    stored: dict[str, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for updates in ("overwrite", "compose"):
+        deployment = f"rowwise-{updates}-{uuid.uuid4().hex[:8]}"
+        cfg = _file_config(tmp_path, redis_url, deployment, prefetch_batches=0)
+        cfg.store.sparse_updates = updates
+        cfg.batching.batch_size = 256
+        cfg.metrics.enabled = False
+        torch.manual_seed(0)
+        assert TrainDaemon(cfg).run().samples == CRITEO_ROWS
+        with build_store(cfg.store, list(cfg.features.tables), cfg.deployment) as store:
+            stored[updates] = {}
+            for t in tables:
+                ids = np.array(sorted(_stored_rows(redis_url, cfg.deployment, t)), dtype=np.uint64)
+                got = store.pull(t, ids, count=False)
+                stored[updates][t] = (ids, got.rows, got.state)
+    for t in tables:
+        (ids_o, rows_o, state_o), (ids_c, rows_c, state_c) = stored["overwrite"][t], stored["compose"][t]
+        assert np.array_equal(ids_o, ids_c), t
+        # The same steps, in double precision inside Redis vs float32 in torch.
+        np.testing.assert_allclose(rows_c, rows_o, rtol=1e-4, atol=1e-5, err_msg=t)
+        np.testing.assert_allclose(state_c, state_o, rtol=1e-4, atol=1e-6, err_msg=t)
