@@ -54,6 +54,7 @@ from torch import nn
 
 from kelp.config import DistributedConfig
 from kelp.errors import KelpError
+from kelp.trainer.checkpoint import dense_digest
 from kelp.trainer.metrics import TrainerMetrics
 
 __all__ = ["GroupError", "Round", "TrainingGroup", "launched_world"]
@@ -247,6 +248,26 @@ class TrainingGroup:
         self._collective("all-gather", lambda: dist.all_gather_object(out, entry))
         return out
 
+    def agree_on_checkpoint(
+        self, offsets: dict[tuple[str, int], int], model: nn.Module, step: int
+    ) -> tuple[dict[tuple[str, int], int], list[dict[str, Any]] | None]:
+        """The group's trained-through offsets and every rank's entry for a checkpoint at ``step``.
+
+        Every rank calls it at the same step. It gathers each rank's offsets
+        and dense digest, and raises if two replicas differ (that would be a
+        bug: every rank applied the same update). Alone: ``(offsets, None)``.
+        """
+        if not self.distributed:
+            return offsets, None
+        mine = [{"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(offsets.items())]
+        ranks = self.gather({"rank": self.rank, "offsets": mine, "dense_sha256": dense_digest(model)})
+        if len({entry["dense_sha256"] for entry in ranks}) > 1:
+            raise KelpError(
+                f"dense replicas diverged at step {step}: "
+                + ", ".join(f"rank {e['rank']} {e['dense_sha256'][:12]}" for e in ranks)
+            )
+        return _union_offsets(ranks), ranks
+
     def _collective(self, what: str, call: Any) -> None:
         try:
             call()
@@ -255,3 +276,17 @@ class TrainingGroup:
                 f"rank {self.rank}: the trainer group's {what} failed ({str(exc).splitlines()[0]}); "
                 "a peer died or hung, exiting so torchrun restarts the group"
             ) from exc
+
+
+def _union_offsets(ranks: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    """The group's trained-through offsets: per partition the furthest any rank trained.
+
+    A partition that moved between ranks in a rebalance appears under both; the
+    newer owner's offset is the larger one.
+    """
+    union: dict[tuple[str, int], int] = {}
+    for entry in ranks:
+        for o in entry["offsets"]:
+            key = (o["topic"], int(o["partition"]))
+            union[key] = max(union.get(key, 0), int(o["offset"]))
+    return union

@@ -44,6 +44,7 @@ from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import END, Prefetcher, Prepared, PushWriter
 from kelp.daemon.preflight import preflight
+from kelp.daemon.resume import adopt, leader_start
 from kelp.errors import KelpError, UserError
 from kelp.metrics import LabelledRegistry
 from kelp.trainer.metrics import STAGE_LABELS, TrainerMetrics
@@ -218,11 +219,19 @@ class TrainDaemon:
         )
         self.config_hash = config_hash(cfg.features, cfg.trainer)
         self.group.start(self.step.model, device)
-        start = self.group.share_start(self._leader_start() if self.group.is_leader else None)
-        self.step_no = 0
-        self.offsets: dict[tuple[str, int], int] = {}
-        if start is not None:
-            self._adopt(start)
+        mine = None
+        if self.group.is_leader:
+            mine = leader_start(
+                cfg.trainer.checkpoint_dir, self.step, self.config_hash, share=self.group.distributed
+            )
+        start = self.group.share_start(mine)
+        assert start is not None
+        adopt(start, self.step, is_leader=self.group.is_leader)
+        self.step_no = start.step
+        self.offsets: dict[tuple[str, int], int] = dict(start.offsets)
+        if start.path is not None:
+            self.report.resumed_from = start.path
+            self.metrics.checkpoint_written(start.created_at)
         self.report.first_step = self.step_no
         self._set_dense_lr()
         if device.type == "cpu":
@@ -243,41 +252,6 @@ class TrainDaemon:
             )
         for group in self.step.optimizer.param_groups:
             group["lr"] = lr
-
-    def _leader_start(self) -> dict[str, Any]:
-        """What every rank starts from: the latest checkpoint, or this (the leader's) fresh model."""
-        from kelp.trainer.checkpoint import load_latest
-
-        cfg = self.cfg
-        info = load_latest(
-            cfg.trainer.checkpoint_dir,
-            self.step.model,
-            self.step.optimizer,
-            expected_config_hash=self.config_hash,
-        )
-        start: dict[str, Any] = {"step": 0, "offsets": {}, "path": None, "created_at": None}
-        if info is not None:
-            log.info("resumed dense model from %s (step %d)", info.path.name, info.step)
-            start.update(
-                step=info.step, offsets=dict(info.offsets), path=str(info.path), created_at=info.created_at
-            )
-        else:
-            log.info("no checkpoint in %s: starting a fresh model", cfg.trainer.checkpoint_dir)
-        if self.group.distributed:  # the followers copy the dense state; alone it is already loaded
-            start["model"] = {k: v.detach().to("cpu") for k, v in self.step.model.state_dict().items()}
-            start["optimizer"] = self.step.optimizer.state_dict()
-        return start
-
-    def _adopt(self, start: dict[str, Any]) -> None:
-        if not self.group.is_leader:
-            self.step.model.load_state_dict(start["model"])
-            if start["optimizer"]["state"]:
-                self.step.optimizer.load_state_dict(start["optimizer"])
-        self.step_no = start["step"]
-        self.offsets = dict(start["offsets"])
-        if start["path"] is not None:
-            self.report.resumed_from = start["path"]
-            self.metrics.checkpoint_written(start["created_at"])
 
     def _build_publisher(self) -> Any:
         if not (self._publish and self.cfg.publisher.enabled and self.group.is_leader):  # one voice
@@ -421,30 +395,14 @@ class TrainDaemon:
         their trained-through offsets and dense digests, refuse to go on if the
         replicas differ, and the leader alone writes the file.
         """
-        from kelp.trainer.checkpoint import dense_digest, save_checkpoint
+        from kelp.trainer.checkpoint import save_checkpoint
 
         cfg = self.cfg.trainer
         due = self.step_no - self._last_checkpoint_step >= cfg.checkpoint_every_steps or clock_due
         if not (force or due) or self.step_no == self._last_checkpoint_step:
             return
         started = time.perf_counter()
-        offsets, ranks = self.offsets, None
-        if self.group.distributed:
-            ranks = self.group.gather(
-                {
-                    "rank": self.group.rank,
-                    "offsets": [
-                        {"topic": t, "partition": p, "offset": o} for (t, p), o in sorted(offsets.items())
-                    ],
-                    "dense_sha256": dense_digest(self.step.model),
-                }
-            )
-            if len({entry["dense_sha256"] for entry in ranks}) > 1:
-                raise KelpError(
-                    f"dense replicas diverged at step {self.step_no}: "
-                    + ", ".join(f"rank {e['rank']} {e['dense_sha256'][:12]}" for e in ranks)
-                )
-            offsets = _union_offsets(ranks)
+        offsets, ranks = self.group.agree_on_checkpoint(self.offsets, self.step.model, self.step_no)
         try:
             if not self.group.is_leader:
                 return
@@ -554,17 +512,3 @@ class TrainDaemon:
             if value:
                 totals[stage] = value
         return totals
-
-
-def _union_offsets(ranks: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
-    """The group's trained-through offsets: per partition the furthest any rank trained.
-
-    A partition that moved between ranks in a rebalance appears under both; the
-    newer owner's offset is the larger one.
-    """
-    union: dict[tuple[str, int], int] = {}
-    for entry in ranks:
-        for o in entry["offsets"]:
-            key = (o["topic"], int(o["partition"]))
-            union[key] = max(union.get(key, 0), int(o["offset"]))
-    return union
