@@ -204,3 +204,52 @@ def test_kill_9_of_one_rank_restarts_the_group_and_loses_nothing(
     final = group_offsets(tansu, cfg.source.group_id, topic)
     assert sum(final) == CRITEO_ROWS
     _assert_group_checkpoint(cfg, final, log)
+
+
+def test_two_torchrun_agents_meet_through_a_c10d_rendezvous(
+    tmp_path: Path, tansu: TansuBroker, criteo_topic: str, redis_url: str
+) -> None:
+    """What the Helm chart runs per pod: one torchrun agent per node, ``--nnodes=2`` and a c10d endpoint.
+
+    Both "pods" are on loopback here; ``--local-addr`` orders the node ranks as in the chart.
+    """
+    from kelp.harness import free_port
+
+    config = _group_config(tmp_path, tansu, criteo_topic, redis_url)
+    cfg = load_config(config)
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = []
+    for node, addr in enumerate(("127.0.0.1", "localhost")):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+        command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=kelp-test"]
+        command += [f"--local-addr={addr}", "--monitor-interval=0.5"]
+        command += ["-m", "kelp.cli", "train", "--config", str(config)]
+        with (tmp_path / f"node{node}.log").open("wb") as out:
+            agents.append(
+                subprocess.Popen(
+                    command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    # One host plays two pods: each "pod" needs its own metrics port.
+                    env={**os.environ, "OMP_NUM_THREADS": "1", "KELP_METRICS__PORT": str(free_port())},
+                    start_new_session=True,
+                )
+            )
+    logs = lambda: "".join((tmp_path / f"node{n}.log").read_text() for n in (0, 1))  # noqa: E731
+    try:
+        wait_for(
+            lambda: _all_committed(tansu, cfg.source.group_id, criteo_topic, agents[0]), 150, "every record"
+        )
+        assert all(a.poll() is None for a in agents), logs()[-3000:]
+        for agent in agents:
+            agent.send_signal(signal.SIGTERM)
+        for agent in agents:
+            agent.wait(timeout=90)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+    assert "rank 0 of 2 joined" in logs() and "rank 1 of 2 joined" in logs(), logs()[-3000:]
+    committed = group_offsets(tansu, cfg.source.group_id, criteo_topic)
+    assert sum(committed) == CRITEO_ROWS
+    _assert_group_checkpoint(cfg, committed, logs())
