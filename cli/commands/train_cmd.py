@@ -24,6 +24,7 @@ import sys
 from types import FrameType
 
 from kelp.config import load_config
+from kelp.errors import UserError
 
 __all__ = ["register"]
 
@@ -57,7 +58,12 @@ def _launch_group(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    load_config(args.config)  # a bad config fails here, once, not in K ranks
+    cfg = load_config(args.config)  # a bad config fails here, once, not in K ranks
+    if cfg.source.kind != "kafka":
+        raise UserError(
+            f"{args.config}: --nproc {args.nproc} needs source.kind: kafka (a consumer group splits "
+            f"its partitions between ranks); with {cfg.source.kind} every rank would train every record"
+        )
     argv = [
         "--standalone",
         f"--nproc-per-node={args.nproc}",

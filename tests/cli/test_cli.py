@@ -37,3 +37,19 @@ def test_operational_error_is_one_line_with_exit_1() -> None:
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("kelp: error:")
     assert "bootstrap" in last
+
+
+def test_a_group_on_a_file_source_is_refused_before_any_rank_starts() -> None:
+    """``kelp train --nproc 2`` on the shipped (file-source) example: one line, exit 2, no torchrun."""
+    from kelp.examples import example_path
+
+    config = str(example_path("criteo-kaggle.yaml"))
+    result = subprocess.run(
+        [sys.executable, "-m", "kelp.cli", "train", "--config", config, "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("kelp: error:")
+    assert "--nproc 2 needs source.kind: kafka" in result.stderr
