@@ -55,6 +55,12 @@ class AdmissionSpec(StrictModel):
         gt=0,
         description="Seconds a not-yet-admitted id's sighting counter lives (bounds counter memory).",
     )
+    count: Literal["occurrences", "pulls"] = Field(
+        "occurrences",
+        description="What min_count counts. occurrences: every occurrence of the id in the trained "
+        "samples (an id in 3 samples of one batch counts 3); pulls: one per micro-batch that contains "
+        "it (bursty ids, e.g. a user rating 50 films in one session, count once per batch).",
+    )
 
     @model_validator(mode="after")
     def _one_rule(self) -> Self:

@@ -138,7 +138,11 @@ class Prefetcher(_Stage):
         watermark = self.ledger.begin_pull()
         started = time.perf_counter()
         ids = {table: t.unique_ids for table, t in batch.tables.items()}
-        pulled = self.guard.call("pull", lambda: self.store.pull_many(ids))
+        # How often each unique id occurs in the batch: admission counts occurrences, not batches.
+        occurrences = {
+            table: np.bincount(t.inverse, minlength=len(t.unique_ids)) for table, t in batch.tables.items()
+        }
+        pulled = self.guard.call("pull", lambda: self.store.pull_many(ids, occurrences=occurrences))
         pull_s = time.perf_counter() - started
         self.metrics.stage_seconds.labels(stage="pull").observe(pull_s)
         return Prepared(batch=batch, pulled=pulled, watermark=watermark, pull_s=pull_s)

@@ -59,6 +59,9 @@ class AdmissionPolicy(abc.ABC):
     push_creates_rows: bool = False
     """A push of an id without a stored row stores it (True), or is discarded and counted (False)."""
 
+    counts_occurrences: bool = False
+    """A pull adds each id's occurrences in the batch to its counter (True), or one per pull (False)."""
+
     @abc.abstractmethod
     def admit(self, n: int, sightings: np.ndarray | None) -> np.ndarray:
         """bool[n]: which of ``n`` ids without a stored row are admitted by this sighting.
@@ -81,15 +84,21 @@ class AlwaysAdmit(AdmissionPolicy):
 
 
 class AdmitAfterCount(AdmissionPolicy):
-    """Admit on the ``min_count``-th sighting; a counter lives ``counter_ttl_s`` from its first sighting."""
+    """Admit on the ``min_count``-th sighting; a counter lives ``counter_ttl_s`` from its first sighting.
 
-    def __init__(self, min_count: int, counter_ttl_s: float = 86_400.0) -> None:
+    ``occurrences=True`` (the config default): a sighting is one occurrence of
+    the id in a trained sample, so an id in 3 samples of one batch is admitted
+    by that batch at ``min_count: 3``. ``False``: one sighting per pull.
+    """
+
+    def __init__(self, min_count: int, counter_ttl_s: float = 86_400.0, *, occurrences: bool = False) -> None:
         if min_count < 1:
             raise ValueError(f"min_count must be >= 1, got {min_count}")
         if counter_ttl_s <= 0:
             raise ValueError(f"counter_ttl_s must be > 0, got {counter_ttl_s}")
         self.min_count = min_count
         self.counter_ttl_s = counter_ttl_s
+        self.counts_occurrences = occurrences
 
     def admit(self, n: int, sightings: np.ndarray | None) -> np.ndarray:
         if sightings is None or len(sightings) != n:
@@ -97,7 +106,10 @@ class AdmitAfterCount(AdmissionPolicy):
         return np.asarray(sightings) >= self.min_count
 
     def __repr__(self) -> str:
-        return f"AdmitAfterCount(min_count={self.min_count}, counter_ttl_s={self.counter_ttl_s:g})"
+        return (
+            f"AdmitAfterCount(min_count={self.min_count}, counter_ttl_s={self.counter_ttl_s:g}, "
+            f"occurrences={self.counts_occurrences})"
+        )
 
 
 class AdmitByChance(AdmissionPolicy):
@@ -121,7 +133,7 @@ def build_admission(spec: AdmissionSpec, draws: Draws) -> AdmissionPolicy:
     if spec.min_count > 1 and spec.probability < 1:
         raise ValueError("admission: set min_count > 1 or probability < 1, not both")
     if spec.min_count > 1:
-        return AdmitAfterCount(spec.min_count, spec.counter_ttl_s)
+        return AdmitAfterCount(spec.min_count, spec.counter_ttl_s, occurrences=spec.count == "occurrences")
     if spec.probability < 1:
         return AdmitByChance(spec.probability, draws)
     return AlwaysAdmit()

@@ -118,9 +118,18 @@ class BackendStore(EmbeddingStore):
 
     @abc.abstractmethod
     def _count_sightings(
-        self, requests: Mapping[str, tuple[np.ndarray, float]], now: float
+        self, requests: Mapping[str, tuple[np.ndarray, np.ndarray, float]], now: float
     ) -> dict[str, np.ndarray]:
-        """Record one sighting of each id (``{table: (ids, counter_ttl_s)}``); int64 counts including it."""
+        """Add sightings (``{table: (ids, int64 increments, counter_ttl_s)}``); the counts after them."""
+
+    def _increments(
+        self, name: str, missing: np.ndarray, occurrences: Mapping[str, np.ndarray]
+    ) -> np.ndarray:
+        """Sightings this pull adds at the ``missing`` positions: occurrences if the policy counts them."""
+        occ = occurrences.get(name)
+        if occ is None or not self.tables[name].admission.counts_occurrences:
+            return np.ones(len(missing), dtype=np.int64)
+        return np.maximum(np.asarray(occ, dtype=np.int64)[missing], 1)
 
     @abc.abstractmethod
     def _store_init_rows(self, admits: Mapping[str, InitRows], now: float) -> None:
@@ -133,7 +142,11 @@ class BackendStore(EmbeddingStore):
     # -- the flow -------------------------------------------------------------------------------
 
     def pull_many(
-        self, ids_by_table: Mapping[str, np.ndarray], *, count: bool = True
+        self,
+        ids_by_table: Mapping[str, np.ndarray],
+        *,
+        count: bool = True,
+        occurrences: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, PullResult]:
         started = time.perf_counter()
         batch = {name: self.table(name).check_ids(raw) for name, raw in ids_by_table.items()}
@@ -144,7 +157,7 @@ class BackendStore(EmbeddingStore):
             out = {
                 name: PullResult(s.rows, s.state, s.present.copy(), s.updated_s) for name, s in stored.items()
             }
-            admitted = self._admit(batch, stored, missing, now) if count else {}
+            admitted = self._admit(batch, stored, missing, now, occurrences or {}) if count else {}
             for name, ids in batch.items():
                 t, result, miss = self.tables[name], out[name], missing[name]
                 qualify = admitted.get(name, np.zeros(len(miss), dtype=bool))
@@ -171,13 +184,14 @@ class BackendStore(EmbeddingStore):
         stored: Mapping[str, StoredRows],
         missing: Mapping[str, np.ndarray],
         now: float,
+        occurrences: Mapping[str, np.ndarray],
     ) -> dict[str, np.ndarray]:
         """Ask each table's policy which missing ids it admits; store init rows where it says so.
 
         Returns ``{table: bool[len(missing)]}``; admitted positions already hold their init row.
         """
         counting = {
-            name: (batch[name][m], ttl)
+            name: (batch[name][m], self._increments(name, m, occurrences), ttl)
             for name, m in missing.items()
             if len(m) and (ttl := self.tables[name].admission.counter_ttl_s) is not None
         }

@@ -165,17 +165,26 @@ class EmbeddingStore(Closeable, abc.ABC):
 
     # -- the verbs -----------------------------------------------------------------------------
 
-    def pull(self, table: str, ids: np.ndarray, *, count: bool = True) -> PullResult:
+    def pull(
+        self, table: str, ids: np.ndarray, *, count: bool = True, occurrences: np.ndarray | None = None
+    ) -> PullResult:
         """Rows for uint64[n] unique ``ids``: a :class:`PullResult` of length n.
 
-        ``count=True`` (trainer reads) records a sighting for admission and may
-        admit ids; ``count=False`` (serving) only reads.
+        ``count=True`` (trainer reads) records sightings for admission and may
+        admit ids; ``count=False`` (serving) only reads. ``occurrences``
+        int64[n]: how often each id occurs in the trained samples; a table whose
+        admission counts occurrences adds these (default: 1 each).
         """
-        return self.pull_many({table: ids}, count=count)[table]
+        occ = None if occurrences is None else {table: occurrences}
+        return self.pull_many({table: ids}, count=count, occurrences=occ)[table]
 
     @abc.abstractmethod
     def pull_many(
-        self, ids_by_table: Mapping[str, np.ndarray], *, count: bool = True
+        self,
+        ids_by_table: Mapping[str, np.ndarray],
+        *,
+        count: bool = True,
+        occurrences: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, PullResult]:
         """:meth:`pull` for several tables at once, one round trip per shard where the backend can."""
 

@@ -87,6 +87,27 @@ def check_admission_min_count(make_store: MakeStore) -> None:
         np.testing.assert_array_equal(again.rows, rows)
 
 
+def check_admission_counts_occurrences(make_store: MakeStore) -> None:
+    """min_count=3 counts occurrences by default: an id in 3 samples of one batch is admitted by that pull;
+    with ``count: pulls`` the same pull is one sighting."""
+    by_occurrence = TableSpec(name="occ", dim=2, admission={"min_count": 3})
+    by_pull = TableSpec(name="pulls", dim=2, admission={"min_count": 3, "count": "pulls"})
+    with make_store([by_occurrence, by_pull]) as store:
+        ids = np.array([5, 6, 7], np.uint64)
+        occurrences = np.array([3, 1, 2], np.int64)
+        got = store.pull_many(
+            {"occ": ids, "pulls": ids}, occurrences={"occ": occurrences, "pulls": occurrences}
+        )
+        assert got["occ"].admitted.tolist() == [True, False, False]
+        assert not got["pulls"].admitted.any()
+        again = store.pull_many(
+            {"occ": ids, "pulls": ids}, occurrences={"occ": occurrences, "pulls": occurrences}
+        )
+        assert again["occ"].admitted.tolist() == [True, False, True]  # 2 + 2 occurrences
+        assert not again["pulls"].admitted.any()  # 2 pulls
+        assert store.pull("pulls", ids).admitted.all()  # the third pull; without occurrences: 1 each
+
+
 def check_count_false_never_counts(make_store: MakeStore) -> None:
     """Serving reads (count=False) never record sightings nor admit."""
     with make_store([TableSpec(name="t", dim=2, admission={"min_count": 2})]) as store:
@@ -226,6 +247,7 @@ ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_large_ids_and_batches,
     check_admission_off_reads_init_row,
     check_admission_min_count,
+    check_admission_counts_occurrences,
     check_count_false_never_counts,
     check_default_row_init,
     check_probability_admission,

@@ -131,13 +131,18 @@ class HotRowCache(EmbeddingStore):
     # -- verbs ----------------------------------------------------------------------------------
 
     def pull_many(
-        self, ids_by_table: Mapping[str, np.ndarray], *, count: bool = True
+        self,
+        ids_by_table: Mapping[str, np.ndarray],
+        *,
+        count: bool = True,
+        occurrences: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, PullResult]:
         with self._lock:
             now = self._clock()
             hits: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
             stale: dict[str, np.ndarray] = {}
             need: dict[str, np.ndarray] = {}
+            need_occ: dict[str, np.ndarray] = {}
             for name, raw in ids_by_table.items():
                 t = self.table(name)
                 ids = t.check_ids(raw)
@@ -151,6 +156,8 @@ class HotRowCache(EmbeddingStore):
                     cached &= ~too_old
                 hits[name] = (ids, slots, cached)
                 need[name] = ids[~cached]
+                if occurrences is not None and name in occurrences:
+                    need_occ[name] = np.asarray(occurrences[name])[~cached]
                 self.metrics.hot_hits.labels(table=name).inc(int(cached.sum()))
                 self.metrics.hot_misses.labels(table=name).inc(int((~cached).sum()))
                 self._lookups += len(ids)
@@ -160,7 +167,11 @@ class HotRowCache(EmbeddingStore):
                 for name, s in stale.items():
                     self._drop(name, s)
                     self.metrics.hot_stale.inc(len(s))
-            fetched = self.inner.pull_many({k: v for k, v in need.items() if len(v)}, count=count)
+            fetched = self.inner.pull_many(
+                {k: v for k, v in need.items() if len(v)},
+                count=count,
+                occurrences={k: v for k, v in need_occ.items() if len(v)},
+            )
             out: dict[str, PullResult] = {}
             for name, (ids, slots, cached) in hits.items():
                 t = self.tables[name]

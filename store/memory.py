@@ -131,15 +131,18 @@ class MemoryStore(BackendStore):
         return out
 
     def _count_sightings(
-        self, requests: Mapping[str, tuple[np.ndarray, float]], now: float
+        self, requests: Mapping[str, tuple[np.ndarray, np.ndarray, float]], now: float
     ) -> dict[str, np.ndarray]:
         return {
-            name: self._sight(self._counters[name], ids, ttl, now) for name, (ids, ttl) in requests.items()
+            name: self._sight(self._counters[name], ids, increments, ttl, now)
+            for name, (ids, increments, ttl) in requests.items()
         }
 
     @staticmethod
-    def _sight(counters: SlotTable, ids: np.ndarray, ttl: float, now: float) -> np.ndarray:
-        """One more sighting of each id; a counter first seen ``ttl`` ago starts again."""
+    def _sight(
+        counters: SlotTable, ids: np.ndarray, increments: np.ndarray, ttl: float, now: float
+    ) -> np.ndarray:
+        """``increments`` more sightings of each id; a counter first seen ``ttl`` ago starts again."""
         slots = counters.lookup(ids)
         new = slots < 0
         if int(new.sum()) > counters.room:  # would grow: drop expired counters first, then look again
@@ -153,7 +156,7 @@ class MemoryStore(BackendStore):
         stale = slots[first[slots] < now - ttl]
         count[stale] = 0
         first[stale] = now
-        count[slots] += 1
+        count[slots] += increments.astype(count.dtype)
         return count[slots].astype(np.int64)
 
     def _store_init_rows(self, admits: Mapping[str, InitRows], now: float) -> None:

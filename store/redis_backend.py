@@ -114,19 +114,19 @@ class RedisBackend(BackendStore):
         return StoredRows(decoded.present, decoded.rows, decoded.state, decoded.updated_s)
 
     def _count_sightings(
-        self, requests: Mapping[str, tuple[np.ndarray, float]], now: float
+        self, requests: Mapping[str, tuple[np.ndarray, np.ndarray, float]], now: float
     ) -> dict[str, np.ndarray]:
-        """INCR each id's counter; ``PEXPIRE ... NX`` gives a new counter its own TTL once."""
+        """INCRBY each id's counter (one command per id, as INCR was); ``PEXPIRE ... NX`` sets new TTLs."""
         plan = Plan()
         counts: dict[str, np.ndarray] = {}
-        for name, (ids, ttl_s) in requests.items():
+        for name, (ids, increments, ttl_s) in requests.items():
             got = counts[name] = np.zeros(len(ids), dtype=np.int64)
             layout = self.layouts[name]
             ttl_ms = max(1, int(ttl_s * 1000))
             for g in self.groups(name, ids):
                 keys = layout.counter_keys(ids[g.pos], np.full(len(g.pos), g.bucket))
                 for k, p in zip(keys, g.pos.tolist(), strict=True):
-                    plan.add(g.shard, ("INCR", k), setter(got, p))
+                    plan.add(g.shard, ("INCRBY", k, int(increments[p])), setter(got, p))
                     plan.add(g.shard, ("PEXPIRE", k, ttl_ms, "NX"))
         self._runner.run(plan, "admit")
         return counts
