@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal, Self
 
 from pydantic import Field, field_validator, model_validator
@@ -53,6 +54,12 @@ class KelpConfig(StrictModel):
                 "expected 1-64 lowercase letters, digits or '-', not starting or ending with '-'"
             )
         return v
+
+    @model_validator(mode="after")
+    def _checkpoints_per_deployment(self) -> Self:
+        if self.trainer.checkpoint_dir is None:
+            self.trainer.checkpoint_dir = Path("runs") / self.deployment / "checkpoints"
+        return self
 
     @model_validator(mode="after")
     def _publisher_has_a_channel(self) -> Self:

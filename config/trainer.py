@@ -68,7 +68,11 @@ class TrainerConfig(StrictModel):
     device: str = Field("auto", description="auto (cuda when available, else cpu), cpu, cuda or cuda:N.")
     sparse_optimizer: SparseOptimizerSpec = Field(default_factory=SparseOptimizerSpec)
     dense_optimizer: DenseOptimizerSpec = Field(default_factory=DenseOptimizerSpec)
-    checkpoint_dir: Path = Field(Path("runs/checkpoints"), description="Dense checkpoints (safetensors).")
+    checkpoint_dir: Path | None = Field(
+        None,
+        description="Dense checkpoints (safetensors). Default: runs/<deployment>/checkpoints next to the "
+        "config file, so two deployments never resume each other's model.",
+    )
     checkpoint_every_steps: int = Field(500, ge=1)
     checkpoint_every_s: float = Field(60.0, gt=0)
     prefetch_batches: int = Field(

@@ -235,8 +235,10 @@ def load_latest(
     tensors, meta = read_checkpoint(path, pointer.get("sha256"))
     if expected_config_hash is not None and meta["config_hash"] != expected_config_hash:
         raise UserError(
-            f"checkpoint {path.name} was written for config {meta['config_hash']}, "
-            f"the current config is {expected_config_hash}; use a new checkpoint_dir or the old config"
+            f"trainer.checkpoint_dir {path.parent}: its latest checkpoint {path.name} was written for "
+            f"another model or feature/table layout (fingerprint {meta['config_hash']}, this config "
+            f"{expected_config_hash}); to start fresh, set another trainer.checkpoint_dir (and deployment, "
+            f"for fresh rows) or remove {path.parent}; to resume, use the config that wrote it"
         )
     model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     model.load_state_dict(model_state, strict=True)

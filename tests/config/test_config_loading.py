@@ -58,6 +58,14 @@ def test_relative_paths_resolve_against_config_file(tmp_path: Path) -> None:
     assert cfg.trainer.checkpoint_dir.is_absolute()
 
 
+def test_default_checkpoints_are_per_deployment(tmp_path: Path) -> None:
+    """Two deployments never resume each other's dense model by default."""
+    source = "source: {kind: file, path: x.tsv, format: criteo_tsv}\npublisher: {enabled: false}\n"
+    for deployment in ("ads-a", "ads-b"):
+        cfg = load_config(_write(tmp_path, f"deployment: {deployment}\n{source}"), environ={})
+        assert cfg.trainer.checkpoint_dir == tmp_path / "runs" / deployment / "checkpoints"
+
+
 def test_env_overrides_nested_fields_lists_and_types() -> None:
     env = {
         "KELP_STORE__BACKEND": "redis",

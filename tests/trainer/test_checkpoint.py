@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from kelp.config import AdmissionSpec
 from kelp.errors import UserError
 from kelp.trainer.checkpoint import FORMAT_VERSION, config_hash, load_latest, save_checkpoint
 from kelp.trainer.models import build_model
@@ -108,7 +109,7 @@ def test_mismatches_are_user_errors(tmp_path) -> None:  # type: ignore[no-untype
     _spec, _config, model, opt = _trained()
     assert load_latest(tmp_path, model) is None
     path = save_checkpoint(tmp_path, model, opt, step=1, config_hash="abc")
-    with pytest.raises(UserError, match="config"):
+    with pytest.raises(UserError, match=r"to start fresh, set another trainer\.checkpoint_dir"):
         load_latest(tmp_path, model, expected_config_hash="def")
     sgd = build_dense_optimizer(
         model.parameters(), small_config().dense_optimizer.model_copy(update={"kind": "sgd"})
@@ -127,3 +128,26 @@ def test_config_hash_tracks_model_shape() -> None:
     assert config_hash(spec, small_config()) == config_hash(spec, small_config(device="cpu"))
     assert config_hash(spec, small_config()) != config_hash(spec, small_config(top_mlp=[32]))
     assert np.char.isalnum(config_hash(spec, small_config()))
+
+
+def test_the_fingerprint_covers_what_gives_stored_state_its_meaning() -> None:
+    """Admission, dims, tables and the model change the fingerprint; a log interval does not."""
+    spec, config, _model, _opt = _trained()
+    base = config_hash(spec, config)
+    table = spec.tables[0]
+    for changed in (
+        spec.model_copy(
+            update={"tables": [table.model_copy(update={"dim": table.dim * 2}), *spec.tables[1:]]}
+        ),
+        spec.model_copy(
+            update={
+                "tables": [
+                    table.model_copy(update={"admission": AdmissionSpec(min_count=3)}),
+                    *spec.tables[1:],
+                ]
+            }
+        ),
+    ):
+        assert config_hash(changed, config) != base
+    assert config_hash(spec, config.model_copy(update={"model": "dcn-v2"})) != base
+    assert config_hash(spec, config.model_copy(update={"log_every_s": 99.0})) == base
