@@ -45,8 +45,10 @@ from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import END, Prefetcher, Prepared, PushWriter
 from kelp.daemon.preflight import preflight
 from kelp.daemon.resume import adopt, leader_start
+from kelp.daemon.summary import RunSummary, summarize
 from kelp.errors import KelpError, UserError
 from kelp.metrics import LabelledRegistry
+from kelp.store.base import StoreStats
 from kelp.trainer.metrics import STAGE_LABELS, TrainerMetrics
 from kelp.trainer.step import DenseSync
 
@@ -92,6 +94,7 @@ class TrainReport:
     published_version: int | None = None
     rank: int = 0
     world_size: int = 1
+    summary: RunSummary | None = None
 
 
 class TrainDaemon:
@@ -132,6 +135,7 @@ class TrainDaemon:
         self.report = TrainReport(rank=self.group.rank, world_size=self.group.size)
         self._exhausted = False
         self._busy = False
+        self._store_stats: StoreStats | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -190,12 +194,15 @@ class TrainDaemon:
                 try:
                     with build_source(cfg.source, cfg.features, cfg.batching, self.registry) as source:
                         self._loop(source, store, publisher)
+                    self._store_stats = _cheap_stats(store)
                 finally:
                     if publisher is not None:
                         publisher.close()
         finally:
             self.report.seconds = time.perf_counter() - started
             self.report.stage_seconds = self._stage_totals()
+            if self._state == "stopped":
+                self.report.summary = summarize(self.report, self.validator, self._store_stats, self.registry)
             self.metrics.ready.set(0)
             torch.set_num_threads(threads_before)
             self.group.close()
@@ -512,3 +519,12 @@ class TrainDaemon:
             if value:
                 totals[stage] = value
         return totals
+
+
+def _cheap_stats(store: Any) -> StoreStats | None:
+    """The store's stats for the summary; a store that cannot answer now leaves them out."""
+    try:
+        return store.stats()
+    except KelpError as exc:
+        log.warning("store stats for the summary: %s", exc)
+        return None

@@ -122,6 +122,12 @@ def _train(args: argparse.Namespace) -> int:
         f"kelp train: stopped by {report.stopped_by}; {report.steps} steps, {report.samples} samples "
         f"in {report.seconds:.1f}s; progressive AUC {report.auc:.4f}; checkpoint {report.checkpoint}"
     )
+    if report.summary is not None:
+        if args.log_format == "json":
+            print(report.summary.as_json())
+        else:
+            for line in report.summary.lines():
+                print(f"  {line}")
     if report.stopped_by == PEER_STOPPED:
         # This rank was not asked to stop: exiting non-zero makes its torchrun agent restart it and
         # rejoin the rendezvous at once, instead of waiting for the stopped peer as a finished job.

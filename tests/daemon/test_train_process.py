@@ -123,3 +123,30 @@ def test_kill_9_then_restart_resumes_with_every_record_trained(
     # Committed records were trained by the first run; every other record by the second.
     assert rest.samples == CRITEO_ROWS - sum(committed)
     assert sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_the_run_ends_with_a_summary_a_user_can_read(tmp_path: Path, log_format: str) -> None:
+    """Samples, speed, AUC with its bound, log loss, rows stored per table and rejections, as text or JSON."""
+    config = write_config(base_config(tmp_path), tmp_path / "kelp.yaml")
+    result = subprocess.run(
+        [sys.executable, "-m", "kelp.cli", "--log-format", log_format, "train", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    if log_format == "json":
+        line = next(x for x in result.stdout.splitlines() if '"train_summary"' in x)
+        summary = json.loads(line)
+        assert summary["samples"] == CRITEO_ROWS and summary["stopped_by"] == "source exhausted"
+        assert 0.0 < summary["auc"] < 1.0 and summary["auc_error_bound"] >= 0.0
+        assert summary["log_loss"] > 0.0
+        assert sum(summary["rows"].values()) > 0 and set(summary["rows"]) >= {"C1", "C26"}
+        assert isinstance(summary["rejected"], dict)
+    else:
+        out = result.stdout
+        assert f"trained {CRITEO_ROWS:,} samples" in out
+        assert "progressive AUC" in out and "binning" in out and "log loss" in out
+        assert "rows stored:" in out and "records rejected:" in out

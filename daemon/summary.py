@@ -1,0 +1,119 @@
+"""What ``kelp train`` tells its user when it stops: did it learn, how fast, what it stored, what it refused.
+
+A user who runs the trainer on a file for a few seconds has no Prometheus; the
+summary is their evidence. It is built from the run's own records (the
+progressive validator, the store's cheap stats, the registry's counters), so
+it says nothing the metrics would not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from kelp.store.base import StoreStats
+from kelp.trainer.evaluation import ProgressiveValidator
+
+__all__ = ["RunSummary", "summarize"]
+
+
+@dataclass
+class RunSummary:
+    """One run's outcome. ``rows`` per table is None where counting is not cheap (Redis)."""
+
+    stopped_by: str
+    samples: int
+    steps: int
+    seconds: float
+    samples_per_s: float
+    auc: float
+    auc_error_bound: float
+    window_auc: float
+    window_auc_error_bound: float
+    log_loss: float
+    window_log_loss: float
+    rows: dict[str, int | None] = field(default_factory=dict)
+    store_bytes: int | None = None
+    admitted: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    checkpoint: str | None = None
+    rank: int = 0
+    world_size: int = 1
+
+    def lines(self) -> list[str]:
+        """Human-readable lines for the end of ``kelp train``."""
+        out = [
+            f"trained {self.samples:,} samples in {self.steps:,} steps, {self.seconds:.1f}s "
+            f"({self.samples_per_s:,.0f} samples/s); stopped by {self.stopped_by}",
+            f"progressive AUC {self.auc:.4f} (±{self.auc_error_bound:.4f} binning), last window "
+            f"{self.window_auc:.4f} (±{self.window_auc_error_bound:.4f}); log loss {self.log_loss:.4f}, "
+            f"last window {self.window_log_loss:.4f}",
+        ]
+        known = {t: n for t, n in self.rows.items() if n is not None}
+        if known:
+            out.append(f"rows stored: {sum(known.values()):,} in {len(known)} tables ({_top(known)})")
+        if self.admitted:
+            out.append(f"ids admitted this run: {sum(self.admitted.values()):,} ({_top(self.admitted)})")
+        if self.store_bytes is not None:
+            out.append(f"store memory: {self.store_bytes / 1e6:,.1f} MB")
+        rejected = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.rejected.items())) or "none"
+        out.append(f"records rejected: {rejected}")
+        if self.world_size > 1:
+            out.append(f"rank {self.rank} of {self.world_size}")
+        if self.checkpoint:
+            out.append(f"checkpoint: {self.checkpoint}")
+        return out
+
+    def as_json(self) -> str:
+        """One JSON line (``--log-format json``); NaN becomes null."""
+        return json.dumps({"event": "train_summary", **_finite(asdict(self))}, sort_keys=True)
+
+
+def summarize(
+    report: Any, validator: ProgressiveValidator, stats: StoreStats | None, registry: CollectorRegistry
+) -> RunSummary:
+    """The summary of a finished :class:`~kelp.daemon.train.TrainReport`."""
+    total, window = validator.cumulative(), validator.windowed()
+    return RunSummary(
+        stopped_by=report.stopped_by,
+        samples=report.samples,
+        steps=report.steps,
+        seconds=report.seconds,
+        samples_per_s=report.samples / report.seconds if report.seconds > 0 else 0.0,
+        auc=total.auc,
+        auc_error_bound=total.auc_error_bound,
+        window_auc=window.auc,
+        window_auc_error_bound=window.auc_error_bound,
+        log_loss=total.log_loss,
+        window_log_loss=window.log_loss,
+        rows=dict(stats.rows) if stats is not None else {},
+        store_bytes=stats.bytes if stats is not None else None,
+        admitted=_by_label(registry, "kelp_store_admissions_total", "table"),
+        rejected=_by_label(registry, "kelp_records_rejected_total", "reason"),
+        checkpoint=report.checkpoint,
+        rank=report.rank,
+        world_size=report.world_size,
+    )
+
+
+def _by_label(registry: CollectorRegistry, sample_name: str, label: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == sample_name and sample.value:
+                out[sample.labels[label]] = int(sample.value)
+    return out
+
+
+def _top(counts: dict[str, int], n: int = 3) -> str:
+    best = sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+    more = f", {len(counts) - n} more" if len(counts) > n else ""
+    return ", ".join(f"{name} {count:,}" for name, count in best) + more
+
+
+def _finite(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in doc.items()}
