@@ -49,6 +49,8 @@ class KeyLayout:
             if cluster_buckets is None
             else f"{{k{KEY_LAYOUT_VERSION}:{deployment}:{table}:*}}r:*"
         )
+        """SCAN MATCH pattern of this table's rows (``counter_pattern``: its admission counters)."""
+        self.counter_pattern = self.pattern[: -len("r:*")] + "c:*"
 
     def bucket_of(self, ids: np.ndarray) -> np.ndarray:
         """int64[n] cluster bucket of each id (zeros for standalone)."""

@@ -57,6 +57,13 @@ class RedisStore(RedisBackend):
             if bounds[s + 1] > bounds[s]
         ]
 
+    def _scan_count(self, pattern: str) -> int:
+        total = 0
+        for name, client in zip(self.shard_names, self._clients, strict=True):
+            with translate_redis_errors(name):
+                total += sum(1 for _ in client.scan_iter(match=pattern, count=1000))
+        return total
+
     def _pipeline(self, shard: int, readonly: bool) -> Any:
         client = self._clients[shard]
         if readonly and self._replicas and self._replicas[shard]:

@@ -250,6 +250,23 @@ class RedisBackend(BackendStore):
             shards=shards,
         )
 
+    def count_keys(self) -> dict[str, dict[str, int]]:
+        """Per table, this deployment's stored rows and admission counters, by SCAN over every shard.
+
+        Exact but O(keys in the database): for ``kelp store stats``, not a hot path.
+        """
+        out = {}
+        for name, layout in self.layouts.items():
+            out[name] = {
+                "rows": self._scan_count(layout.pattern),
+                "counters": self._scan_count(layout.counter_pattern),
+            }
+        return out
+
+    @abc.abstractmethod
+    def _scan_count(self, pattern: str) -> int:
+        """Keys matching ``pattern`` over every shard (primaries)."""
+
     def close(self) -> None:
         self._runner.close()
         self._close_clients()

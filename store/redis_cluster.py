@@ -43,6 +43,10 @@ class RedisClusterStore(RedisBackend):
         bounds = np.searchsorted(bucket[order], np.arange(nb + 1))
         return [Group(0, b, order[bounds[b] : bounds[b + 1]]) for b in range(nb) if bounds[b + 1] > bounds[b]]
 
+    def _scan_count(self, pattern: str) -> int:
+        with translate_redis_errors(self.shard_names[0]):
+            return sum(1 for _ in self._client.scan_iter(match=pattern, count=1000))
+
     def _pipeline(self, shard: int, readonly: bool) -> Any:
         return self._client.pipeline()
 

@@ -19,7 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
 
-    stats = verbs.add_parser("stats", help="rows, bytes and per-shard Redis info as JSON")
+    stats = verbs.add_parser(
+        "stats",
+        help="this deployment's rows and admission counters per table, bytes, per-shard Redis info (JSON)",
+    )
     stats.add_argument("--config", required=True)
     stats.set_defaults(handler=_stats)
 
@@ -41,8 +44,21 @@ def _open(path: str):  # type: ignore[no-untyped-def]
 
 
 def _stats(args: argparse.Namespace) -> int:
+    from kelp.store.redis_backend import RedisBackend
+
+    cfg = load_config(args.config)
+    if cfg.store.backend == "memory":
+        raise UserError(
+            f"{args.config}: store.backend is memory: its rows live inside the `kelp train` process, which "
+            "this command cannot see; read that process's /metrics (kelp_store_*) or use a Redis backend"
+        )
     with _open(args.config) as store:
-        print(json.dumps(dataclasses.asdict(store.stats()), indent=2, default=str))
+        doc = dataclasses.asdict(store.stats())
+        if isinstance(store, RedisBackend):  # this deployment's keys, not the whole database's
+            counts = store.count_keys()
+            doc["rows"] = {table: c["rows"] for table, c in counts.items()}
+            doc["admission_counters"] = {table: c["counters"] for table, c in counts.items()}
+        print(json.dumps(doc, indent=2, default=str))
     return 0
 
 

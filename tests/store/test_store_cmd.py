@@ -52,3 +52,42 @@ def test_stats_and_inspect(tmp_path, redis_url: str, capsys) -> None:  # type: i
     assert stats["backend"] == "redis" and stats["shards"][0]["keys"] == 1
     assert main(["store", "inspect", "--config", str(config), "nope", "1"]) == 2
     assert "unknown table" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("topology", ["standalone", "cluster"])
+def test_stats_count_this_deployments_rows_and_counters(  # type: ignore[no-untyped-def]
+    tmp_path, topology: str, redis_url: str, clean_redis_cluster, capsys
+) -> None:
+    backend, urls = (
+        ("redis", [redis_url]) if topology == "standalone" else ("redis-cluster", clean_redis_cluster.urls)
+    )
+    config = tmp_path / "kelp.yaml"
+    config.write_text(
+        f"deployment: counted-{topology}\n"
+        "source: {kind: file, path: x.tsv, format: criteo_tsv}\n"
+        f"store: {{backend: {backend}, urls: {json.dumps(urls)}}}\n"
+        "publisher: {enabled: false}\n"
+        "features: {tables: [{name: ads, dim: 2, admission: {min_count: 2}}]}\n"
+    )
+    cfg = StoreConfig(backend=backend, urls=urls)
+    spec = TableSpec(name="ads", dim=2, admission={"min_count": 2})
+    ids = np.arange(1, 6, dtype=np.uint64)
+    with (
+        build_store(cfg, [spec], f"counted-{topology}") as mine,
+        build_store(cfg, [spec], "someone-else") as theirs,
+    ):
+        mine.pull("ads", ids)
+        mine.pull("ads", ids[:3])  # admits 1..3; 4 and 5 keep a counter
+        theirs.pull("ads", ids)
+        theirs.pull("ads", ids)  # another deployment's rows: not ours to count
+    assert main(["store", "stats", "--config", str(config)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["rows"] == {"ads": 3}
+    assert stats["admission_counters"] == {"ads": 2}
+
+
+def test_stats_on_a_memory_store_says_it_cannot_see_the_trainer(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "kelp.yaml"
+    config.write_text("source: {kind: file, path: x.tsv, format: criteo_tsv}\npublisher: {enabled: false}\n")
+    assert main(["store", "stats", "--config", str(config)]) == 2
+    assert "cannot see" in capsys.readouterr().err
