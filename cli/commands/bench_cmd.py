@@ -6,6 +6,7 @@ import argparse
 import json
 
 from kelp.bench import SUITES, run_suite
+from kelp.cli.signals import exit_cleanly_on_sigterm
 
 __all__ = ["register"]
 
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    exit_cleanly_on_sigterm()  # a stopped benchmark still stops the services it started
     result = run_suite(args.suite, quick=args.quick)
     # Always one JSON line, last on stdout (the benchmark contract); --json is accepted for it.
     print(json.dumps(result, sort_keys=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kelp.cli.signals import exit_cleanly_on_sigterm
 from kelp.demo import run_demo
 
 __all__ = ["register"]
@@ -18,5 +19,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    exit_cleanly_on_sigterm()  # a stopped demo still stops the services it started
     run_demo(args.config, limit=args.limit)
     return 0
