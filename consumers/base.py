@@ -55,6 +55,10 @@ class Source(Closeable, ABC):
     def close(self) -> None:
         """Commit what is committable, then release the broker connection or file."""
 
+    def expected_samples(self) -> int | None:
+        """About how many samples a finite input holds (for progress lines); None for a stream (Kafka)."""
+        return None
+
     def __iter__(self) -> Iterator[MicroBatch]:
         from kelp.consumers.errors import SourceClosedError
 

@@ -188,6 +188,7 @@ class FileSource(Source):
         self._closed = False
         self._samples = 0
         self._next_offset = 0
+        self._total = _estimated_records(Path(cfg.path), cfg)
         self.committed: int = 0
         """Records (rows or messages) of the file known durable: the next record to replay from."""
 
@@ -254,6 +255,28 @@ class FileSource(Source):
 
     def close(self) -> None:
         self._closed = True
+
+    def expected_samples(self) -> int | None:
+        """The file's records (its lines; the limit when smaller), one sample each; None when unknown."""
+        return self._total or None
+
+
+_COUNT_LINES_UP_TO = 1 << 30  # bytes; bigger (or gzip) files report no progress rather than read twice
+
+
+def _estimated_records(path: Path, cfg: FileSourceConfig) -> int | None:
+    """Records in a line-per-record file (TSV rows; CSV rows after its header), capped by ``limit``.
+
+    An estimate for progress lines only (a quoted CSV field with a newline counts twice).
+    """
+    if cfg.format == "msgpack" or path.suffix == ".gz" or path.stat().st_size > _COUNT_LINES_UP_TO:
+        return cfg.limit
+    lines = 0
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            lines += block.count(b"\n")
+    records = max(0, lines - 1) if cfg.format == "csv" else lines
+    return min(records, cfg.limit) if cfg.limit is not None else records
 
 
 def _truncate(chunk: Any, keep: int) -> Any:

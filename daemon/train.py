@@ -136,6 +136,8 @@ class TrainDaemon:
         self._exhausted = False
         self._busy = False
         self._store_stats: StoreStats | None = None
+        self._source: Any = None
+        self._progress_twentieths = 0
 
     # ------------------------------------------------------------------ control
 
@@ -268,6 +270,7 @@ class TrainDaemon:
         return build_publisher(self.cfg, self.registry)
 
     def _loop(self, source: Any, store: Any, publisher: Any) -> None:
+        self._source = source
         cfg = self.cfg.trainer
         ledger = self.ledger = UpdateLedger(acked=self.step_no)
         prefetcher = Prefetcher(
@@ -459,18 +462,27 @@ class TrainDaemon:
             self.metrics.stage_seconds.labels(stage="publish").observe(time.perf_counter() - started)
 
     def _maybe_log(self) -> None:
+        """Every ``log_every_s``, and at every 5% of a file (so a short run still shows it learning)."""
         now = time.monotonic()
         since, samples_then = self._last_log
-        if now - since < self.cfg.trainer.log_every_s or self.report.samples == samples_then:
+        if self.report.samples == samples_then:
             return  # nothing trained since the last line (an idle group step): say nothing
+        expected = self._source.expected_samples() if self._source is not None else None
+        fraction = min(1.0, self.report.samples / expected) if expected else None
+        new_step = fraction is not None and int(fraction * 20) > self._progress_twentieths
+        if now - since < self.cfg.trainer.log_every_s and not new_step:
+            return
+        if fraction is not None:
+            self._progress_twentieths = int(fraction * 20)
         rate = (self.report.samples - samples_then) / (now - since)
         self._last_log = (now, self.report.samples)
         self._export_eval()
         self.metrics.samples_per_second.set(rate)
         log.info(
-            "step %d  samples %d  %.0f samples/s  loss %.4f  AUC window %.3f cumulative %.3f",
+            "step %d  samples %d%s  %.0f samples/s  loss %.4f  AUC window %.3f cumulative %.3f",
             self.step_no,
             self.report.samples,
+            f" ({fraction:.0%} of the file)" if fraction is not None else "",
             rate,
             self.report.losses[-1] if self.report.losses else float("nan"),
             self.report.window_auc,

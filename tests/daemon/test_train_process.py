@@ -150,3 +150,5 @@ def test_the_run_ends_with_a_summary_a_user_can_read(tmp_path: Path, log_format:
         assert f"trained {CRITEO_ROWS:,} samples" in out
         assert "progressive AUC" in out and "binning" in out and "log loss" in out
         assert "rows stored:" in out and "records rejected:" in out
+        # A 2-second run still shows learning: a progress line at every 5% of the file, not every 10 s.
+        assert result.stderr.count("of the file)") >= 5, result.stderr[-2000:]
