@@ -33,6 +33,7 @@ COPY demo/ demo/
 COPY examples/ examples/
 COPY harness/ harness/
 COPY bench/ bench/
+COPY plots/ plots/
 COPY publish/ publish/
 COPY serving/ serving/
 RUN pip install --no-cache-dir . \

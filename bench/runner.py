@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import platform
 import sys
@@ -21,6 +22,7 @@ SUITES: dict[str, str] = {
     "freshness": "seconds from produce to servable rows and to a live dense snapshot",
     "serve": "closed-loop serving latency under hot swaps vs raw MGET + bare forward",
     "scale": "the same records through 1 and 2 trainer ranks (torch.distributed): equality, lost rows, AUC",
+    "accuracy": "progressive AUC vs a plain PyTorch reference on real streams; admission/eviction sweep",
 }
 """Only suites that exist: a test keeps this equal to the ``kelp.bench.<suite>`` modules."""
 
@@ -58,12 +60,19 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def run_suite(name: str, quick: bool) -> dict[str, Any]:
+def run_suite(name: str, quick: bool, **options: Any) -> dict[str, Any]:
+    """Run suite ``name``; ``options`` (``data_dir``, ``out_dir``) go to suites that take them."""
     if name not in SUITES:
         raise UserError(f"unknown benchmark suite {name!r}; expected one of: {', '.join(SUITES)}")
     module = importlib.import_module(f"kelp.bench.{name}")
+    accepted = inspect.signature(module.run).parameters
+    given = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        flags = ", ".join("--" + k.removesuffix("_dir").replace("_", "-") for k in unknown)
+        raise UserError(f"kelp bench {name} takes no {flags}")
     started = time.perf_counter()
-    result = dict(module.run(quick=quick))
+    result = dict(module.run(quick=quick, **given))
     result.setdefault("suite", name)
     result["quick"] = quick
     result["wall_s"] = round(time.perf_counter() - started, 3)

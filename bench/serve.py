@@ -112,7 +112,7 @@ def _prefill(cfg: KelpConfig, requests: list[dict[str, Any]]) -> int:
         for table, arr in _unique_ids(req).items():
             ids.setdefault(table, set()).update(arr.tolist())
     rng = np.random.default_rng(1)
-    with build_store(cfg.store, list(cfg.features.tables), cfg.deployment) as store:
+    with build_store(cfg.store, cfg.features.store_tables(), cfg.deployment) as store:
         updates = {}
         for table, s in ids.items():
             arr = np.array(sorted(s), np.uint64)

@@ -194,25 +194,44 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
     return out
 
 
-def _bytes_per_row(server: RedisServer, rows: int, ttl_s: float | None) -> float:
+def _spread_ids(start: int, stop: int) -> np.ndarray:
+    return (np.arange(start, stop, dtype=np.uint64) * np.uint64(2654435761)) + np.uint64(1)
+
+
+def bytes_per_row(server: RedisServer, rows: int, ttl_s: float | None, dim: int = DIM) -> float:
+    """``used_memory`` growth per stored row (key, row, optimizer state, timestamp, TTL), flushed server."""
     client = server.client()
     client.flushall()
     time.sleep(0.05)
     before = int(client.info("memory")["used_memory"])
-    table = TableSpec(name="C1", dim=DIM, eviction={"ttl_s": ttl_s})
+    table = TableSpec(name="C1", dim=dim, eviction={"ttl_s": ttl_s})
     store = RedisStore(StoreConfig(backend="redis", urls=[server.url]), [table], deployment="bench")
     rng = np.random.default_rng(2)
     for start in range(0, rows, 50_000):
-        ids = (
-            np.arange(start, min(rows, start + 50_000), dtype=np.uint64) * np.uint64(2654435761)
-        ) + np.uint64(1)
+        ids = _spread_ids(start, min(rows, start + 50_000))
         store.push(
-            "C1", ids, rng.normal(size=(len(ids), DIM)).astype(np.float32), np.ones(len(ids), np.float32)
+            "C1", ids, rng.normal(size=(len(ids), dim)).astype(np.float32), np.ones(len(ids), np.float32)
         )
     after = int(client.info("memory")["used_memory"])
     store.close()
     client.flushall()
     return (after - before) / rows
+
+
+def bytes_per_counter(server: RedisServer, counters: int) -> float:
+    """``used_memory`` growth per admission counter (an id seen, not admitted yet; with its counter TTL)."""
+    client = server.client()
+    client.flushall()
+    time.sleep(0.05)
+    before = int(client.info("memory")["used_memory"])
+    table = TableSpec(name="C1", dim=DIM, admission={"min_count": 1_000_000})
+    store = RedisStore(StoreConfig(backend="redis", urls=[server.url]), [table], deployment="bench")
+    for start in range(0, counters, 50_000):
+        store.pull("C1", _spread_ids(start, min(counters, start + 50_000)))  # one sighting: a counter each
+    after = int(client.info("memory")["used_memory"])
+    store.close()
+    client.flushall()
+    return (after - before) / counters
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -230,8 +249,8 @@ def run(quick: bool) -> dict[str, Any]:
         three = _measure(servers, steps, reps)
         result.update({f"{k}_3shards": round(v, 3) for k, v in three.items()})
         progress(f"memory per row ({mem_rows} rows)")
-        result["redis_bytes_per_row"] = round(_bytes_per_row(servers[0], mem_rows, None), 1)
-        result["redis_bytes_per_row_ttl"] = round(_bytes_per_row(servers[0], mem_rows, 3600.0), 1)
+        result["redis_bytes_per_row"] = round(bytes_per_row(servers[0], mem_rows, None), 1)
+        result["redis_bytes_per_row_ttl"] = round(bytes_per_row(servers[0], mem_rows, 3600.0), 1)
         result["redis_version"] = servers[0].client().info("server")["redis_version"]
     finally:
         for s in servers:

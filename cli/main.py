@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kelp.cli.commands.produce_cmd",
     "kelp.cli.commands.store_cmd",
     "kelp.cli.commands.bench_cmd",
+    "kelp.cli.commands.report_cmd",
 )
 
 EXIT_USER_ERROR = 2

@@ -14,6 +14,7 @@ its own module:
 """
 
 from kelp.config.features import (
+    FALLBACK_SUFFIX,
     AdmissionSpec,
     ClipTransform,
     DenseFeature,
@@ -34,8 +35,10 @@ from kelp.config.redact import effective_config
 from kelp.config.root import CONFIG_VERSION, KelpConfig
 from kelp.config.sources import (
     BatchingConfig,
+    CsvJoin,
     CsvMapping,
     FileSourceConfig,
+    FlagColumns,
     KafkaSecurity,
     KafkaSourceConfig,
     SourceConfig,
@@ -51,10 +54,12 @@ from kelp.config.trainer import (
 
 __all__ = [
     "CONFIG_VERSION",
+    "FALLBACK_SUFFIX",
     "MODEL_NAMES",
     "AdmissionSpec",
     "BatchingConfig",
     "ClipTransform",
+    "CsvJoin",
     "CsvMapping",
     "DenseFeature",
     "DenseOptimizerSpec",
@@ -63,6 +68,7 @@ __all__ = [
     "EvictionSpec",
     "FeatureSpec",
     "FileSourceConfig",
+    "FlagColumns",
     "HotCacheConfig",
     "InitSpec",
     "KafkaSecurity",

@@ -304,8 +304,12 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> K
 
 
 def _resolve_paths(cfg: KelpConfig, base: Path) -> KelpConfig:
-    if isinstance(cfg.source, FileSourceConfig) and not cfg.source.path.is_absolute():
-        cfg.source.path = base / cfg.source.path
+    if isinstance(cfg.source, FileSourceConfig):
+        if not cfg.source.path.is_absolute():
+            cfg.source.path = base / cfg.source.path
+        for join in cfg.source.csv.joins if cfg.source.csv is not None else ():
+            if not join.path.is_absolute():
+                join.path = base / join.path
     if not cfg.trainer.checkpoint_dir.is_absolute():
         cfg.trainer.checkpoint_dir = base / cfg.trainer.checkpoint_dir
     if cfg.publisher.path is not None and not cfg.publisher.path.is_absolute():

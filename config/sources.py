@@ -20,22 +20,90 @@ from kelp.config.base import StrictModel, split_csv
 
 __all__ = [
     "BatchingConfig",
+    "CsvJoin",
     "CsvMapping",
     "FileSourceConfig",
+    "FlagColumns",
     "KafkaSecurity",
     "KafkaSourceConfig",
     "SourceConfig",
 ]
 
 
+class CsvJoin(StrictModel):
+    """Columns from a second delimited file, looked up by key (e.g. MovieLens ``u.item``: item -> genres).
+
+    The joined file is read into memory once; its columns (all but ``key``)
+    can then be mapped like the main file's. A row whose key is not in the
+    joined file reads those columns as missing.
+    """
+
+    path: Path = Field(description="The file to join; relative paths are relative to the config file.")
+    column: str = Field(description="Column of the main file that holds the key.")
+    key: str | None = Field(None, description="Column of the joined file to match; default: the same name.")
+    delimiter: str = ","
+    columns: list[str] | None = Field(
+        None, min_length=1, description="Column names when the joined file has no header row."
+    )
+    encoding: str = Field("utf-8", description="Text encoding of the joined file (e.g. latin-1).")
+
+    @property
+    def key_column(self) -> str:
+        return self.key or self.column
+
+
+class FlagColumns(StrictModel):
+    """A sparse feature read from 0/1 indicator columns: its ids are the names of the columns set to 1.
+
+    MovieLens marks each film's genres with 19 such columns. The ids are the
+    column names, hashed like any string id.
+    """
+
+    columns: list[str] = Field(min_length=1, description="The indicator columns, in priority order.")
+    take: Literal["first", "all"] = Field(
+        "first",
+        description="first: only the first column set to 1 (one id); all: every such column "
+        "(multi-hot: give the feature max_ids >= the number of columns).",
+    )
+
+
 class CsvMapping(StrictModel):
-    """Maps a CSV file with a header onto the feature spec."""
+    """Maps a delimited text file (with or without a header row) onto the feature spec.
+
+    Id parsing: a value of ASCII digits only is the integer id itself (it must
+    be below 2**64, else the row is rejected as ``bad_id``); any other value
+    (``-3``, ``0x1f``, ``12.0``, ``alice``) is a string id, hashed with
+    xxh3_64 like string ids in events. An empty value is a missing feature.
+    """
 
     label_column: str
+    label_threshold: float | None = Field(
+        None,
+        description="Binary label from a numeric column: 1 when the value is >= this, else 0 (e.g. "
+        "rating >= 4 as implicit feedback). None: the column holds the label itself.",
+    )
     dense_columns: dict[str, str] = Field(default_factory=dict, description="dense feature name -> column.")
     sparse_columns: dict[str, str] = Field(default_factory=dict, description="sparse feature name -> column.")
+    flag_columns: dict[str, FlagColumns] = Field(
+        default_factory=dict, description="sparse feature name -> 0/1 indicator columns (see FlagColumns)."
+    )
+    event_time_column: str | None = Field(
+        None, description="Column with the event's unix time in seconds (the sample's ts)."
+    )
     sort_by: str | None = Field(None, description="Replay rows in this column's order (e.g. orig_row).")
     delimiter: str = ","
+    columns: list[str] | None = Field(
+        None, min_length=1, description="Column names when the file has no header row (MovieLens u.data)."
+    )
+    encoding: str = Field("utf-8", description="Text encoding of the file.")
+    joins: list[CsvJoin] = Field(default_factory=list, description="Columns looked up in other files by key.")
+
+    @model_validator(mode="after")
+    def _one_source_per_feature(self) -> Self:
+        both = sorted(set(self.sparse_columns) & set(self.flag_columns))
+        if both:
+            raise ValueError(f"feature(s) {', '.join(both)} in both sparse_columns and flag_columns")
+        return self
 
 
 class FileSourceConfig(StrictModel):

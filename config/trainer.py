@@ -12,7 +12,7 @@ from kelp.config.base import StrictModel
 
 __all__ = ["MODEL_NAMES", "DenseOptimizerSpec", "DistributedConfig", "SparseOptimizerSpec", "TrainerConfig"]
 
-MODEL_NAMES = ("dlrm-small", "dcn-v2")
+MODEL_NAMES = ("dlrm-small", "dcn-v2", "deepfm")
 """The models ``kelp.trainer`` builds (a test keeps this equal to ``kelp.trainer.models.MODELS``)."""
 
 
@@ -60,8 +60,16 @@ class DistributedConfig(StrictModel):
 
 
 class TrainerConfig(StrictModel):
-    model: Literal["dlrm-small", "dcn-v2"] = Field(
-        "dlrm-small", description="A built model: dlrm-small or dcn-v2."
+    model: Literal["dlrm-small", "dcn-v2", "deepfm"] = Field(
+        "dlrm-small",
+        description="A built model: dlrm-small (concatenation, the benchmark reference), dcn-v2 (cross "
+        "network) or deepfm (factorization machine + MLP; needs one dim for every table).",
+    )
+    seed: int | None = Field(
+        0,
+        ge=0,
+        description="Seeds the dense model's initial weights, so two runs of one config start alike. "
+        "None: fresh random weights every start (a resumed run uses its checkpoint either way).",
     )
     bottom_mlp: list[int] = Field(default_factory=lambda: [64, 16], min_length=1)
     top_mlp: list[int] = Field(default_factory=lambda: [256, 64], min_length=1)
@@ -92,7 +100,15 @@ class TrainerConfig(StrictModel):
         60.0, gt=0, description="A store outage is retried this long, then the trainer exits non-zero."
     )
     eval_window_batches: int = Field(50, ge=1, description="Window of the windowed progressive AUC.")
-    log_every_s: float = Field(10.0, gt=0)
+    log_every_s: float = Field(
+        10.0, gt=0, description="A progress line at least this often (and at every 5% of a file source)."
+    )
+    progress_every_s: float = Field(
+        10.0,
+        gt=0,
+        description="A point of the run's learning record (checkpoint_dir/progress.jsonl, drawn by "
+        "kelp report) at least this often, and at every 1% of a file source.",
+    )
     drain_timeout_s: float = Field(
         30.0, gt=0, description="SIGTERM drain budget; match the pod's grace period."
     )

@@ -10,7 +10,6 @@ Each problem is ``(field, message)``; ``field`` is the config's dotted path.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from kelp.config import FeatureSpec, FileSourceConfig, SourceConfig
@@ -38,45 +37,59 @@ def check_source(source: SourceConfig, features: FeatureSpec) -> list[Problem]:
 
 
 def _check_csv(source: FileSourceConfig, features: FeatureSpec) -> list[Problem]:
-    from kelp.consumers.file_source import open_text
+    from kelp.consumers.csv_rows import csv_columns
 
     mapping = source.csv
     assert mapping is not None  # the config model requires it for format csv
+    for i, join in enumerate(mapping.joins):
+        if not Path(join.path).is_file():
+            return [(f"source.csv.joins[{i}].path", f"{join.path}: no such file")]
     try:
-        with open_text(Path(source.path)) as fh:
-            header = next(csv.reader(fh, delimiter=mapping.delimiter), [])
+        files = csv_columns(Path(source.path), mapping)
     except (OSError, SourceUserError, UnicodeDecodeError) as exc:
         return [("source.path", f"{source.path}: cannot read the CSV header: {exc}")]
-    have = set(header)
-    shown = ", ".join(header[:40]) + (", ..." if len(header) > 40 else "")
+    own = next(iter(files.values()))
+    have = {c for columns in files.values() for c in columns}
     problems: list[Problem] = []
 
-    def column(field: str, name: str) -> None:
-        if name not in have:
+    def column(field: str, name: str, columns: list[str] | None = None) -> None:
+        allowed = own if columns is not None else [c for cs in files.values() for c in cs]
+        if name not in (set(columns) if columns is not None else have):
+            shown = ", ".join(allowed[:40]) + (", ..." if len(allowed) > 40 else "")
             problems.append(
-                (field, f"column {name!r} is not in the header of {source.path} (columns: {shown})")
+                (field, f"column {name!r} is not among the columns of {source.path} (columns: {shown})")
             )
 
     column("source.csv.label_column", mapping.label_column)
     if mapping.sort_by:
-        column("source.csv.sort_by", mapping.sort_by)
+        column("source.csv.sort_by", mapping.sort_by, own)
+    if mapping.event_time_column:
+        column("source.csv.event_time_column", mapping.event_time_column)
+    for i, join in enumerate(mapping.joins):
+        column(f"source.csv.joins[{i}].column", join.column, own)
+    for name, flags in mapping.flag_columns.items():
+        for col in flags.columns:
+            column(f"source.csv.flag_columns.{name}", col)
     for kind, mapped, declared in (
         ("dense", mapping.dense_columns, [f.name for f in features.dense]),
         ("sparse", mapping.sparse_columns, [f.name for f in features.sparse]),
+        ("flag", mapping.flag_columns, [f.name for f in features.sparse]),
     ):
         for name, col in mapped.items():
-            column(f"source.csv.{kind}_columns.{name}", col)
+            if isinstance(col, str):
+                column(f"source.csv.{kind}_columns.{name}", col)
             if name not in declared:
+                what = "dense" if kind == "dense" else "sparse"
                 problems.append(
-                    (f"source.csv.{kind}_columns.{name}", f"{name!r} is not a declared {kind} feature")
+                    (f"source.csv.{kind}_columns.{name}", f"{name!r} is not a declared {what} feature")
                 )
     for i, feature in enumerate(features.sparse):
-        if feature.name not in mapping.sparse_columns:
+        if feature.name not in mapping.sparse_columns and feature.name not in mapping.flag_columns:
             problems.append(
                 (
                     f"features.sparse[{i}]",
-                    f"{feature.name!r} is declared but source.csv.sparse_columns maps no column to it "
-                    "(it would train with no ids)",
+                    f"{feature.name!r} is declared but neither source.csv.sparse_columns nor flag_columns "
+                    "maps a column to it (no column: it would train with no ids)",
                 )
             )
     return problems

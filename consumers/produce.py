@@ -31,17 +31,21 @@ class ProduceSummary:
 
 
 def file_messages(
-    path: Path, fmt: str, batch_size: int, source_cfg: Any = None
+    path: Path, fmt: str, batch_size: int, source_cfg: Any = None, label: str = "label"
 ) -> Iterator[tuple[bytes, int]]:
-    """(message, samples) from a file; rows are regrouped into columnar messages when batch_size > 1."""
+    """(message, samples) from a file; rows are regrouped into columnar messages when batch_size > 1.
+
+    ``label``: the label field's name (``features.label.name``) the samples carry.
+    """
     from kelp.consumers import file_source as fs
+    from kelp.consumers.csv_rows import iter_csv
 
     if fmt == "criteo_tsv":
-        rows: Iterator[bytes] = fs.iter_criteo_tsv(path)
+        rows: Iterator[bytes] = fs.iter_criteo_tsv(path, label)
     elif fmt == "csv":
         if source_cfg is None or source_cfg.csv is None:
             raise SourceUserError(f"{path}: format csv needs a --config whose file source has a csv mapping")
-        rows = fs.iter_csv(path, source_cfg)
+        rows = iter_csv(path, source_cfg.csv, label)
     else:
         rows = fs.iter_msgpack_log(path)
     if batch_size == 1 or fmt == "msgpack":

@@ -116,9 +116,12 @@ def _patched(got: PullResult, ids: np.ndarray, update: SparseUpdate, copied: boo
             rows=got.rows.copy(),
             state=got.state.copy(),
             admitted=got.admitted.copy(),
-            **{k: v for k, v in vars(got).items() if k not in {"rows", "state", "admitted"}},
+            updated_s=got.updated_s,
+            admitted_now=None if got.admitted_now is None else got.admitted_now.copy(),
         )
     got.rows[at_batch] = update.rows[at_update]
     got.state[at_batch] = update.state[at_update]
     got.admitted[at_batch] = True  # an update exists only for an admitted id
+    if got.admitted_now is not None:
+        got.admitted_now[at_batch] = False  # the row holds a trained update now, not the init row
     return got, len(at_batch)

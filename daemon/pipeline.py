@@ -27,7 +27,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
@@ -38,10 +38,11 @@ from kelp.consumers.errors import SourceClosedError
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.store.base import EmbeddingStore, PullResult
+from kelp.store.fallback import PullPlan
 from kelp.trainer.metrics import TrainerMetrics
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate
 
-__all__ = ["END", "Prefetcher", "Prepared", "PushWriter"]
+__all__ = ["END", "Prefetcher", "Prepared", "PushWriter", "training_pull"]
 
 log = logging.getLogger("kelp.train")
 _POLL_S = 0.2
@@ -49,12 +50,13 @@ _POLL_S = 0.2
 
 @dataclass
 class Prepared:
-    """A micro-batch with its rows pulled, waiting to train."""
+    """A micro-batch with its rows pulled, waiting to train; ``ids``: what was pulled, per table."""
 
     batch: MicroBatch
     pulled: dict[str, PullResult]
     watermark: int
     pull_s: float
+    ids: dict[str, np.ndarray]
 
 
 class _End:
@@ -89,7 +91,13 @@ class _Stage:
 
 @dataclass(eq=False)
 class Prefetcher(_Stage):
-    """Polls micro-batches and pulls their rows ahead of training (``depth`` batches, 0 = inline)."""
+    """Polls micro-batches and pulls their rows ahead of training (``depth`` batches, 0 = inline).
+
+    ``plan`` says what a batch needs pulled (``TrainStep.pull_plan``: its
+    tables' unique ids plus their fallback buckets); by default the unique ids.
+    """
+
+    plan: Callable[[MicroBatch], PullPlan] | None = None
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -137,15 +145,12 @@ class Prefetcher(_Stage):
             return None
         watermark = self.ledger.begin_pull()
         started = time.perf_counter()
-        ids = {table: t.unique_ids for table, t in batch.tables.items()}
-        # How often each unique id occurs in the batch: admission counts occurrences, not batches.
-        occurrences = {
-            table: np.bincount(t.inverse, minlength=len(t.unique_ids)) for table, t in batch.tables.items()
-        }
-        pulled = self.guard.call("pull", lambda: self.store.pull_many(ids, occurrences=occurrences))
+        unique = {table: t.unique_ids for table, t in batch.tables.items()}
+        ids = self.plan(batch).ids if self.plan is not None else unique
+        pulled = self.guard.call("pull", lambda: training_pull(self.store, batch, ids))
         pull_s = time.perf_counter() - started
         self.metrics.stage_seconds.labels(stage="pull").observe(pull_s)
-        return Prepared(batch=batch, pulled=pulled, watermark=watermark, pull_s=pull_s)
+        return Prepared(batch=batch, pulled=pulled, watermark=watermark, pull_s=pull_s, ids=ids)
 
     def _run(self) -> None:
         try:
@@ -163,6 +168,16 @@ class Prefetcher(_Stage):
                     return
         except BaseException as exc:
             self._queue.put(_Failed(exc))
+
+
+def training_pull(
+    store: EmbeddingStore, batch: MicroBatch, ids: Mapping[str, np.ndarray]
+) -> dict[str, PullResult]:
+    """A trainer's pull of ``ids`` for ``batch``: admission counts each id's occurrences in the batch."""
+    occurrences = {
+        table: np.bincount(t.inverse, minlength=len(t.unique_ids)) for table, t in batch.tables.items()
+    }
+    return store.pull_many(ids, occurrences=occurrences)
 
 
 @dataclass

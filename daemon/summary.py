@@ -41,6 +41,9 @@ class RunSummary:
     admitted: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     checkpoint: str | None = None
+    waiting: dict[str, int] = field(default_factory=dict)
+    """Ids seen but not admitted yet (their admission counters), per table, where cheap to count."""
+    progress_log: str | None = None
     rank: int = 0
     world_size: int = 1
 
@@ -58,6 +61,10 @@ class RunSummary:
             out.append(f"rows stored: {sum(known.values()):,} in {len(known)} tables ({_top(known)})")
         if self.admitted:
             out.append(f"ids admitted this run: {sum(self.admitted.values()):,} ({_top(self.admitted)})")
+        if any(self.waiting.values()):
+            out.append(
+                f"ids waiting for admission (counters): {sum(self.waiting.values()):,} ({_top(self.waiting)})"
+            )
         if self.store_bytes is not None:
             out.append(f"store memory: {self.store_bytes / 1e6:,.1f} MB")
         rejected = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.rejected.items())) or "none"
@@ -66,6 +73,8 @@ class RunSummary:
             out.append(f"rank {self.rank} of {self.world_size}")
         if self.checkpoint:
             out.append(f"checkpoint: {self.checkpoint}")
+        if self.progress_log:
+            out.append(f"learning curve: kelp report {self.progress_log}")
         return out
 
     def as_json(self) -> str:
@@ -74,7 +83,11 @@ class RunSummary:
 
 
 def summarize(
-    report: Any, validator: ProgressiveValidator, stats: StoreStats | None, registry: CollectorRegistry
+    report: Any,
+    validator: ProgressiveValidator,
+    stats: StoreStats | None,
+    registry: CollectorRegistry,
+    progress_log: str | None = None,
 ) -> RunSummary:
     """The summary of a finished :class:`~kelp.daemon.train.TrainReport`."""
     total, window = validator.cumulative(), validator.windowed()
@@ -95,6 +108,8 @@ def summarize(
         admitted=_by_label(registry, "kelp_store_admissions_total", "table"),
         rejected=_by_label(registry, "kelp_records_rejected_total", "reason"),
         checkpoint=report.checkpoint,
+        waiting={t: n for t, n in stats.admission_counters.items() if n} if stats is not None else {},
+        progress_log=progress_log,
         rank=report.rank,
         world_size=report.world_size,
     )

@@ -44,6 +44,7 @@ from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import END, Prefetcher, Prepared, PushWriter
 from kelp.daemon.preflight import preflight
+from kelp.daemon.progress_log import ProgressLog
 from kelp.daemon.resume import adopt, leader_start
 from kelp.daemon.summary import RunSummary, summarize
 from kelp.errors import KelpError, UserError
@@ -138,6 +139,9 @@ class TrainDaemon:
         self._store_stats: StoreStats | None = None
         self._source: Any = None
         self._progress_twentieths = 0
+        self._record_hundredths = 0
+        self._last_record = (time.monotonic(), 0)
+        self.progress_log = ProgressLog(None)
 
     # ------------------------------------------------------------------ control
 
@@ -189,7 +193,7 @@ class TrainDaemon:
                 cfg.metrics.host, port, labelled, self.liveness, self.readiness
             ).start()
         try:
-            with build_store(cfg.store, list(cfg.features.tables), cfg.deployment, self.registry) as built:
+            with build_store(cfg.store, cfg.features.store_tables(), cfg.deployment, self.registry) as built:
                 store = built if self._wrap_store is None else self._wrap_store(built)
                 self._build_model()
                 publisher = self._build_publisher()
@@ -204,7 +208,14 @@ class TrainDaemon:
             self.report.seconds = time.perf_counter() - started
             self.report.stage_seconds = self._stage_totals()
             if self._state == "stopped":
-                self.report.summary = summarize(self.report, self.validator, self._store_stats, self.registry)
+                record = self.progress_log.path if self.progress_log.points else None
+                self.report.summary = summarize(
+                    self.report,
+                    self.validator,
+                    self._store_stats,
+                    self.registry,
+                    str(record) if record else None,
+                )
             self.metrics.ready.set(0)
             torch.set_num_threads(threads_before)
             self.group.close()
@@ -242,6 +253,8 @@ class TrainDaemon:
             self.report.resumed_from = start.path
             self.metrics.checkpoint_written(start.created_at)
         self.report.first_step = self.step_no
+        if self.group.is_leader:
+            self.progress_log = ProgressLog(cfg.trainer.checkpoint_dir)
         self._set_dense_lr()
         if device.type == "cpu":
             torch.set_num_threads(_cpu_threads(cfg))
@@ -274,7 +287,13 @@ class TrainDaemon:
         cfg = self.cfg.trainer
         ledger = self.ledger = UpdateLedger(acked=self.step_no)
         prefetcher = Prefetcher(
-            source, store, ledger, guard=self.guard, metrics=self.metrics, depth=cfg.prefetch_batches
+            source,
+            store,
+            ledger,
+            guard=self.guard,
+            metrics=self.metrics,
+            depth=cfg.prefetch_batches,
+            plan=self.step.pull_plan,
         )
         writer = PushWriter(
             source,
@@ -311,6 +330,7 @@ class TrainDaemon:
                 self._maybe_checkpoint(force=False, clock_due=agreed.checkpoint)
                 self._maybe_publish(publisher, force=False)
                 self._maybe_log()
+                self._maybe_record()
         except BaseException:
             self._state = "failed"
             self.metrics.ready.set(0)
@@ -371,8 +391,7 @@ class TrainDaemon:
         self, item: Prepared, ledger: UpdateLedger, writer: PushWriter, dense_sync: DenseSync
     ) -> None:
         batch = item.batch
-        unique = {table: t.unique_ids for table, t in batch.tables.items()}
-        pulled = ledger.apply(item.watermark, item.pulled, unique)
+        pulled = ledger.apply(item.watermark, item.pulled, item.ids)
         result = self.step(batch, pulled, dense_sync)
         self.step_no += 1
         ledger.record(self.step_no, result.updates)
@@ -467,8 +486,7 @@ class TrainDaemon:
         since, samples_then = self._last_log
         if self.report.samples == samples_then:
             return  # nothing trained since the last line (an idle group step): say nothing
-        expected = self._source.expected_samples() if self._source is not None else None
-        fraction = min(1.0, self.report.samples / expected) if expected else None
+        fraction = self._file_fraction()
         new_step = fraction is not None and int(fraction * 20) > self._progress_twentieths
         if now - since < self.cfg.trainer.log_every_s and not new_step:
             return
@@ -487,6 +505,36 @@ class TrainDaemon:
             self.report.losses[-1] if self.report.losses else float("nan"),
             self.report.window_auc,
             self.report.auc,
+        )
+
+    def _file_fraction(self) -> float | None:
+        """How much of a file source is trained (None for Kafka: an endless stream)."""
+        expected = self._source.expected_samples() if self._source is not None else None
+        return min(1.0, self.report.samples / expected) if expected else None
+
+    def _maybe_record(self, force: bool = False) -> None:
+        """A point of the run's learning record at every 1% of a file and every ``progress_every_s``."""
+        now = time.monotonic()
+        since, samples_then = self._last_record
+        if self.report.samples == samples_then or not self.group.is_leader:
+            return
+        fraction = self._file_fraction()
+        new_point = fraction is not None and int(fraction * 100) > self._record_hundredths
+        if not (force or new_point or now - since >= self.cfg.trainer.progress_every_s):
+            return
+        if fraction is not None:
+            self._record_hundredths = int(fraction * 100)
+        self._last_record = (now, self.report.samples)
+        window, total = self.validator.windowed(), self.validator.cumulative()
+        self.progress_log.write(
+            step=self.step_no,
+            samples=self.report.samples,
+            fraction=None if fraction is None else round(fraction, 4),
+            auc_window=window.auc,
+            auc=total.auc,
+            log_loss_window=window.log_loss,
+            log_loss=total.log_loss,
+            samples_per_s=round((self.report.samples - samples_then) / max(now - since, 1e-9), 1),
         )
 
     def _export_eval(self) -> None:
@@ -515,6 +563,7 @@ class TrainDaemon:
         self._maybe_checkpoint(force=True)
         self._maybe_publish(publisher, force=True)
         self._export_eval()
+        self._maybe_record(force=True)
         self._state = "stopped"
         log.info(
             "drained: %d steps this run, committed through step %d, checkpoint %s%s",

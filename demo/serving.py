@@ -105,7 +105,7 @@ def _a_stored_row(cfg: KelpConfig, sample: dict[str, Any]) -> tuple[str, int, An
     """(table, id, store) of the first of the sample's ids that has a stored row (one batched read)."""
     from kelp.store.factory import build_store
 
-    store = build_store(cfg.store, list(cfg.features.tables), cfg.deployment)
+    store = build_store(cfg.store, cfg.features.store_tables(), cfg.deployment)
     first = {cfg.features.sparse_table(f): ids[0] for f, ids in reversed(sample["sparse"].items()) if ids}
     got = store.pull_many({t: np.array([i], dtype=np.uint64) for t, i in first.items()}, count=False)
     for feature in sample["sparse"]:

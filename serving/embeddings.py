@@ -3,9 +3,11 @@
 Per request the fetcher receives each table's *unique* ids (the batch already
 deduplicated them) and makes one ``store.pull_many(..., count=False)``: a
 serving read never counts a sighting, admits an id, or writes anything. Ids
-without a stored row (never admitted, or evicted) read the table's default row
-(zeros, or the deterministic init row with ``default_row: init``); that is
-never an error, it is counted in ``default_row_rate``.
+without a stored row (never admitted, or evicted) read their fallback bucket's
+row when the table has ``admission.fallback_buckets`` (what the trainer trained
+for them, pulled in the same round trip), else the table's default row (zeros,
+or the deterministic init row with ``default_row: init``); that is never an
+error, it is counted in ``default_row_rate``.
 
 Local cache (``serving.local_cache_ttl_ms``, 0 = off): rows read from the store
 are kept in this process for at most the TTL, so hot ids (Zipf-skewed traffic)
@@ -30,6 +32,7 @@ import numpy as np
 
 from kelp.serving.metrics import ServingMetrics
 from kelp.store.base import EmbeddingStore, PullResult
+from kelp.store.fallback import Fallback
 from kelp.store.slots import Column, SlotTable
 
 __all__ = ["FetchedRows", "RowFetcher"]
@@ -95,6 +98,7 @@ class RowFetcher:
         self._cache: dict[str, SlotTable] = {}
         self._cache_started = clock()
         self._cache_rows = 0
+        self.fallback = Fallback(t.spec for t in store.tables.values())
 
     def _fresh_cache(self, now: float) -> dict[str, SlotTable]:
         """The current generation, emptied first if it is as old as the TTL or full."""
@@ -105,10 +109,25 @@ class RowFetcher:
         return self._cache
 
     def fetch(self, unique_ids: Mapping[str, np.ndarray]) -> FetchedRows:
-        """Rows for each table's unique uint64 ids (one store round trip for whatever is not cached)."""
+        """Rows for each table's unique uint64 ids (one store round trip for whatever is not cached).
+
+        Ids without a stored row read their fallback bucket's row where the table has
+        ``admission.fallback_buckets`` (pulled in the same round trip), else the default row.
+        """
+        plan = self.fallback.expand(unique_ids)
+        parts = self._fetch_tables(plan.ids)
+        rows = {t: p[0] for t, p in parts.items()}
+        if self.fallback:
+            rows = self.fallback.compose(rows, {t: p[1] for t, p in parts.items()}, plan)
+        return self._result({t: (rows[t], *parts[t][1:]) for t in unique_ids})
+
+    def _fetch_tables(
+        self, unique_ids: Mapping[str, np.ndarray]
+    ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """``{table: (rows, admitted, updated_s)}`` as stored, through the cache when it is on."""
         if self.ttl_s <= 0:
             got = self._pull(unique_ids)
-            return self._result({t: (g.rows, g.admitted, g.updated_s) for t, g in got.items()})
+            return {t: (g.rows, g.admitted, g.updated_s) for t, g in got.items()}
         need: dict[str, np.ndarray] = {}
         parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         with self._lock:
@@ -148,7 +167,7 @@ class RowFetcher:
                         updated=0 if g.updated_s is None else g.updated_s[fresh],
                     )
                     self._cache_rows += int(fresh.sum())
-        return self._result({t: (r, a, u) for t, (r, a, u, _h) in parts.items()})
+        return {t: (r, a, u) for t, (r, a, u, _h) in parts.items()}
 
     def _pull(self, ids: Mapping[str, np.ndarray]) -> dict[str, PullResult]:
         started = time.perf_counter()

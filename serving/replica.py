@@ -64,7 +64,7 @@ class ServingReplica:
                 update={"hot_cache": cfg.store.hot_cache.model_copy(update={"enabled": False})}
             )
             extra = {} if store_cfg.backend == "memory" else {"retry": SERVING_RETRY}
-            store = build_store(store_cfg, list(self.spec.tables), cfg.deployment, self.registry, **extra)
+            store = build_store(store_cfg, self.spec.store_tables(), cfg.deployment, self.registry, **extra)
         self.store = store
         try:
             self.channel = (

@@ -155,7 +155,8 @@ class BackendStore(EmbeddingStore):
             stored = self._read_rows(batch, now, touch=count)
             missing = {name: self._missing(self.tables[name], stored[name]) for name in batch}
             out = {
-                name: PullResult(s.rows, s.state, s.present.copy(), s.updated_s) for name, s in stored.items()
+                name: PullResult(s.rows, s.state, s.present.copy(), s.updated_s, np.zeros_like(s.present))
+                for name, s in stored.items()
             }
             admitted = self._admit(batch, stored, missing, now, occurrences or {}) if count else {}
             for name, ids in batch.items():
@@ -166,6 +167,8 @@ class BackendStore(EmbeddingStore):
                     result.rows[rest] = t.default_rows(ids[rest])
                 if len(new):
                     result.admitted[new] = True
+                    if self.tables[name].admission.stores_on_admit:  # AlwaysAdmit stores on the first push
+                        result.admitted_now[new] = True
         self.metrics.latency.labels(op="pull").observe(time.perf_counter() - started)
         return out
 

@@ -62,12 +62,16 @@ class PullResult:
     * ``updated_s``: uint32[n] or None. The stored row's last-update time (unix
       seconds, the row codec's field); 0 where nothing is stored. Serving reads it
       to report embedding freshness; None only from a backend that cannot tell.
+    * ``admitted_now``: bool[n] or None. True where this very pull admitted the id
+      (its row is the init row, just stored), so a trainer may start it from
+      something better (its fallback bucket's row); None from a backend that cannot tell.
     """
 
     rows: np.ndarray
     state: np.ndarray
     admitted: np.ndarray
     updated_s: np.ndarray | None = None
+    admitted_now: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -82,6 +86,8 @@ class StoreStats:
     bytes: int | None = None  # memory used by the store (arenas, or Redis used_memory summed over shards)
     counters: dict[str, float] = field(default_factory=dict)
     shards: list[dict[str, Any]] = field(default_factory=list)
+    admission_counters: dict[str, int] = field(default_factory=dict)
+    """Live sighting counters per table (ids waiting for admission) where cheap to count."""
 
 
 class Table:

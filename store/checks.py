@@ -108,6 +108,39 @@ def check_admission_counts_occurrences(make_store: MakeStore) -> None:
         assert store.pull("pulls", ids).admitted.all()  # the third pull; without occurrences: 1 each
 
 
+def check_admitted_now_marks_the_admitting_pull(make_store: MakeStore) -> None:
+    """``admitted_now`` is True only on the pull that admitted the id (its row is the init row then).
+
+    A table without counting admission stores nothing on pull, so nothing is "admitted now" there.
+    """
+    counted = TableSpec(name="c", dim=2, admission={"min_count": 2})
+    plain = TableSpec(name="p", dim=2)
+    with make_store([counted, plain]) as store:
+        ids = np.array([1, 2], np.uint64)
+        first = store.pull_many({"c": ids, "p": ids}, occurrences={"c": np.array([2, 1])})
+        assert first["c"].admitted_now is not None and first["c"].admitted_now.tolist() == [True, False]
+        assert first["p"].admitted_now is not None and not first["p"].admitted_now.any()
+        second = store.pull_many({"c": ids, "p": ids})
+        assert second["c"].admitted_now is not None
+        assert second["c"].admitted_now.tolist() == [False, True]  # id 1 was stored already
+        assert not store.pull("c", ids, count=False).admitted_now.any()  # type: ignore[union-attr]
+
+
+def check_fallback_table_is_a_table(make_store: MakeStore) -> None:
+    """A table's fallback rows live in ``<table>__fallback``: admitted on sight, read and pushed like rows."""
+    spec = TableSpec(name="u", dim=3, admission={"min_count": 5, "fallback_buckets": 4})
+    bucket_table = spec.fallback_table()
+    assert bucket_table is not None and bucket_table.name == "u__fallback"
+    with make_store([spec, bucket_table]) as store:
+        buckets = np.array([0, 3], np.uint64)
+        got = store.pull("u__fallback", buckets)
+        assert got.admitted.all()
+        np.testing.assert_allclose(got.rows, init_rows(spec.init, "u__fallback", buckets, 3))
+        rows, state = _rows(2, 3, seed=4)
+        store.push("u__fallback", buckets, rows, state)
+        np.testing.assert_array_equal(store.pull("u__fallback", buckets, count=False).rows, rows)
+
+
 def check_count_false_never_counts(make_store: MakeStore) -> None:
     """Serving reads (count=False) never record sightings nor admit."""
     with make_store([TableSpec(name="t", dim=2, admission={"min_count": 2})]) as store:
@@ -248,6 +281,8 @@ ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_admission_off_reads_init_row,
     check_admission_min_count,
     check_admission_counts_occurrences,
+    check_admitted_now_marks_the_admitting_pull,
+    check_fallback_table_is_a_table,
     check_count_false_never_counts,
     check_default_row_init,
     check_probability_admission,

@@ -179,6 +179,7 @@ class HotRowCache(EmbeddingStore):
                 rows = np.empty((len(ids), t.dim), dtype=np.float32)
                 state = np.empty(len(ids), dtype=np.float32)
                 admitted = np.ones(len(ids), dtype=bool)
+                admitted_now = np.zeros(len(ids), dtype=bool)  # a cached row was admitted long ago
                 updated_s = np.zeros(len(ids), dtype=np.uint32)
                 hs = slots[cached]
                 if len(hs):
@@ -188,6 +189,8 @@ class HotRowCache(EmbeddingStore):
                     f = fetched[name]
                     miss = ~cached
                     rows[miss], state[miss], admitted[miss] = f.rows, f.state, f.admitted
+                    if f.admitted_now is not None:
+                        admitted_now[miss] = f.admitted_now
                     f_updated = f.updated_s if f.updated_s is not None else np.zeros(len(f), np.uint32)
                     updated_s[miss] = f_updated
                     keep = f.admitted
@@ -200,7 +203,7 @@ class HotRowCache(EmbeddingStore):
                         now=now,
                         protect=hs,
                     )
-                out[name] = PullResult(rows, state, admitted, updated_s)
+                out[name] = PullResult(rows, state, admitted, updated_s, admitted_now)
             self._update_gauges()
             return out
 

@@ -200,7 +200,28 @@ class MemoryStore(BackendStore):
         with self._op_lock:
             return StoreStats(
                 backend=self.backend,
-                rows={name: len(table) for name, table in self._rows.items()},
+                rows={name: self._live_rows(name) for name in self._rows},
                 bytes=sum(table.nbytes() for table in self._rows.values()),
                 counters=self.metrics.totals(),
+                admission_counters=self._live_counters(),
             )
+
+    def _live_rows(self, name: str) -> int:
+        """Rows not past their TTL (expired ones are only dropped lazily), as Redis would count them."""
+        table, ttl = self._rows[name], self.tables[name].ttl
+        if ttl is None:
+            return len(table)
+        live = table.live_slots()
+        return int((~ttl.expired(table["updated"][live], self._clock())).sum())
+
+    def _live_counters(self) -> dict[str, int]:
+        """Counters not yet past their ``counter_ttl_s`` (expired ones are only dropped lazily)."""
+        now = self._clock()
+        out: dict[str, int] = {}
+        for name, counters in self._counters.items():
+            ttl = self.tables[name].admission.counter_ttl_s
+            if ttl is None:
+                continue
+            live = counters.live_slots()
+            out[name] = int((counters["first"][live] >= now - ttl).sum())
+        return out

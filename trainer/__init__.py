@@ -5,7 +5,7 @@ and a store. (The in-memory oracle the benchmarks compare against lives in
 ``kelp.bench.baseline``.) Modules, one job each:
 
 * :mod:`~kelp.trainer.device`: the ``trainer.device`` setting -> ``torch.device``;
-* :mod:`~kelp.trainer.models`: ``dlrm-small`` and ``dcn-v2`` (dense parameters only);
+* :mod:`~kelp.trainer.models`: ``dlrm-small``, ``dcn-v2`` and ``deepfm`` (dense parameters only);
 * :mod:`~kelp.trainer.embedding`: micro-batch -> device tensors -> pooled features;
 * :mod:`~kelp.trainer.optim`: row-wise Adagrad for rows, Adam/Adagrad/SGD for dense;
 * :mod:`~kelp.trainer.evaluation`: progressive validation (binned AUC, log loss);

@@ -4,6 +4,7 @@ Pure compute, no I/O: the daemon pulls rows, calls :class:`TrainStep`, pushes
 ``result.updates`` and only then commits offsets. Per step::
 
     batch + pulled rows ──> BatchTensors (device) + per-table leaf rows [U, dim]
+      (ids not admitted read their fallback bucket's row, see kelp.store.fallback)
       ──> forward ──> logits f32[B] ──> progressive eval (scored *before* the update)
       ──> BCE-with-logits ──> backward ──> dense optimizer step
       ──> row-wise Adagrad on admitted rows ──> updates {table: (ids, rows, state)}
@@ -32,6 +33,7 @@ from torch import Tensor, nn
 
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
+from kelp.store.fallback import Fallback, PullPlan
 from kelp.trainer.embedding import BatchTensors, pool_features, rows_to_leaf
 from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
@@ -50,7 +52,8 @@ class PulledRows(Protocol):
 
     * ``rows``: float32[U, dim], the default row where not admitted;
     * ``state``: float32[U], row-wise Adagrad accumulator;
-    * ``admitted``: bool[U], whether the id has a stored row its update may overwrite.
+    * ``admitted``: bool[U], whether the id has a stored row its update may overwrite;
+    * ``admitted_now``: bool[U] or None, admitted by this very pull (its row is the init row).
     """
 
     @property
@@ -61,6 +64,9 @@ class PulledRows(Protocol):
 
     @property
     def admitted(self) -> np.ndarray: ...
+
+    @property
+    def admitted_now(self) -> np.ndarray | None: ...
 
 
 @dataclass(frozen=True)
@@ -136,11 +142,11 @@ def finish_step(
 class TrainStep:
     """The trainer's compute core: model, dense optimizer, row-wise Adagrad and progressive eval.
 
-    ``pulled`` must hold one entry per table of the batch (``batch.tables``),
-    pulled for exactly ``batch.tables[t].unique_ids``. Example::
+    ``pulled`` must hold one entry per table of :meth:`pull_plan` (the batch's
+    tables, ``batch.tables[t].unique_ids``, plus their fallback buckets). Example::
 
         step = TrainStep(model, spec, cfg, device)
-        pulled = store.pull_many({t: ids.unique_ids for t, ids in batch.tables.items()})
+        pulled = store.pull_many(step.pull_plan(batch).ids)
         result = step(batch, pulled)
         store.push_many(result.updates)
     """
@@ -164,6 +170,49 @@ class TrainStep:
         self.validator = validator
         self.sync_timings = sync_timings
         self.steps = 0
+        self.fallback = Fallback(spec.tables)
+        self._warm = {t.name for t in spec.tables if t.admission.fallback_warm_start}
+        self._dims = {t.name: t.dim for t in spec.store_tables()}
+
+    def _warm_start(
+        self, table: str, got: PulledRows, pulled: Mapping[str, PulledRows], plan: PullPlan
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, state)`` of ``table``: as pulled, but with ``admission.fallback_warm_start`` an id
+        admitted by this pull starts from its bucket's row instead of the random init row.
+
+        The id keeps what its bucket learned while it waited (the store's init row
+        is overwritten by this step's push); its Adagrad state starts fresh. Pays
+        when buckets are few per waiting id (docs/accuracy.md), hurts when many
+        ids share a bucket: then the row carries the other ids' updates.
+        """
+        new = got.admitted_now
+        if table not in self._warm or new is None or not new.any():
+            return got.rows, got.state
+        bucket = pulled[self.fallback.tables[table].table]
+        rows = np.array(got.rows, dtype=np.float32)
+        state = np.array(got.state, dtype=np.float32)
+        at = plan.position[table][new]
+        rows[new] = bucket.rows[at]
+        return rows, state
+
+    def _lookup_rows(
+        self, rows: Mapping[str, Tensor], pulled: Mapping[str, PulledRows], plan: PullPlan
+    ) -> dict[str, Tensor]:
+        """Per embedding table, the rows its ids read: their own, or (not admitted) their bucket's.
+
+        ``torch.where`` keeps both leaves in the graph, so backward sums the
+        gradients of every not-admitted id into its bucket row.
+        """
+        out = {name: leaf for name, leaf in rows.items() if not self.fallback.is_bucket_table(name)}
+        for name, position in plan.position.items():
+            admitted = pulled[name].admitted
+            if admitted.all():
+                continue
+            mask = torch.from_numpy(np.ascontiguousarray(admitted)).to(self.device).unsqueeze(1)
+            index = torch.from_numpy(position).to(self.device)
+            bucket_rows = rows[self.fallback.tables[name].table].index_select(0, index)
+            out[name] = torch.where(mask, rows[name], bucket_rows)
+        return out
 
     def idle(self, dense_sync: DenseSync) -> None:
         """Take part in a group step without a batch: zero dense grads, then the group's update (if any)."""
@@ -171,30 +220,36 @@ class TrainStep:
         if dense_sync(0):
             self.optimizer.step()
 
+    def pull_plan(self, batch: MicroBatch) -> PullPlan:
+        """What a step on ``batch`` needs pulled: each table's unique ids, plus fallback buckets."""
+        return self.fallback.expand({name: t.unique_ids for name, t in batch.tables.items()})
+
     def __call__(
         self, batch: MicroBatch, pulled: Mapping[str, PulledRows], dense_sync: DenseSync | None = None
     ) -> StepResult:
         timer = StageTimer(self.device, self.sync_timings)
         self.model.train()
         bt = BatchTensors.from_batch(batch, self.spec, self.device)
+        plan = self.fallback.expand(bt.unique_ids)
         rows: dict[str, Tensor] = {}
         states: dict[str, Tensor] = {}
-        for table, ids in bt.unique_ids.items():
+        for table, ids in plan.ids.items():
             if table not in pulled:
                 raise KeyError(f"no pulled rows for table {table!r}")
             got = pulled[table]
-            dim = self.spec.table(table).dim
+            dim = self._dims[table]
             if got.rows.shape != (ids.size, dim) or got.state.shape != (ids.size,):
                 raise ValueError(
                     f"table {table!r}: pulled rows {got.rows.shape} / state {got.state.shape} "
                     f"do not match {ids.size} unique ids of dim {dim}"
                 )
-            rows[table] = rows_to_leaf(got.rows, self.device)
-            states[table] = torch.from_numpy(np.asarray(got.state, dtype=np.float32)).to(self.device)
+            table_rows, table_state = self._warm_start(table, got, pulled, plan)
+            rows[table] = rows_to_leaf(table_rows, self.device)
+            states[table] = torch.from_numpy(np.asarray(table_state, dtype=np.float32)).to(self.device)
         timer.lap("to_device")
 
         self.optimizer.zero_grad(set_to_none=True)
-        loss, logits = forward_backward(self.model, bt, rows)
+        loss, logits = forward_backward(self.model, bt, self._lookup_rows(rows, pulled, plan))
         timer.lap("forward_backward")
 
         if dense_sync is None or dense_sync(batch.size):
@@ -204,8 +259,12 @@ class TrainStep:
         updates: dict[str, SparseUpdate] = {}
         grads: dict[str, np.ndarray] = {}
         for table, leaf in rows.items():
+            keep = pulled[table].admitted
+            if self.fallback.is_bucket_table(table):  # push only the buckets some waiting id used
+                used = leaf.grad is not None and (leaf.grad != 0).any(dim=1).cpu().numpy()
+                keep = keep & used
             updates[table], grad = self.sparse_optimizer.update_with_grads(
-                bt.unique_ids[table], leaf, states[table], leaf.grad, pulled[table].admitted
+                plan.ids[table], leaf, states[table], leaf.grad, keep
             )
             if grad is not None:
                 grads[table] = grad

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from kelp.bench import SUITES, run_suite
 from kelp.cli.signals import exit_cleanly_on_sigterm
@@ -26,12 +27,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="JSON result (always so; the flag is the documented contract)",
     )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="folder holding the datasets (accuracy: criteo-attribution/, movielens-100k/); "
+        "default $KELP_DATA_DIR or ../shared/data beside the checkout",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where figures go (accuracy; default ./bench-results)"
+    )
     parser.set_defaults(handler=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
     exit_cleanly_on_sigterm()  # a stopped benchmark still stops the services it started
-    result = run_suite(args.suite, quick=args.quick)
+    result = run_suite(args.suite, quick=args.quick, data_dir=args.data, out_dir=args.out)
     # Always one JSON line, last on stdout (the benchmark contract); --json is accepted for it.
     print(json.dumps(result, sort_keys=True))
     return 0

@@ -59,7 +59,8 @@ def _produce(args: argparse.Namespace) -> int:
         fmt = args.format if args.file else file_cfg.format  # type: ignore[union-attr]
         if not Path(path).exists():
             raise UserError(f"{path}: no such file")
-        messages = file_messages(Path(path), fmt, args.batch_size, file_cfg)
+        label = cfg.features.label.name if cfg is not None else "label"
+        messages = file_messages(Path(path), fmt, args.batch_size, file_cfg, label)
     else:
         raise UserError("nothing to produce: pass --file, --synth criteo, or a --config with a file source")
     summary = produce(producer_cfg, topic, messages, rate=args.rate)

@@ -40,7 +40,7 @@ def _open(path: str):  # type: ignore[no-untyped-def]
     store_cfg = cfg.store.model_copy(
         update={"hot_cache": cfg.store.hot_cache.model_copy(update={"enabled": False})}
     )
-    return build_store(store_cfg, list(cfg.features.tables), cfg.deployment)
+    return build_store(store_cfg, cfg.features.store_tables(), cfg.deployment)
 
 
 def _stats(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from kelp.bench import SUITES, run_suite
 from kelp.errors import UserError
 
 # helpers of the suites, not suites
-NOT_SUITES = {"runner", "synth", "baseline", "scale_rank", "allreduce_probe"}
+NOT_SUITES = {"runner", "synth", "baseline", "scale_rank", "allreduce_probe", "reference", "streams"}
 
 
 def test_every_listed_suite_has_a_module_with_run() -> None:
@@ -27,5 +27,10 @@ def test_every_suite_module_is_listed() -> None:
 
 
 def test_an_unknown_suite_is_a_user_error() -> None:
-    with pytest.raises(UserError, match="unknown benchmark suite 'accuracy'"):
-        run_suite("accuracy", quick=True)
+    with pytest.raises(UserError, match="unknown benchmark suite 'speed'"):
+        run_suite("speed", quick=True)
+
+
+def test_an_option_a_suite_does_not_take_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="kelp bench store takes no --data"):
+        run_suite("store", quick=True, data_dir="/somewhere")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from kelp.harness import free_port
 
@@ -53,3 +54,17 @@ def test_a_group_on_a_file_source_is_refused_before_any_rank_starts() -> None:
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("kelp: error:")
     assert "--nproc 2 needs source.kind: kafka" in result.stderr
+
+
+def test_report_on_a_run_without_a_record_is_one_line_with_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kelp.cli", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"kelp: error: {tmp_path}: no progress.jsonl there (kelp train writes it into trainer.checkpoint_dir)"
+    ]

@@ -62,8 +62,10 @@ def test_max_rows_on_a_redis_backend(tmp_path: Path) -> None:
 
 
 def test_an_unbuilt_model(tmp_path: Path) -> None:
-    text = CRITEO_FILE + CRITEO_FEATURES + FS_PUBLISHER + "trainer: {model: deepfm}\n"
-    _one_line_error(_validate(tmp_path, text), "trainer.model: got 'deepfm'", "'dlrm-small' or 'dcn-v2'")
+    text = CRITEO_FILE + CRITEO_FEATURES + FS_PUBLISHER + "trainer: {model: wide-and-deep}\n"
+    _one_line_error(
+        _validate(tmp_path, text), "trainer.model: got 'wide-and-deep'", "'dlrm-small', 'dcn-v2' or 'deepfm'"
+    )
 
 
 def test_a_redis_publisher_with_a_memory_store(tmp_path: Path) -> None:
@@ -110,3 +112,18 @@ def test_max_rows_from_table_defaults_points_at_table_defaults(tmp_path: Path) -
     assert len(lines) == 1, lines  # C2..C26 take table_defaults: one mistake, one line
     assert "features.table_defaults.eviction.max_rows" in lines[0]
     assert "(tables 'C2', 'C3', 'C4', 'C5', 'C6' and 20 more take table_defaults)" in lines[0]
+
+
+def test_a_flag_column_or_join_key_that_does_not_exist(tmp_path: Path) -> None:
+    (tmp_path / "items.csv").write_text("item,Action\n1,1\n")
+    text = (
+        f"source: {{kind: file, path: {CSV}, format: csv, csv: "
+        "{label_column: click, sparse_columns: {cat1: cat1}, "
+        "flag_columns: {genre: {columns: [Action, Drama]}}, "
+        f"joins: [{{path: {tmp_path / 'items.csv'}, column: cat4, key: item}}]}}}}\n"
+        "features: {sparse: [{name: cat1}, {name: genre}]}\n" + FS_PUBLISHER
+    )
+    line = _one_line_error(_validate(tmp_path, text), "source.csv.flag_columns.genre", "'Drama'")
+    assert "Action" in line  # the joined file's columns are listed as available
+    missing_join = text.replace(str(tmp_path / "items.csv"), str(tmp_path / "gone.csv"))
+    _one_line_error(_validate(tmp_path, missing_join), "source.csv.joins[0].path", "gone.csv: no such file")

@@ -28,7 +28,7 @@ from kafka import KafkaProducer
 
 from kelp.config import KelpConfig, load_config
 from kelp.consumers.produce import file_messages, produce
-from kelp.harness import TansuBroker
+from kelp.harness import TansuBroker, free_port
 from kelp.trainer.checkpoint import read_checkpoint
 
 from .conftest import (
@@ -50,6 +50,7 @@ def _group_config(tmp_path: Path, tansu: TansuBroker, topic: str, redis_url: str
     cfg.batching.batch_size = 64
     cfg.trainer.torch_threads = 1  # two ranks on two cores
     cfg.trainer.distributed.timeout_s = 30
+    cfg.metrics.port = free_port(also_free_offset=1)  # rank 1 serves on port + 1
     return write_config(cfg, tmp_path / "kelp.yaml")
 
 
@@ -211,8 +212,6 @@ def test_two_torchrun_agents_meet_through_a_c10d_rendezvous(
 
     Both "pods" are on loopback here; ``--local-addr`` orders the node ranks as in the chart.
     """
-    from kelp.harness import free_port
-
     config = _group_config(tmp_path, tansu, criteo_topic, redis_url)
     cfg = load_config(config)
     endpoint = f"127.0.0.1:{free_port()}"

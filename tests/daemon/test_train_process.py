@@ -152,3 +152,25 @@ def test_the_run_ends_with_a_summary_a_user_can_read(tmp_path: Path, log_format:
         assert "rows stored:" in out and "records rejected:" in out
         # A 2-second run still shows learning: a progress line at every 5% of the file, not every 10 s.
         assert result.stderr.count("of the file)") >= 5, result.stderr[-2000:]
+        _assert_report_draws_the_run(out, tmp_path)
+
+
+def _assert_report_draws_the_run(summary: str, tmp_path: Path) -> None:
+    """The summary names the run's progress record; ``kelp report`` draws it into a PNG."""
+    record = Path(summary.split("learning curve: kelp report ", 1)[1].split(maxsplit=1)[0])
+    points = [json.loads(x) for x in record.read_text().splitlines()]
+    samples = [p["samples"] for p in points]
+    # a point at every 1% of the file, at most one per step: each of this run's 8 steps
+    assert len(points) >= 5 and samples == sorted(set(samples)), samples
+    assert points[-1]["samples"] == CRITEO_ROWS and 0.0 < points[-1]["auc"] < 1.0
+    png = tmp_path / "learning.png"
+    report = subprocess.run(
+        [sys.executable, "-m", "kelp.cli", "report", str(record.parent), "--out", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert f"wrote {png}" in report.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -14,8 +14,8 @@ from kelp.trainer import build_model
 
 
 def _snapshot(cfg: KelpConfig, seed: int = 0):  # type: ignore[no-untyped-def]
-    torch.manual_seed(seed)
-    model = build_model(cfg.features, cfg.trainer)
+    trainer = cfg.trainer.model_copy(update={"seed": seed})  # build_model seeds from the config
+    model = build_model(cfg.features, trainer)
     snap = build_snapshot(model, cfg.features, cfg.trainer, version=7, step=40, offsets={("ev", 1): 99})
     return model, snap
 

@@ -65,3 +65,22 @@ def test_lfu_cap_keeps_frequent_rows() -> None:
     assert store.pull("t", hot, count=False).admitted.all()
     assert not store.pull("t", np.arange(1000, 1050, dtype=np.uint64), count=False).admitted.any()
     assert store.metrics.evictions.labels(table="t", reason="lfu")._value.get() == 2000 - 50
+
+
+def test_stats_count_only_live_rows_and_counters_as_redis_would() -> None:
+    """Expiry is lazy in memory, but the rows and counters a user is told about exclude the expired."""
+    clock = Clock()
+    spec = TableSpec(name="t", dim=2, admission={"min_count": 3, "counter_ttl_s": 20}, eviction={"ttl_s": 10})
+    store = MemoryStore([spec], clock=clock)
+    ids = np.arange(4, dtype=np.uint64)
+    for _ in range(3):
+        store.pull("t", ids[:2])  # ids 0 and 1: admitted on their third sighting
+    store.push("t", ids[:2], *_rows(2, 2))
+    store.pull("t", ids[2:])  # ids 2 and 3: one sighting each, waiting
+    stats = store.stats()
+    assert stats.rows["t"] == 2 and stats.admission_counters["t"] == 2
+    clock.now += 11  # rows past their TTL, counters not yet
+    stats = store.stats()
+    assert stats.rows["t"] == 0 and stats.admission_counters["t"] == 2
+    clock.now += 10  # counters past theirs too
+    assert store.stats().admission_counters["t"] == 0

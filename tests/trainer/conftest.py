@@ -17,6 +17,7 @@ class Pulled:
     rows: np.ndarray
     state: np.ndarray
     admitted: np.ndarray
+    admitted_now: np.ndarray | None = None
 
 
 class DictStore:

@@ -7,7 +7,7 @@ from torch import nn
 from kelp.config import TrainerConfig
 from kelp.consumers.criteo import criteo_feature_spec
 from kelp.errors import UserError
-from kelp.trainer.models import DLRM, DCNv2, build_model
+from kelp.trainer.models import DLRM, DCNv2, DeepFM, build_model, pairwise_interaction
 
 from .conftest import small_config, small_spec
 
@@ -30,12 +30,14 @@ def test_dlrm_small_matches_benchmarks_md() -> None:
     assert sum(p.numel() for p in model.parameters()) == bottom + top == 129_297
 
 
-@pytest.mark.parametrize("name", ["dlrm-small", "dcn-v2"])
+@pytest.mark.parametrize("name", ["dlrm-small", "dcn-v2", "deepfm"])
 def test_forward_shapes_and_grad(name: str) -> None:
-    spec = small_spec()
+    spec = small_spec(dims=(4, 4, 4)) if name == "deepfm" else small_spec()
     model = build_model(spec, small_config(model=name))
     b = 5
-    pooled = [torch.randn(b, t, requires_grad=True) for t in (4, 4, 8)]
+    pooled = [
+        torch.randn(b, t.dim, requires_grad=True) for t in (spec.table(f.table_name) for f in spec.sparse)
+    ]
     logits = model(torch.randn(b, 3), pooled)
     assert logits.shape == (b,)
     logits.sum().backward()
@@ -66,9 +68,46 @@ def test_without_dense_features() -> None:
 
 
 def test_unimplemented_model_is_a_user_error() -> None:
-    with pytest.raises(UserError, match="deepfm"):
+    with pytest.raises(UserError, match="wide-and-deep"):
         # The config refuses unbuilt names at load; build_model still guards an unvalidated config.
-        build_model(small_spec(), small_config().model_copy(update={"model": "deepfm"}))
+        build_model(small_spec(), small_config().model_copy(update={"model": "wide-and-deep"}))
+
+
+def test_pairwise_interaction_is_the_sum_over_field_pairs() -> None:
+    fields = torch.randn(3, 5, 4, dtype=torch.float64)
+    brute = sum((fields[:, f] * fields[:, g]).sum(1) for f in range(5) for g in range(f + 1, 5))
+    torch.testing.assert_close(pairwise_interaction(fields), brute)
+
+
+def test_deepfm_is_linear_plus_pairwise_plus_deep() -> None:
+    spec = small_spec(dims=(4, 4, 4))
+    model = build_model(spec, small_config(model="deepfm", bottom_mlp=[8, 4]))
+    assert isinstance(model, DeepFM)
+    assert model.interaction_width == 4 * 4  # bottom output + three pooled fields
+    dense, pooled = torch.randn(2, 3), [torch.randn(2, 4) for _ in range(3)]
+    fields = torch.stack([model.bottom(dense), *pooled], dim=1)
+    x = fields.flatten(1)
+    expected = model.linear(x).squeeze(1) + model.deep(x).squeeze(1) + pairwise_interaction(fields)
+    torch.testing.assert_close(model(dense, pooled), expected)
+
+
+def test_deepfm_refuses_fields_of_different_widths() -> None:
+    with pytest.raises(UserError, match=r"one width for every field.*\[4, 8\]"):
+        build_model(small_spec(dims=(4, 4, 8)), small_config(model="deepfm", bottom_mlp=[8, 4]))
+
+
+def test_trainer_seed_fixes_the_initial_weights_without_reseeding_torch() -> None:
+    spec = small_spec()
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    first = build_model(spec, small_config(seed=5))
+    assert torch.equal(torch.rand(1), expected_next)  # the global generator was left alone
+    second = build_model(spec, small_config(seed=5))
+    other = build_model(spec, small_config(seed=6))
+    for a, b, c in zip(first.parameters(), second.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert not torch.equal(a, c)
 
 
 def test_wrong_number_of_features() -> None:

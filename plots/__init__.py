@@ -1,0 +1,11 @@
+"""PNG figures for people: learning curves of a run (``kelp report``) and ``kelp bench accuracy``.
+
+matplotlib is an optional dependency (``pip install 'kelp[plots]'``, part of
+``.[dev]``): the trainer and serving never import this room, so a production
+image need not carry it.
+"""
+
+from kelp.plots.curves import Curve, curve_from_logits
+from kelp.plots.figures import plot_accuracy, plot_learning
+
+__all__ = ["Curve", "curve_from_logits", "plot_accuracy", "plot_learning"]

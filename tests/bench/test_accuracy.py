@@ -1,0 +1,53 @@
+"""``kelp bench accuracy --quick``: both sides trained on the same stream, the sweep, the picture.
+
+No threshold on any AUC here (figures are measured, not asserted); what must
+hold is that Kelp and the reference trained the same samples, every figure the
+contract names is there and finite, and the PNG was written.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from kelp.bench import run_suite
+from kelp.bench.accuracy import default_data_dir
+from kelp.errors import UserError
+
+pytestmark = pytest.mark.integration
+
+DATA = default_data_dir()
+needs_data = pytest.mark.skipif(
+    not (DATA / "movielens-100k").is_dir() or not (DATA / "criteo-attribution").is_dir(),
+    reason=f"{DATA} does not hold the real streams",
+)
+
+
+@needs_data
+def test_quick_run_reports_parity_sweep_and_writes_the_png(tmp_path: Path) -> None:
+    result = run_suite("accuracy", quick=True, out_dir=tmp_path)
+    for stream in ("criteo_attribution", "movielens"):
+        assert result[f"{stream}_samples"] == 30_000
+        for key in ("auc", "reference_auc", "log_loss", "reference_log_loss", "binned_auc"):
+            value = result[f"{stream}_{key}"]
+            assert math.isfinite(value) and value > 0.0, (stream, key, value)
+        assert result[f"{stream}_auc_gap"] == pytest.approx(
+            result[f"{stream}_auc"] - result[f"{stream}_reference_auc"], abs=2e-4
+        )
+    sweep = {p["name"]: p for p in result["sweep"]}
+    assert set(sweep) == {"min_count 1", "min_count 3", "min_count 3 + fallback", "TTL 7 d"}
+    assert sweep["min_count 1"]["admission_counters"] == 0  # min_count 1 keeps no counters
+    assert sweep["min_count 3"]["rows_stored"] < sweep["min_count 1"]["rows_stored"]
+    assert sweep["min_count 3"]["admission_counters"] > 0
+    # fallback buckets are rows too: stored and counted
+    assert sweep["min_count 3 + fallback"]["rows_stored"] > sweep["min_count 3"]["rows_stored"]
+    for point in sweep.values():
+        assert point["bytes_stored"] > 0 and 0.0 < point["auc"] < 1.0
+    assert Path(result["plot_path"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_data_names_the_option(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="pass --data DIR"):
+        run_suite("accuracy", quick=True, data_dir=tmp_path, out_dir=tmp_path)
