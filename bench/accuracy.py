@@ -338,6 +338,7 @@ def _sweep_points(quick: bool) -> list[SweepPoint]:
         SweepPoint("TTL 7 d", ttl_days=7),
         SweepPoint("TTL 30 d", ttl_days=30),
         SweepPoint("min_count 3 + fallback + TTL 7 d", min_count=3, fallback=FALLBACK_BUCKETS, ttl_days=7),
+        SweepPoint("min_count 3 + fallback + TTL 30 d", min_count=3, fallback=FALLBACK_BUCKETS, ttl_days=30),
         SweepPoint("LFU cap 50%", lfu_fraction=0.5),
     ]
     return points
