@@ -14,7 +14,10 @@ send ``POST /v1/score/candidates`` back to back (closed loop). A request is
 one user (I1..I13 dense, C1..C13) plus 100 candidates (C14..C26 each), drawn
 from criteo-synth (synthetic; Zipf ids), so one request reads ~1,300 unique
 rows from 26 tables. Latency is measured at the client, from send to parsed
-response. ``errors`` counts non-200 answers and transport failures.
+response. ``errors`` counts non-200 answers and transport failures. After the
+2-client run with hot swaps: 8 clients for half as long (``p99_ms_8_clients``),
+then 2 clients sending the compact form, msgpack bodies with packed candidate
+id columns and msgpack replies (``p99_ms_msgpack``).
 
 Floor, same run, same Redis, same requests: a raw pipelined ``MGET`` of the
 request's unique row keys decoded with ``numpy.frombuffer``, plus the bare
@@ -38,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import redis
 import torch
@@ -125,11 +129,28 @@ def _prefill(cfg: KelpConfig, requests: list[dict[str, Any]]) -> int:
     return sum(len(s) for s in ids.values())
 
 
-def _post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, dict[str, Any] | None]:
-    conn.request("POST", "/v1/score/candidates", body=body, headers={"Content-Type": "application/json"})
+JSON_HEADERS = {"Content-Type": "application/json"}
+MSGPACK_HEADERS = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+
+
+def _post(
+    conn: http.client.HTTPConnection, body: bytes, headers: dict[str, str]
+) -> tuple[int, dict[str, Any] | None]:
+    conn.request("POST", "/v1/score/candidates", body=body, headers=headers)
     resp = conn.getresponse()
     data = resp.read()
-    return resp.status, json.loads(data) if resp.status == 200 else None
+    if resp.status != 200:
+        return resp.status, None
+    return resp.status, msgpack.unpackb(data) if headers is MSGPACK_HEADERS else json.loads(data)
+
+
+def _columnar(request: dict[str, Any]) -> bytes:
+    """The same request as msgpack with packed candidate columns (the compact form)."""
+    cands = request["candidates"]
+    columns = {f: np.array([c["sparse"][f] for c in cands], dtype="<u8").tobytes() for f in ITEM_FEATURES}
+    return msgpack.packb(
+        {"user": request["user"], "candidates": {"count": len(cands), "sparse": columns}}, use_bin_type=True
+    )
 
 
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
@@ -148,11 +169,19 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.
     raise RuntimeError("kelp serve did not become ready")
 
 
-def _load(port: int, bodies: list[bytes], duration_s: float, on_tick: Any = None) -> dict[str, Any]:
-    """Closed loop: CONCURRENCY threads, back-to-back requests until the deadline."""
+def _load(
+    port: int,
+    bodies: list[bytes],
+    duration_s: float,
+    *,
+    on_tick: Any = None,
+    clients: int = CONCURRENCY,
+    headers: dict[str, str] = JSON_HEADERS,
+) -> dict[str, Any]:
+    """Closed loop: ``clients`` threads, back-to-back requests until the deadline."""
     stop = time.monotonic() + duration_s
-    lat: list[list[float]] = [[] for _ in range(CONCURRENCY)]
-    errors = [0] * CONCURRENCY
+    lat: list[list[float]] = [[] for _ in range(clients)]
+    errors = [0] * clients
     versions: set[int] = set()
 
     def client(k: int) -> None:
@@ -160,10 +189,10 @@ def _load(port: int, bodies: list[bytes], duration_s: float, on_tick: Any = None
         i = k
         while time.monotonic() < stop:
             body = bodies[i % len(bodies)]
-            i += CONCURRENCY
+            i += clients
             t0 = time.perf_counter()
             try:
-                status, out = _post(conn, body)
+                status, out = _post(conn, body, headers)
             except (OSError, http.client.HTTPException):
                 errors[k] += 1
                 conn.close()
@@ -176,7 +205,7 @@ def _load(port: int, bodies: list[bytes], duration_s: float, on_tick: Any = None
                 versions.add(out["model_version"])
         conn.close()
 
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(CONCURRENCY)]
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
     started = time.perf_counter()
     for t in threads:
         t.start()
@@ -290,6 +319,11 @@ def run(quick: bool = False) -> dict[str, Any]:
             swaps_before = _swaps(port)
             result = _load(port, bodies, duration, on_tick=swapper)
             swaps = _swaps(port) - swaps_before
+            extra = duration / 2
+            progress(f"measuring {extra:.0f} s, 8 clients (JSON)")
+            eight = _load(port, bodies, extra, clients=8)
+            progress(f"measuring {extra:.0f} s, {CONCURRENCY} clients, msgpack bodies with packed columns")
+            packed = _load(port, [_columnar(r) for r in requests], extra, headers=MSGPACK_HEADERS)
 
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -309,7 +343,12 @@ def run(quick: bool = False) -> dict[str, Any]:
         "p50_ms": round(result["p50_ms"], 3),
         "p99_ms": round(result["p99_ms"], 3),
         "rps": round(rps, 1),
-        "errors": result["errors"],
+        "errors": result["errors"] + eight["errors"] + packed["errors"],
+        "p50_ms_8_clients": round(eight["p50_ms"], 3),
+        "p99_ms_8_clients": round(eight["p99_ms"], 3),
+        "rps_8_clients": round(eight["requests"] / eight["elapsed_s"], 1),
+        "p50_ms_msgpack": round(packed["p50_ms"], 3),
+        "p99_ms_msgpack": round(packed["p99_ms"], 3),
         "swaps": int(swaps),
         "floor_p50_ms": round(floor, 3),
         "p50_over_floor": round(result["p50_ms"] / floor, 2),

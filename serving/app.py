@@ -3,8 +3,11 @@
 Endpoints (the contract; see docs/serving.md for examples):
 
 * ``POST /v1/score``: ``{"samples": [{"dense": {...}, "sparse": {...}}, ...]}``;
-* ``POST /v1/score/candidates``: ``{"user": {...}, "candidates": [{...}, ...]}``;
-  both answer :class:`~kelp.serving.schemas.ScoreResponse`;
+* ``POST /v1/score/candidates``: ``{"user": {...}, "candidates": [{...}, ...]}``
+  (or columnar candidates, see :mod:`kelp.serving.features`);
+  both take JSON or msgpack (``Content-Type: application/msgpack``) and answer
+  :class:`~kelp.serving.schemas.ScoreResponse` as JSON, or as msgpack when the
+  request ``Accept``s it;
 * ``GET /healthz`` (the process is alive), ``GET /readyz`` (model loaded and
   store reachable, else 503 with a reason), ``GET /metrics`` (Prometheus text
   of this process's registry), ``GET /v1/model``, ``GET /openapi.json``.
@@ -15,28 +18,36 @@ anything else the input gets wrong (the reason names it: ``too_many_ids``,
 ``unknown_feature``, ``bad_dense``...), 503 when there is no model yet or the
 store is unreachable. Bad input is never a 5xx.
 
-Concurrency: the score endpoints and ``/readyz`` are plain ``def`` functions,
-which FastAPI runs in its worker-thread pool, so the blocking store call and
-the model forward never block the event loop; body parsing and validation run
-on the loop, and torch and the Redis client release the GIL while they work.
+Concurrency: the score endpoints read the raw body on the event loop and do
+everything else (parse with orjson/msgpack, check, fetch rows, forward,
+encode) in one call on FastAPI's worker-thread pool, so the blocking store call
+and the model forward never block the loop; torch and the Redis client release
+the GIL while they work. ``/readyz`` is a plain ``def`` (worker thread) too.
+The request models of :mod:`kelp.serving.schemas` describe the bodies in the
+OpenAPI spec; the endpoints do not build them (that cost more than the rest of
+a request, docs/performance.md).
 """
 
-# No `from __future__ import annotations`: FastAPI must see the generated request types themselves.
-
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.requests import Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic.json_schema import models_json_schema
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kelp.consumers.batch import MicroBatch
 from kelp.errors import KelpError
+from kelp.serving.body import MSGPACK, decode_body, encode_body, wants_msgpack
 from kelp.serving.errors import RequestError
 from kelp.serving.middleware import BodyLimitMiddleware, MetricsMiddleware
 from kelp.serving.replica import ServingReplica
@@ -94,11 +105,20 @@ def _validation_reason(errors: list[dict[str, Any]]) -> tuple[int, str]:
     return 422, "invalid_request"
 
 
+def _request_body(model: str) -> dict[str, Any]:
+    """The OpenAPI request body of a score endpoint: the same schema as JSON or as msgpack."""
+    schema = {"$ref": f"#/components/schemas/{model}"}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": schema}, MSGPACK: {"schema": schema}},
+        }
+    }
+
+
 def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> FastAPI:
     """The FastAPI app for ``replica``; with ``manage_lifecycle`` the app starts and closes it."""
     models = replica.models
-    score_request = models.score
-    candidates_request = models.candidates
     serving = replica.cfg.serving
 
     @asynccontextmanager
@@ -143,22 +163,35 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
         # Store unreachable (after the short serving retry) or another operational failure: not the client's.
         return _error(503, "store_unavailable" if exc.retriable else "unavailable", str(exc))
 
+    def answer(raw: bytes, headers: Headers, parse: Callable[[Any], MicroBatch]) -> Response:
+        """Decode, check, score, encode: one worker-thread call per request, no per-candidate objects."""
+        batch = parse(decode_body(raw, headers.get("content-type", "application/json")))
+        content, media_type = encode_body(
+            replica.scorer.score(batch).to_json(), wants_msgpack(headers.get("accept", ""))
+        )
+        return Response(content, media_type=media_type)
+
     @app.post(
-        "/v1/score", response_model=ScoreResponse, responses=_ERRORS, summary="Score a batch of samples"
+        "/v1/score",
+        response_model=ScoreResponse,
+        responses=_ERRORS,
+        summary="Score a batch of samples",
+        openapi_extra=_request_body("ScoreRequest"),
     )
-    def score(body: score_request) -> JSONResponse:  # type: ignore[valid-type]
-        batch = replica.encoder.samples(body.samples)  # type: ignore[attr-defined]
-        return JSONResponse(replica.scorer.score(batch).to_json())
+    async def score(request: Request) -> Response:
+        raw = await request.body()
+        return await run_in_threadpool(answer, raw, request.headers, replica.parser.samples)
 
     @app.post(
         "/v1/score/candidates",
         response_model=ScoreResponse,
         responses=_ERRORS,
         summary="Score N candidates that share one user's features",
+        openapi_extra=_request_body("CandidatesRequest"),
     )
-    def score_candidates(body: candidates_request) -> JSONResponse:  # type: ignore[valid-type]
-        batch = replica.encoder.candidates(body.user, body.candidates)  # type: ignore[attr-defined]
-        return JSONResponse(replica.scorer.score(batch).to_json())
+    async def score_candidates(request: Request) -> Response:
+        raw = await request.body()
+        return await run_in_threadpool(answer, raw, request.headers, replica.parser.candidates)
 
     @app.get("/healthz", summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:
@@ -187,6 +220,21 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
             return _error(503, "no_model", "no model snapshot loaded yet")
         return JSONResponse(current.info())
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI's spec plus the request models' schemas (the endpoints read raw bodies)."""
+        if app.openapi_schema is None:
+            spec = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            _, defs = models_json_schema(
+                [(models.score, "validation"), (models.candidates, "validation")],
+                ref_template="#/components/schemas/{model}",
+            )
+            spec.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=serving.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=replica.metrics, endpoints=ENDPOINTS)
     return app

@@ -1,87 +1,306 @@
-"""Validated requests -> a :class:`~kelp.consumers.batch.MicroBatch`, the type the trainer scores.
+"""Decoded request bodies -> a :class:`~kelp.consumers.batch.MicroBatch`, checked in one pass.
 
-Reusing the trainer's batch type means serving pools embeddings exactly as
-training did (same dedup per table, same bag offsets, same transforms):
+Why not pydantic here: a 100-candidate request used to become ~300 pydantic
+objects before any scoring, and that validation was the largest single cost of
+the serving path (docs/performance.md). The rules are the same as the
+generated request models (:mod:`kelp.serving.schemas`, still the OpenAPI
+contract) and the event schema's, checked directly on the decoded JSON or
+msgpack values:
 
-* dense: start from each feature's ``default``, overwrite with the values
-  given (null = absent), then apply the config's transforms (the consumer's
-  :func:`~kelp.consumers.transforms.apply_transforms`). A value that becomes
-  NaN/inf (``log1p(-2)`` without a clip) is rejected as ``bad_dense`` (422),
-  as the event schema does;
-* sparse: one id or a list per feature; absent, null or ``[]`` = no ids
-  (the bag pools to zeros), again as in event schema v1;
-* user + candidates: candidate *i* is the user's features overridden, per
-  feature name, by candidate *i*'s non-null features (no concatenation of ids).
-  The user's ids repeat in every row, and the batch's per-table dedup turns them
-  into one store lookup.
+* ``dense``: feature name -> finite number or null (null or absent = the
+  feature's ``default``); booleans, strings, NaN and infinities are
+  ``bad_dense``; a value that becomes non-finite after the config's transforms
+  (``log1p(-2)``, ``1e300`` in float32) is ``bad_dense`` too;
+* ``sparse``: feature name -> one id or a list of ids, each an integer in
+  ``[0, 2**64)`` (``bad_id`` otherwise); absent, null or ``[]`` = no ids; a
+  list longer than ``min(max_ids, serving.max_ids_per_feature)`` is
+  ``too_many_ids``;
+* an unknown feature name is ``unknown_feature``; any other shape problem is
+  ``invalid_request``; more than ``serving.max_samples_per_request`` samples or
+  candidates is ``too_many_samples`` (413).
+
+Candidates come row-wise (a list of feature objects, candidate *i* overriding
+the user's features per name with its non-null ones) or **columnar**, the
+compact form for msgpack clients::
+
+    {"user": {...}, "candidates": {"count": 100,
+                                   "dense": {"I1": [..100 floats..] | bin f32[100]},
+                                   "sparse": {"C14": [..100 ids..] | bin u64[100] |
+                                              {"values": [...], "lengths": [..100..]}}}}
+
+A columnar feature replaces the user's for every candidate; packed ``bin``
+columns are read with ``numpy.frombuffer`` and never touched per candidate.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
 
-from kelp.config import FeatureSpec
+from kelp.config import FeatureSpec, ServingConfig
 from kelp.consumers.batch import JaggedIds, MicroBatch
 from kelp.consumers.transforms import apply_transforms, defaults_of
-from kelp.serving.errors import BadRequestError
-from kelp.serving.schemas import RequestModels
+from kelp.serving.errors import BadRequestError, RequestError
 
-__all__ = ["RequestEncoder"]
+__all__ = ["RequestParser"]
+
+U64_LIMIT = 1 << 64
+_NO_IDS: list[int] = []
+Given = tuple[dict[int, float], dict[int, list[int]]]
+"""One sample's non-null dense values and sparse id lists, by column index."""
 
 
-class RequestEncoder:
-    """Turns validated request models into micro-batches for one feature spec."""
+def _invalid(message: str) -> BadRequestError:
+    return BadRequestError("invalid_request", message)
 
-    def __init__(self, spec: FeatureSpec, models: RequestModels) -> None:
+
+class RequestParser:
+    """Checks decoded request bodies against one feature spec and builds the batch the scorer takes."""
+
+    def __init__(self, spec: FeatureSpec, serving: ServingConfig) -> None:
         self.spec = spec
-        self.dense_index = {name: j for j, name in enumerate(models.dense_fields)}
-        self.sparse_index = {name: i for i, name in enumerate(models.sparse_fields)}
-        self.defaults = defaults_of(spec.dense)
+        self.max_samples = serving.max_samples_per_request
+        self.dense_names = [f.name for f in spec.dense]
         self.sparse_names = [f.name for f in spec.sparse]
+        self.dense_index = {name: j for j, name in enumerate(self.dense_names)}
+        self.sparse_index = {name: i for i, name in enumerate(self.sparse_names)}
+        self.id_limits = [min(f.max_ids, serving.max_ids_per_feature) for f in spec.sparse]
+        self.defaults = defaults_of(spec.dense).astype(np.float64)  # float32 only after the checks
 
-    def _given(self, features: BaseModel) -> tuple[dict[int, float], dict[int, list[int]]]:
-        """Non-null dense values and sparse id lists of one sample, by column index."""
-        dense = {self.dense_index[k]: v for k, v in features.dense.__dict__.items() if v is not None}  # type: ignore[attr-defined]
-        sparse = {
-            self.sparse_index[k]: (v if isinstance(v, list) else [v])
-            for k, v in features.sparse.__dict__.items()  # type: ignore[attr-defined]
-            if v is not None
-        }
-        return dense, sparse
+    # ------------------------------------------------------------------ endpoints
 
-    def samples(self, samples: Sequence[BaseModel]) -> MicroBatch:
-        """One batch row per sample."""
-        return self._batch([self._given(s) for s in samples])
+    def samples(self, body: Any) -> MicroBatch:
+        """``{"samples": [features, ...]}``: one batch row per sample."""
+        self._keys(body, required=("samples",), optional=())
+        samples = self._rows(body["samples"], "samples")
+        return self._batch([self._features(s, f"samples[{r}]") for r, s in enumerate(samples)])
 
-    def candidates(self, user: BaseModel, candidates: Sequence[BaseModel]) -> MicroBatch:
-        """One batch row per candidate: the user's features, overridden per feature by the candidate's."""
-        user_dense, user_sparse = self._given(user)
+    def candidates(self, body: Any) -> MicroBatch:
+        """``{"user": features, "candidates": [features, ...] | columnar}``: one batch row per candidate."""
+        self._keys(body, required=("candidates",), optional=("user",))
+        user = self._features(body.get("user"), "user")
+        raw = body["candidates"]
+        if isinstance(raw, dict):
+            return self._columnar(user, raw)
         rows = []
-        for c in candidates:
-            dense, sparse = self._given(c)
+        user_dense, user_sparse = user
+        for r, c in enumerate(self._rows(raw, "candidates")):
+            dense, sparse = self._features(c, f"candidates[{r}]")
             rows.append(({**user_dense, **dense}, {**user_sparse, **sparse}))
         return self._batch(rows)
 
-    def _batch(self, rows: list[tuple[dict[int, float], dict[int, list[int]]]]) -> MicroBatch:
+    # ------------------------------------------------------------------ checks
+
+    @staticmethod
+    def _keys(body: Any, required: Sequence[str], optional: Sequence[str]) -> None:
+        if not isinstance(body, dict):
+            raise _invalid(f"the body is {type(body).__name__}, expected an object")
+        for key in required:
+            if key not in body:
+                raise _invalid(f"{key!r} is required")
+        extra = [k for k in body if k not in required and k not in optional]
+        if extra:
+            raise _invalid(f"unknown field {extra[0]!r}; expected {', '.join((*required, *optional))}")
+
+    def _rows(self, value: Any, what: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise _invalid(f"{what} is {type(value).__name__}, expected a list")
+        if not value:
+            raise _invalid(f"{what} is empty; send at least one")
+        if len(value) > self.max_samples:
+            raise RequestError(
+                "too_many_samples",
+                f"{len(value)} {what}, more than serving.max_samples_per_request ({self.max_samples})",
+                status=413,
+            )
+        return value
+
+    def _features(self, value: Any, where: str) -> Given:
+        if value is None:
+            return {}, {}
+        if not isinstance(value, dict):
+            raise _invalid(f"{where} is {type(value).__name__}, expected an object")
+        extra = [k for k in value if k not in ("dense", "sparse")]
+        if extra:
+            raise _invalid(f"{where}: unknown field {extra[0]!r}; expected dense, sparse")
+        return self._dense(value.get("dense", {}), where), self._sparse(value.get("sparse", {}), where)
+
+    def _dense(self, value: Any, where: str) -> dict[int, float]:
+        if not isinstance(value, dict):
+            raise BadRequestError("bad_dense", f"{where}.dense is {type(value).__name__}, expected an object")
+        out: dict[int, float] = {}
+        for name, x in value.items():
+            j = self.dense_index.get(name)
+            if j is None:
+                raise BadRequestError("unknown_feature", f"{where}.dense: {name!r} is not a dense feature")
+            if x is None:
+                continue
+            t = type(x)
+            if (t is not float and t is not int) or not math.isfinite(x):
+                raise BadRequestError("bad_dense", f"{where}.dense.{name}: {x!r} is not a finite number")
+            out[j] = x
+        return out
+
+    def _sparse(self, value: Any, where: str) -> dict[int, list[int]]:
+        if not isinstance(value, dict):
+            raise BadRequestError("bad_id", f"{where}.sparse is {type(value).__name__}, expected an object")
+        out: dict[int, list[int]] = {}
+        for name, x in value.items():
+            i = self.sparse_index.get(name)
+            if i is None:
+                raise BadRequestError("unknown_feature", f"{where}.sparse: {name!r} is not a sparse feature")
+            if x is None:
+                continue
+            ids = x if type(x) is list else [x]
+            if len(ids) > self.id_limits[i]:
+                raise BadRequestError(
+                    "too_many_ids", f"{where}.sparse.{name}: {len(ids)} ids, at most {self.id_limits[i]}"
+                )
+            for v in ids:
+                if type(v) is not int or not 0 <= v < U64_LIMIT:
+                    raise BadRequestError(
+                        "bad_id", f"{where}.sparse.{name}: {v!r} is not an id (an integer in [0, 2**64))"
+                    )
+            out[i] = ids
+        return out
+
+    # ------------------------------------------------------------------ columnar candidates
+
+    def _columnar(self, user: Given, raw: dict[str, Any]) -> MicroBatch:
+        self._keys(raw, required=("count",), optional=("dense", "sparse"))
+        n = raw["count"]
+        if type(n) is not int or n < 1:
+            raise _invalid(f"candidates.count is {n!r}, expected a count >= 1")
+        if n > self.max_samples:
+            raise RequestError(
+                "too_many_samples",
+                f"{n} candidates, more than serving.max_samples_per_request ({self.max_samples})",
+                status=413,
+            )
+        user_dense, user_sparse = user
+        dense = np.tile(self.defaults, (n, 1))
+        for j, x in user_dense.items():
+            dense[:, j] = x
+        columns = raw.get("dense") or {}
+        if not isinstance(columns, dict):
+            raise BadRequestError("bad_dense", "candidates.dense is not an object")
+        for name, col in columns.items():
+            j = self.dense_index.get(name)
+            if j is None:
+                raise BadRequestError("unknown_feature", f"candidates.dense: {name!r} is not a dense feature")
+            dense[:, j] = self._dense_column(col, n, name)
+        sparse: dict[str, JaggedIds] = {}
+        columns = raw.get("sparse") or {}
+        if not isinstance(columns, dict):
+            raise BadRequestError("bad_id", "candidates.sparse is not an object")
+        unknown = [k for k in columns if k not in self.sparse_index]
+        if unknown:
+            raise BadRequestError(
+                "unknown_feature", f"candidates.sparse: {unknown[0]!r} is not a sparse feature"
+            )
+        for i, name in enumerate(self.sparse_names):
+            if name in columns and columns[name] is not None:
+                sparse[name] = self._sparse_column(columns[name], n, i)
+            else:
+                ids = user_sparse.get(i, _NO_IDS)
+                sparse[name] = JaggedIds.from_lengths(
+                    np.tile(np.asarray(ids, dtype=np.uint64), n), np.full(n, len(ids), dtype=np.int32)
+                )
+        return self._finish(dense, sparse)
+
+    @staticmethod
+    def _dense_column(col: Any, n: int, name: str) -> np.ndarray:
+        if isinstance(col, bytes):
+            if len(col) != 4 * n:
+                raise BadRequestError(
+                    "bad_dense", f"candidates.dense.{name}: {len(col)} bytes, expected {n} x 4"
+                )
+            return np.frombuffer(col, dtype="<f4")
+        if not isinstance(col, list) or len(col) != n:
+            raise BadRequestError("bad_dense", f"candidates.dense.{name}: expected {n} numbers or f32 bytes")
+        for x in col:
+            t = type(x)
+            if (t is not float and t is not int) or not math.isfinite(x):
+                raise BadRequestError("bad_dense", f"candidates.dense.{name}: {x!r} is not a finite number")
+        return np.asarray(col, dtype=np.float64)
+
+    def _sparse_column(self, col: Any, n: int, i: int) -> JaggedIds:
+        name, limit = self.sparse_names[i], self.id_limits[i]
+        if isinstance(col, bytes):  # one id per candidate, packed
+            if len(col) != 8 * n:
+                raise BadRequestError(
+                    "bad_id", f"candidates.sparse.{name}: {len(col)} bytes, expected {n} x 8"
+                )
+            return JaggedIds.one_hot(np.frombuffer(col, dtype="<u8"))
+        if isinstance(col, list):
+            if len(col) != n:
+                raise BadRequestError(
+                    "bad_id", f"candidates.sparse.{name}: {len(col)} ids for {n} candidates"
+                )
+            if limit < 1:
+                raise BadRequestError("too_many_ids", f"candidates.sparse.{name}: at most {limit} ids")
+            self._check_ids(col, name)
+            return JaggedIds.one_hot(np.asarray(col, dtype=np.uint64))
+        if isinstance(col, dict) and set(col) == {"values", "lengths"}:
+            values, lengths = col["values"], col["lengths"]
+            if isinstance(lengths, bytes):
+                lengths = np.frombuffer(lengths, dtype="<i4") if len(lengths) == 4 * n else None
+            elif isinstance(lengths, list) and all(type(x) is int for x in lengths):
+                lengths = np.asarray(lengths, dtype=np.int64)
+            else:
+                lengths = None
+            if lengths is None or len(lengths) != n or (lengths < 0).any():
+                raise BadRequestError("bad_id", f"candidates.sparse.{name}.lengths: expected {n} counts >= 0")
+            if int(lengths.max()) > limit:
+                raise BadRequestError(
+                    "too_many_ids", f"candidates.sparse.{name}: {int(lengths.max())} ids, at most {limit}"
+                )
+            if isinstance(values, bytes) and len(values) == 8 * int(lengths.sum()):
+                ids = np.frombuffer(values, dtype="<u8")
+            elif isinstance(values, list) and len(values) == int(lengths.sum()):
+                self._check_ids(values, name)
+                ids = np.asarray(values, dtype=np.uint64)
+            else:
+                raise BadRequestError(
+                    "bad_id", f"candidates.sparse.{name}.values: expected sum(lengths) ids or u64 bytes"
+                )
+            return JaggedIds.from_lengths(ids, lengths.astype(np.int32))
+        raise BadRequestError(
+            "bad_id", f"candidates.sparse.{name}: expected a list, u64 bytes or {{values, lengths}}"
+        )
+
+    @staticmethod
+    def _check_ids(ids: list[Any], name: str) -> None:
+        for v in ids:
+            if type(v) is not int or not 0 <= v < U64_LIMIT:
+                raise BadRequestError("bad_id", f"candidates.sparse.{name}: {v!r} is not an id")
+
+    # ------------------------------------------------------------------ assembly
+
+    def _batch(self, rows: list[Given]) -> MicroBatch:
         b = len(rows)
         dense = np.tile(self.defaults, (b, 1))
-        n_sparse = len(self.sparse_names)
-        values: list[list[int]] = [[] for _ in range(n_sparse)]
-        lengths = np.zeros((n_sparse, b), dtype=np.int32)
-        with np.errstate(over="ignore", invalid="ignore"):  # 1e300 -> inf in float32: rejected below
-            for r, (d, s) in enumerate(rows):
-                for j, x in d.items():
-                    dense[r, j] = x
-                for i, ids in s.items():
-                    values[i].extend(ids)
-                    lengths[i, r] = len(ids)
-            if dense.size:
-                apply_transforms(dense, self.spec.dense)
+        for r, (d, _) in enumerate(rows):
+            for j, x in d.items():
+                dense[r, j] = x
+        sparse: dict[str, JaggedIds] = {}
+        for i, name in enumerate(self.sparse_names):
+            per_row = [s.get(i, _NO_IDS) for _, s in rows]
+            lengths = np.fromiter(map(len, per_row), dtype=np.int32, count=b)
+            values = np.fromiter(chain.from_iterable(per_row), dtype=np.uint64, count=int(lengths.sum()))
+            sparse[name] = JaggedIds.from_lengths(values, lengths)
+        return self._finish(dense, sparse)
+
+    def _finish(self, dense: np.ndarray, sparse: dict[str, JaggedIds]) -> MicroBatch:
+        """Transforms, the non-finite check after them, and the batch (labels are unused zeros)."""
         if dense.size:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                dense = dense.astype(np.float32)  # 1e300 -> inf: rejected below, as the event schema does
+                apply_transforms(dense, self.spec.dense)
             bad = ~np.isfinite(dense)
             if bad.any():
                 r, j = (int(x[0]) for x in np.nonzero(bad))
@@ -90,8 +309,10 @@ class RequestEncoder:
                     f"sample {r}: dense {self.spec.dense[j].name!r} is not finite after its transforms "
                     f"({[t.kind for t in self.spec.dense[j].transforms]})",
                 )
-        sparse: dict[str, Any] = {
-            name: JaggedIds.from_lengths(np.array(values[i], dtype=np.uint64), lengths[i])
-            for i, name in enumerate(self.sparse_names)
-        }
-        return MicroBatch.from_columns(self.spec, labels=np.zeros(b, np.float32), dense=dense, sparse=sparse)
+        b = dense.shape[0]
+        return MicroBatch.from_columns(
+            self.spec,
+            labels=np.zeros(b, np.float32),
+            dense=dense.astype(np.float32, copy=False),
+            sparse=sparse,
+        )

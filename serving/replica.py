@@ -23,7 +23,7 @@ from kelp.publish.base import SnapshotChannel
 from kelp.publish.publisher import build_channel
 from kelp.retry import RetryPolicy
 from kelp.serving.embeddings import RowFetcher
-from kelp.serving.features import RequestEncoder
+from kelp.serving.features import RequestParser
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.model import ModelSlot
 from kelp.serving.schemas import build_request_models
@@ -74,7 +74,7 @@ class ServingReplica:
             store.close()
             raise
         self.models = build_request_models(self.spec, cfg.serving)
-        self.encoder = RequestEncoder(self.spec, self.models)
+        self.parser = RequestParser(self.spec, cfg.serving)
         self.slot = ModelSlot()
         self.fetcher = RowFetcher(self.store, self.metrics, cfg.serving.local_cache_ttl_ms)
         self.scorer = Scorer(self.spec, self.slot, self.fetcher)

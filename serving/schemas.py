@@ -1,8 +1,9 @@
 """Request and response models of the HTTP API, built from the replica's feature spec.
 
 The request models are generated per config (pydantic ``create_model``), so the
-OpenAPI spec lists the real feature names and limits, and pydantic rejects
-what the event schema rejects before any work is done:
+OpenAPI spec lists the real feature names and limits. They are the contract,
+not the validator: requests are checked by :mod:`kelp.serving.features`
+without building model objects (a test keeps the two in agreement). The rules:
 
 * ``dense``: feature name -> finite number or null (null or absent = the
   feature's ``default``, as in event schema v1); booleans, strings, NaN and
@@ -86,16 +87,70 @@ def build_request_models(spec: FeatureSpec, serving: ServingConfig) -> RequestMo
         __base__=_Strict,
         samples=(list[features], Field(min_length=1, max_length=limit)),  # type: ignore[valid-type]
     )
+    columnar = _columnar_candidates(spec, serving, dense_fields, sparse_fields)
     candidates = create_model(
         "CandidatesRequest",
         __base__=_Strict,
         user=(features, Field(default_factory=features, description="shared by every candidate")),
         candidates=(
-            list[features],  # type: ignore[valid-type]
-            Field(min_length=1, max_length=limit, description="per feature, overrides the user's"),
+            Annotated[list[features], Field(min_length=1, max_length=limit)] | columnar,  # type: ignore[valid-type]
+            Field(
+                description="a list (per feature, a candidate's non-null value overrides the user's), "
+                "or columns of `count` values per feature (a column replaces the user's feature)"
+            ),
         ),
     )
     return RequestModels(features, score, candidates, dense_fields, sparse_fields)
+
+
+def _jagged_column(limit: int) -> type[BaseModel]:
+    """Several ids per candidate: candidate *i* has the next ``lengths[i]`` (<= ``limit``) ``values``."""
+    return create_model(
+        f"JaggedColumnUpTo{limit}",
+        __base__=_Strict,
+        values=(list[Id], Field(description="every candidate's ids, in order (msgpack: or u64 bytes)")),
+        lengths=(
+            list[Annotated[int, Field(strict=True, ge=0, le=limit)]],
+            Field(description="ids per candidate, `count` of them (msgpack: or i32 bytes)"),
+        ),
+    )
+
+
+def _columnar_candidates(
+    spec: FeatureSpec, serving: ServingConfig, dense_fields: tuple[str, ...], sparse_fields: tuple[str, ...]
+) -> type[BaseModel]:
+    """The compact candidates form: one column per feature instead of one object per candidate."""
+    dense = create_model(
+        "DenseColumns",
+        __base__=_Strict,
+        **{
+            name: (
+                list[Dense] | None,
+                Field(None, alias=f.name, description="count values (msgpack: or f32 bytes)"),
+            )
+            for name, f in zip(dense_fields, spec.dense, strict=True)
+        },
+    )
+    sparse = create_model(
+        "SparseColumns",
+        __base__=_Strict,
+        **{
+            name: (
+                list[Id] | _jagged_column(min(f.max_ids, serving.max_ids_per_feature)) | None,
+                Field(
+                    None, alias=f.name, description="one id per candidate (msgpack: or u64 bytes), or jagged"
+                ),
+            )
+            for name, f in zip(sparse_fields, spec.sparse, strict=True)
+        },
+    )
+    return create_model(
+        "ColumnarCandidates",
+        __base__=_Strict,
+        count=(int, Field(ge=1, le=serving.max_samples_per_request, description="number of candidates")),
+        dense=(dense, Field(default_factory=dense)),
+        sparse=(sparse, Field(default_factory=sparse)),
+    )
 
 
 class EmbeddingAge(BaseModel):

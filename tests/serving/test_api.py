@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import httpx
+import msgpack
 import numpy as np
 import pytest
 import torch
@@ -144,3 +145,26 @@ def test_memory_store_replica_reads_defaults(tmp_path, redis_url: str) -> None: 
     )
     assert replica.fetcher.fetch({"ads": np.array([1, 2], np.uint64)}).default == 2
     replica.close()
+
+
+def test_msgpack_bodies_and_replies_score_like_json(live: Live) -> None:
+    """The compact form: a msgpack body with packed id columns, a msgpack reply; same scores as JSON."""
+    user = {"dense": {"I1": 2.0}, "sparse": {"C2": [2, 3], "C3": 9}}
+    rows = [{"sparse": {"C1": c}} for c in (4, 5, 6)]
+    columns = {"count": 3, "sparse": {"C1": np.array([4, 5, 6], "<u8").tobytes()}}
+    as_json = live.client.post("/v1/score/candidates", json={"user": user, "candidates": rows})
+    as_msgpack = live.client.post(
+        "/v1/score/candidates",
+        content=msgpack.packb({"user": user, "candidates": columns}),
+        headers={"content-type": "application/msgpack", "accept": "application/msgpack"},
+    )
+    assert as_json.status_code == as_msgpack.status_code == 200, as_msgpack.text
+    assert as_msgpack.headers["content-type"] == "application/msgpack"
+    reply = msgpack.unpackb(as_msgpack.content)
+    assert reply["scores"] == pytest.approx(as_json.json()["scores"], rel=1e-6)
+    assert reply["model_version"] == as_json.json()["model_version"]
+
+
+def test_a_broken_msgpack_body_is_a_422(live: Live) -> None:
+    r = live.client.post("/v1/score", content=b"\xc1", headers={"content-type": "application/msgpack"})
+    assert r.status_code == 422 and r.json()["error"] == "bad_msgpack"

@@ -1,0 +1,130 @@
+"""The request checks agree with the OpenAPI request models, without building them per request.
+
+The endpoints check bodies with :class:`~kelp.serving.features.RequestParser`
+(no pydantic objects on the hot path); the generated pydantic models remain the
+published contract. Every body here must be accepted or refused by both alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from kelp.serving.body import decode_body
+from kelp.serving.errors import RequestError
+from kelp.serving.features import RequestParser
+from kelp.serving.schemas import build_request_models
+
+from .helpers import small_config
+from .test_validation import CASES
+
+ACCEPTED: list[dict[str, Any]] = [
+    {"samples": [{}]},
+    {"samples": [{"dense": {"I1": 0, "I2": None}, "sparse": {"C1": 2**64 - 1, "C2": [0, 1, 2], "C3": None}}]},
+    {"samples": [{"sparse": {"C2": []}}] * 64},
+    {"user": {"sparse": {"C3": 9}}, "candidates": [{}, {"sparse": {"C1": 4}}]},
+    {"candidates": {"count": 2, "sparse": {"C1": [1, 2], "C2": {"values": [3, 4, 5], "lengths": [2, 1]}}}},
+    {"candidates": {"count": 1, "dense": {"I2": [0.5]}}},
+]
+REFUSED: list[dict[str, Any]] = [
+    {"candidates": {"count": 0}},
+    {"candidates": {"count": 65}},
+    {"candidates": {"count": 2, "sparse": {"C9": [1, 2]}}},
+    {"candidates": {"count": 2, "sparse": {"C1": [1, -2]}}},
+    {"candidates": {"count": 1, "sparse": {"C2": {"values": [1, 2, 3, 4], "lengths": [4]}}}},
+    {"candidates": {"count": 1, "dense": {"I1": ["x"]}}},
+    {"candidates": {"count": 1}, "extra": 1},
+    {"samples": [{"dense": None}]},
+    {"samples": [{"sparse": {"C1": True}}]},
+    {"samples": [{"sparse": {"C1": [1.0]}}]},
+    {"samples": [{"other": {}}]},
+    {"samples": [7]},
+]
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[RequestParser, Any]:
+    cfg = small_config("redis://127.0.0.1:1", Path(tmp_path_factory.mktemp("cfg")))
+    return RequestParser(cfg.features, cfg.serving), build_request_models(cfg.features, cfg.serving)
+
+
+def _parse(parser: RequestParser, body: Any) -> bool:
+    try:
+        (parser.candidates if "candidates" in body or "user" in body else parser.samples)(body)
+    except RequestError:
+        return False
+    return True
+
+
+def _model_accepts(models: Any, body: Any) -> bool:
+    model = models.candidates if "candidates" in body or "user" in body else models.score
+    try:
+        model.model_validate(body)
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("body", ACCEPTED, ids=range(len(ACCEPTED)))
+def test_valid_bodies_are_accepted_by_both(parts, body: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    parser, models = parts
+    assert _model_accepts(models, body)
+    assert _parse(parser, body)
+
+
+# Refused only after the float32 cast or the transforms, which a JSON schema cannot express.
+AFTER_TRANSFORMS = {"dense_overflows_float32", "dense_log1p_of_minus_two"}
+
+
+@pytest.mark.parametrize(
+    "body", REFUSED + [c[1] for c in CASES if isinstance(c[1], dict) and c[0] not in AFTER_TRANSFORMS]
+)
+def test_invalid_bodies_are_refused_by_both(parts, body: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    parser, models = parts
+    assert not _model_accepts(models, body)
+    assert not _parse(parser, body)
+
+
+def test_columnar_and_row_candidates_build_the_same_batch(parts) -> None:  # type: ignore[no-untyped-def]
+    parser, _ = parts
+    user = {"dense": {"I1": 2.0}, "sparse": {"C1": 1, "C2": [2, 3], "C3": 9}}
+    rows = [{"sparse": {"C1": 4, "C2": [5]}}, {"sparse": {"C1": 6, "C2": [7, 8]}, "dense": {"I2": 0.5}}]
+    columns = {
+        "count": 2,
+        "dense": {"I2": np.array([1.5, 0.5], "<f4").tobytes()},
+        "sparse": {
+            "C1": np.array([4, 6], "<u8").tobytes(),
+            "C2": {"values": np.array([5, 7, 8], "<u8").tobytes(), "lengths": [1, 2]},
+        },
+    }
+    a = parser.candidates({"user": user, "candidates": rows})
+    b = parser.candidates(
+        decode_body(msgpack.packb({"user": user, "candidates": columns}), "application/msgpack")
+    )
+    np.testing.assert_array_equal(a.dense, b.dense)
+    for table in a.tables:
+        np.testing.assert_array_equal(a.tables[table].unique_ids, b.tables[table].unique_ids)
+    for name in ("C1", "C2", "C3"):
+        np.testing.assert_array_equal(a.sparse[name].values, b.sparse[name].values)
+        np.testing.assert_array_equal(a.sparse[name].offsets, b.sparse[name].offsets)
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "reason"),
+    [
+        (b"{not json", "application/json", "bad_json"),
+        (b"[" * 5000 + b"]" * 5000, "application/json", "bad_json"),
+        (b"\xc1", "application/msgpack", "bad_msgpack"),
+        (msgpack.packb({1: 2}), "application/msgpack", "bad_msgpack"),
+    ],
+    ids=["broken_json", "deeply_nested_json", "broken_msgpack", "non_string_map_key"],
+)
+def test_undecodable_bodies_name_their_format(raw: bytes, content_type: str, reason: str) -> None:
+    with pytest.raises(RequestError) as info:
+        decode_body(raw, content_type)
+    assert info.value.reason == reason and info.value.status == 422
