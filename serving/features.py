@@ -50,8 +50,8 @@ __all__ = ["RequestParser"]
 
 U64_LIMIT = 1 << 64
 _NO_IDS: list[int] = []
-Given = tuple[dict[int, float], dict[int, list[int]]]
-"""One sample's non-null dense values and sparse id lists, by column index."""
+Given = tuple[dict[int, float], dict[int, "int | list[int]"]]
+"""One sample's non-null dense values and sparse ids (one id, or a list), by column index."""
 
 
 def _invalid(message: str) -> BadRequestError:
@@ -86,12 +86,8 @@ class RequestParser:
         raw = body["candidates"]
         if isinstance(raw, dict):
             return self._columnar(user, raw)
-        rows = []
-        user_dense, user_sparse = user
-        for r, c in enumerate(self._rows(raw, "candidates")):
-            dense, sparse = self._features(c, f"candidates[{r}]")
-            rows.append(({**user_dense, **dense}, {**user_sparse, **sparse}))
-        return self._batch(rows)
+        rows = [self._features(c, f"candidates[{r}]") for r, c in enumerate(self._rows(raw, "candidates"))]
+        return self._batch(rows, user)
 
     # ------------------------------------------------------------------ checks
 
@@ -145,14 +141,18 @@ class RequestParser:
             out[j] = x
         return out
 
-    def _sparse(self, value: Any, where: str) -> dict[int, list[int]]:
+    def _sparse(self, value: Any, where: str) -> dict[int, int | list[int]]:
         if not isinstance(value, dict):
             raise BadRequestError("bad_id", f"{where}.sparse is {type(value).__name__}, expected an object")
-        out: dict[int, list[int]] = {}
+        out: dict[int, int | list[int]] = {}
+        index = self.sparse_index
         for name, x in value.items():
-            i = self.sparse_index.get(name)
+            i = index.get(name)
             if i is None:
                 raise BadRequestError("unknown_feature", f"{where}.sparse: {name!r} is not a sparse feature")
+            if type(x) is int and 0 <= x < U64_LIMIT and self.id_limits[i]:  # the common case: one id
+                out[i] = x
+                continue
             if x is None:
                 continue
             ids = x if type(x) is list else [x]
@@ -182,9 +182,7 @@ class RequestParser:
                 status=413,
             )
         user_dense, user_sparse = user
-        dense = np.tile(self.defaults, (n, 1))
-        for j, x in user_dense.items():
-            dense[:, j] = x
+        dense = self._dense_matrix([], user_dense, n)
         columns = raw.get("dense") or {}
         if not isinstance(columns, dict):
             raise BadRequestError("bad_dense", "candidates.dense is not an object")
@@ -206,10 +204,7 @@ class RequestParser:
             if name in columns and columns[name] is not None:
                 sparse[name] = self._sparse_column(columns[name], n, i)
             else:
-                ids = user_sparse.get(i, _NO_IDS)
-                sparse[name] = JaggedIds.from_lengths(
-                    np.tile(np.asarray(ids, dtype=np.uint64), n), np.full(n, len(ids), dtype=np.int32)
-                )
+                sparse[name] = _column([user_sparse.get(i)] * n)
         return self._finish(dense, sparse)
 
     @staticmethod
@@ -281,19 +276,25 @@ class RequestParser:
 
     # ------------------------------------------------------------------ assembly
 
-    def _batch(self, rows: list[Given]) -> MicroBatch:
-        b = len(rows)
-        dense = np.tile(self.defaults, (b, 1))
-        for r, (d, _) in enumerate(rows):
+    def _batch(self, rows: list[Given], user: Given | None = None) -> MicroBatch:
+        """Column by column: a row's value where it gives one, else the user's (candidates), else none."""
+        user_dense, user_sparse = user if user is not None else ({}, {})
+        dense = self._dense_matrix([d for d, _ in rows], user_dense, len(rows))
+        sparse_rows = [s for _, s in rows]
+        sparse = {}
+        for i, name in enumerate(self.sparse_names):
+            users = user_sparse.get(i)
+            sparse[name] = _column([s.get(i, users) for s in sparse_rows])
+        return self._finish(dense, sparse)
+
+    def _dense_matrix(self, rows: list[dict[int, float]], user: dict[int, float], n: int) -> np.ndarray:
+        dense = np.tile(self.defaults, (n, 1))
+        for j, x in user.items():
+            dense[:, j] = x
+        for r, d in enumerate(rows):
             for j, x in d.items():
                 dense[r, j] = x
-        sparse: dict[str, JaggedIds] = {}
-        for i, name in enumerate(self.sparse_names):
-            per_row = [s.get(i, _NO_IDS) for _, s in rows]
-            lengths = np.fromiter(map(len, per_row), dtype=np.int32, count=b)
-            values = np.fromiter(chain.from_iterable(per_row), dtype=np.uint64, count=int(lengths.sum()))
-            sparse[name] = JaggedIds.from_lengths(values, lengths)
-        return self._finish(dense, sparse)
+        return dense
 
     def _finish(self, dense: np.ndarray, sparse: dict[str, JaggedIds]) -> MicroBatch:
         """Transforms, the non-finite check after them, and the batch (labels are unused zeros)."""
@@ -316,3 +317,19 @@ class RequestParser:
             dense=dense.astype(np.float32, copy=False),
             sparse=sparse,
         )
+
+
+def _column(per_row: list[Any]) -> JaggedIds:
+    """Checked ids per row (one id, a list, or None for none) as the batch's jagged column."""
+    if None not in per_row:
+        try:  # the common case, one id per row: one C-level conversion
+            one_each = np.array(per_row, dtype=np.uint64)
+        except (TypeError, ValueError):  # lists among them
+            pass
+        else:
+            if one_each.ndim == 1:
+                return JaggedIds.one_hot(one_each)
+    lists = [v if type(v) is list else (_NO_IDS if v is None else [v]) for v in per_row]
+    lengths = np.fromiter(map(len, lists), dtype=np.int32, count=len(lists))
+    values = np.fromiter(chain.from_iterable(lists), dtype=np.uint64, count=int(lengths.sum()))
+    return JaggedIds.from_lengths(values, lengths)

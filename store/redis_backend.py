@@ -16,7 +16,9 @@ for sighting counters and one for admissions (op ``admit``), one for pushes
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Mapping
+from itertools import chain
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,6 +28,7 @@ from kelp.config import StoreConfig, TableSpec
 from kelp.retry import RetryPolicy
 from kelp.store.backend import BackendStore, InitRows, RowWrite, StoredRows
 from kelp.store.base import StoreStats, Table
+from kelp.store.codec import DecodedRows
 from kelp.store.connection import connection_options
 from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.keys import KeyLayout
@@ -96,13 +99,38 @@ class RedisBackend(BackendStore):
                         values.extend,
                     )
         self._runner.run(plan, "pull", readonly=not touch)
-        return {
-            name: self._decode(self.tables[name], len(ids_by_table[name]), *parts[name]) for name in parts
-        }
+        return self._decode_all(ids_by_table, parts)
 
-    def _decode(self, t: Table, n: int, order: list[np.ndarray], values: list[bytes | None]) -> StoredRows:
-        """Replies arrive grouped by shard; decode them in that order, then put rows back in id order."""
-        decoded = t.codec.decode(values)
+    def _decode_all(
+        self,
+        ids_by_table: Mapping[str, np.ndarray],
+        parts: Mapping[str, tuple[list[np.ndarray], list[bytes | None]]],
+    ) -> dict[str, StoredRows]:
+        """Decode the replies of all tables that share a row format in one pass, then split per table.
+
+        A serving request reads ~50 rows from each of 26 tables; one decode of
+        1,300 values costs a fraction of 26 decodes of 50 (numpy's fixed cost per call).
+        """
+        by_format: dict[tuple[int, str], list[str]] = {}
+        for name in parts:
+            codec = self.tables[name].codec
+            by_format.setdefault((codec.dim, codec.dtype), []).append(name)
+        out: dict[str, StoredRows] = {}
+        for names in by_format.values():
+            codec = self.tables[names[0]].codec
+            decoded = codec.decode(list(chain.from_iterable(parts[name][1] for name in names)))
+            start = 0
+            for name in names:
+                end = start + len(parts[name][1])
+                piece = DecodedRows(
+                    *(getattr(decoded, f.name)[start:end] for f in dataclasses.fields(DecodedRows))
+                )
+                out[name] = self._decode(self.tables[name], len(ids_by_table[name]), parts[name][0], piece)
+                start = end
+        return out
+
+    def _decode(self, t: Table, n: int, order: list[np.ndarray], decoded: DecodedRows) -> StoredRows:
+        """Replies arrive grouped by shard; put the decoded rows back in id order."""
         if len(order) > 1 or (order and not np.array_equal(order[0], np.arange(n))):
             where = np.concatenate(order)
             for field_name in ("present", "rows", "state", "updated_s"):
