@@ -9,6 +9,8 @@ the same redis-server(s) started here, on the same keys, 1 shard and 3 shards:
 * raw MSET: the same keys (prebuilt, untimed) and the same rows turned into
   bytes by a numpy view, MSET in the same chunking, one pipeline per shard,
   shards in parallel threads: the floor Kelp's encoding and routing sit on.
+* Kelp push with a TTL (every table ``ttl_s: 3600``, so each write also sets
+  the key's expiry) against the same raw MSET: ``push_ratio_ttl``.
 * Kelp pull: ``pull_many(count=True)``; raw MGET: the same keys and chunking,
   decoded with one ``numpy.frombuffer``.
 * naive: a per-id GET loop (and SET loop) with redis-py, on a sample of ids.
@@ -26,7 +28,7 @@ import numpy as np
 import redis
 
 from kelp.bench.runner import progress
-from kelp.config import StoreConfig, TableSpec
+from kelp.config import EvictionSpec, StoreConfig, TableSpec
 from kelp.harness import RedisServer
 from kelp.store.redis import RedisStore
 
@@ -122,6 +124,8 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
     tables = [TableSpec(name=f"C{j + 1}", dim=DIM) for j in range(N_TABLES)]
     cfg = StoreConfig(backend="redis", urls=[s.url for s in servers])
     store = RedisStore(cfg, tables, deployment="bench")
+    ttl_tables = [t.model_copy(update={"eviction": EvictionSpec(ttl_s=3600.0)}) for t in tables]
+    ttl_store = RedisStore(cfg, ttl_tables, deployment="bench-ttl")
     raw = _Raw(store, servers)
     batches = _batches(steps)
     rng = np.random.default_rng(1)
@@ -165,6 +169,7 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
         for key, fn in (
             ("raw_mset_rows_per_s", lambda i: raw.mset(keys[i], raw_rows[i])),
             ("push_rows_per_s", lambda i: store.push_many(updates[i])),
+            ("push_ttl_rows_per_s", lambda i: ttl_store.push_many(updates[i])),
             ("raw_mget_rows_per_s", lambda i: raw.mget(keys[i])),
             ("pull_rows_per_s", lambda i: store.pull_many(batches[i])),
         ):
@@ -187,8 +192,10 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
     out["naive_set_rows_per_s"] = len(sample_keys) / (time.perf_counter() - t0)
     raw.close()
     store.close()
+    ttl_store.close()
     out["pull_ratio"] = out["pull_rows_per_s"] / out["raw_mget_rows_per_s"]
     out["push_ratio"] = out["push_rows_per_s"] / out["raw_mset_rows_per_s"]
+    out["push_ratio_ttl"] = out["push_ttl_rows_per_s"] / out["raw_mset_rows_per_s"]
     out["speedup_vs_naive"] = out["pull_rows_per_s"] / out["naive_rows_per_s"]
     out["rows_per_step"] = sum(rows_per_step) / steps
     return out

@@ -11,7 +11,11 @@ Starts its own Tansu broker and redis-server, produces criteo-synth
   cache (``hotcache_ratio``, ``hot_cache_hit_rate``);
 * **baseline**: :class:`~kelp.bench.baseline.InMemoryBaseline`, the same
   model and optimizers with every embedding in one in-memory table, on the
-  very batches the stream trained (kept as decoded), in the same process.
+  very batches the stream trained (kept as decoded), in the same process;
+* **plain**: the plain PyTorch loop of :mod:`kelp.bench.plain`
+  (``nn.EmbeddingBag`` tables, torch's sparse Adagrad, tensors prepared before
+  the clock starts) on the same batches: ``plain_inmemory_samples_per_s`` and
+  ``plain_ratio`` (stream / plain), the ceiling a user compares Kelp with.
 
 The first batch of each side is a warm-up and is not timed. Stage seconds of
 both sides are reported, so the gap is explained rather than asserted.
@@ -30,6 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from kelp.bench.baseline import InMemoryBaseline
 from kelp.bench.ingest import bench_kafka
+from kelp.bench.plain import plain_samples_per_s
 from kelp.bench.runner import progress
 from kelp.bench.synth import synth_messages
 from kelp.config import KelpConfig, StoreConfig, load_config
@@ -174,6 +179,12 @@ def run(quick: bool) -> dict[str, Any]:
                 out["inmemory_auc"] = round(base["auc"], 4)
                 out["unique_id_ratio"] = round(_unique_id_ratio(batches), 4)
                 out["batches"] = len(batches)
+                progress("plain PyTorch loop: nn.EmbeddingBag tables, same batches, tensors ready")
+                plain = plain_samples_per_s(cfg, batches, resolve_device(cfg.trainer.device))
+                progress(f"plain: {plain:,.0f} samples/s")
+                out["plain_inmemory_samples_per_s"] = round(plain, 1)
             ratio = out[f"{label}stream_samples_per_s"] / out["inmemory_samples_per_s"]
             out[f"{label}ratio"] = round(ratio, 3)
+            plain_ratio = out[f"{label}stream_samples_per_s"] / out["plain_inmemory_samples_per_s"]
+            out[f"{label}plain_ratio"] = round(plain_ratio, 3)
     return out

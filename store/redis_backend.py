@@ -33,7 +33,8 @@ from kelp.store.connection import connection_options
 from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.keys import KeyLayout
 from kelp.store.redis_adagrad import ADAGRAD_SCRIPT, script_args
-from kelp.store.redis_plan import Group, Plan, PlanRunner, adder, chunks, count_none, scatter, setter
+from kelp.store.redis_plan import Group, Plan, PlanRunner, adder, chunks, scatter, setter
+from kelp.store.redis_set_rows import set_rows_args
 
 __all__ = ["RedisBackend", "retry_policy"]
 
@@ -179,31 +180,28 @@ class RedisBackend(BackendStore):
     def _write_rows(self, writes: Mapping[str, RowWrite], now: float) -> dict[str, int]:
         """MSET (or SET ... PX with a TTL); ``create=False`` writes SET ... XX and counts the nil replies."""
         plan = Plan()
-        dropped: dict[str, list[int]] = {}
+        kept: dict[str, list[int]] = {}
         for name, w in writes.items():
             t = self.tables[name]
             values = t.codec.encode(w.rows, w.state, 0, int(now))
             layout = self.layouts[name]
-            px = self._px(t)
-            lost = dropped[name] = [0]
+            px_ms = t.ttl.ttl_ms if t.ttl is not None else 0
+            got = kept[name] = [0]
             for g in self.groups(name, w.ids):
                 for pos in chunks(g.pos, self.chunk):
                     keys = layout.row_keys(w.ids[pos], np.full(len(pos), g.bucket))
                     vals = [values[i] for i in pos.tolist()] if len(pos) != len(values) else values
                     self.metrics.bytes_sent.labels(table=name).inc(len(pos) * (t.codec.nbytes + len(keys[0])))
-                    if w.create and not px:
+                    if w.create and not px_ms:
                         flat: list[bytes] = [b""] * (2 * len(keys))
                         flat[0::2] = keys
                         flat[1::2] = vals
                         plan.add(g.shard, ("MSET", *flat))
-                    elif w.create:
-                        for k, v in zip(keys, vals, strict=True):
-                            plan.add(g.shard, ("SET", k, v, *px))
-                    else:
-                        for k, v in zip(keys, vals, strict=True):
-                            plan.add(g.shard, ("SET", k, v, "XX", *px), count_none(lost))
+                        got[0] += len(keys)
+                    else:  # an expiry or XX: one script call per chunk (store/redis_set_rows.py)
+                        plan.add(g.shard, set_rows_args(keys, vals, px_ms, not w.create), adder(got))
         self._runner.run(plan, "push")
-        return {name: len(w.ids) - dropped[name][0] for name, w in writes.items()}
+        return {name: got[0] for name, got in kept.items()}
 
     def _apply_adagrad(
         self, writes: Mapping[str, RowWrite], lr: float, eps: float, now: float

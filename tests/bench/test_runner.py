@@ -12,7 +12,7 @@ from kelp.bench import SUITES, run_suite
 from kelp.errors import UserError
 
 # helpers of the suites, not suites
-NOT_SUITES = {"runner", "synth", "baseline", "scale_rank", "allreduce_probe", "reference", "streams"}
+NOT_SUITES = {"runner", "synth", "baseline", "scale_rank", "allreduce_probe", "reference", "streams", "plain"}
 
 
 def test_every_listed_suite_has_a_module_with_run() -> None:
