@@ -7,8 +7,9 @@ the same redis-server(s) started here, on the same keys, 1 shard and 3 shards:
 * Kelp push: ``push_many`` over all 26 tables per step (encode + MSET per shard,
   one pipelined round trip per shard, shards in parallel).
 * raw MSET: the same keys (prebuilt, untimed) and the same rows turned into
-  bytes by a numpy view, MSET in the same chunking, one pipeline per shard,
-  shards in parallel threads: the floor Kelp's encoding and routing sit on.
+  bytes by a numpy view, MSET in the same chunking, one pipeline per shard
+  packed by hiredis, shards in parallel threads: the floor Kelp's encoding
+  and routing sit on.
 * Kelp push with a TTL (every table ``ttl_s: 3600``, so each write also sets
   the key's expiry) against the same raw MSET: ``push_ratio_ttl``.
 * Kelp pull: ``pull_many(count=True)``; raw MGET: the same keys and chunking,
@@ -30,6 +31,7 @@ import redis
 from kelp.bench.runner import progress
 from kelp.config import EvictionSpec, StoreConfig, TableSpec
 from kelp.harness import RedisServer
+from kelp.store.packed_pipeline import PackedPipeline
 from kelp.store.redis import RedisStore
 
 __all__ = ["run"]
@@ -64,7 +66,12 @@ def _batches(steps: int) -> list[dict[str, np.ndarray]]:
 
 
 class _Raw:
-    """The baseline client: plain redis-py pipelines on the same keys, same chunking, same parallelism."""
+    """The baseline client: the same keys, chunking and parallelism, sent the fastest plain way.
+
+    Commands are packed by hiredis in C and written at once (the transport Kelp's
+    standalone store uses since issue 14, :class:`~kelp.store.packed_pipeline.PackedPipeline`);
+    with redis-py's own pipeline the floor was slower than Kelp (``push_ratio`` above 1).
+    """
 
     def __init__(self, store: RedisStore, servers: list[RedisServer]) -> None:
         self.store = store
@@ -89,7 +96,7 @@ class _Raw:
 
     def mget(self, per_shard: list[list[list[bytes]]]) -> int:
         def one(s: int, chunks: list[list[bytes]]) -> np.ndarray:
-            pipe = self.clients[s].pipeline(transaction=False)
+            pipe = PackedPipeline(self.clients[s])
             for keys in chunks:
                 pipe.execute_command("MGET", *keys)
             values = [v for reply in pipe.execute() for v in reply]
@@ -100,7 +107,7 @@ class _Raw:
     def mset(self, per_shard: list[list[list[bytes]]], rows_by_shard: list[list[np.ndarray]]) -> None:
         def one(s: int, work: tuple[list[list[bytes]], list[np.ndarray]]) -> None:
             chunks, rows = work
-            pipe = self.clients[s].pipeline(transaction=False)
+            pipe = PackedPipeline(self.clients[s])
             for keys, r in zip(chunks, rows, strict=True):
                 values = r.view(np.dtype(f"V{r.shape[1] * 4}")).ravel().tolist()
                 flat: list[bytes] = [b""] * (2 * len(keys))

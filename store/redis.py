@@ -20,6 +20,7 @@ import numpy as np
 from kelp.config import StoreConfig
 from kelp.store.connection import connect_node, node_name, translate_redis_errors
 from kelp.store.hashing import name_seed, rendezvous
+from kelp.store.packed_pipeline import PackedPipeline
 from kelp.store.redis_backend import RedisBackend
 from kelp.store.redis_cluster import RedisClusterStore
 from kelp.store.redis_plan import Group
@@ -70,7 +71,7 @@ class RedisStore(RedisBackend):
             group = self._replicas[shard]
             self._replica_turn += 1
             client = group[self._replica_turn % len(group)]
-        return client.pipeline(transaction=False)
+        return PackedPipeline(client)
 
     def _shard_info(self, shard: int) -> dict[str, Any]:
         name = self.shard_names[shard]
