@@ -49,6 +49,7 @@ from kelp.serving.errors import BadRequestError, RequestError
 __all__ = ["RequestParser"]
 
 U64_LIMIT = 1 << 64
+_SPARSE_ONLY = {"sparse": None}.keys()
 _NO_IDS: list[int] = []
 Given = tuple[dict[int, float], dict[int, "int | list[int]"]]
 """One sample's non-null dense values and sparse ids (one id, or a list), by column index."""
@@ -86,7 +87,13 @@ class RequestParser:
         raw = body["candidates"]
         if isinstance(raw, dict):
             return self._columnar(user, raw)
-        rows = [self._features(c, f"candidates[{r}]") for r, c in enumerate(self._rows(raw, "candidates"))]
+        raw = self._rows(raw, "candidates")
+        columns = self._uniform_ids(raw)
+        if columns is not None:
+            return self._finish(
+                self._dense_matrix([], user[0], len(raw)), self._sparse_columns(columns, user)
+            )
+        rows = [self._features(c, f"candidates[{r}]") for r, c in enumerate(raw)]
         return self._batch(rows, user)
 
     # ------------------------------------------------------------------ checks
@@ -166,6 +173,51 @@ class RequestParser:
                         "bad_id", f"{where}.sparse.{name}: {v!r} is not an id (an integer in [0, 2**64))"
                     )
             out[i] = ids
+        return out
+
+    # ------------------------------------------------------------------ uniform row candidates
+
+    def _uniform_ids(self, rows: list[Any]) -> dict[int, np.ndarray] | None:
+        """The common row-wise body, checked in bulk: ``{column index: uint64[n]}``, or None.
+
+        It applies when every candidate is ``{"sparse": {...}}`` with the same feature names
+        in the same order, each with one integer id. Then the ids are one flat list, type-checked
+        with one ``set(map(type, ...))`` and converted by one ``np.array`` (which refuses
+        negative and 65-bit integers), instead of a Python loop per candidate and feature.
+        Anything else (dense values, lists, nulls, a bad id) returns None and takes the
+        per-candidate path, which finds the precise error.
+        """
+        sparse = []
+        for c in rows:
+            if type(c) is not dict or c.keys() != _SPARSE_ONLY:
+                return None
+            sparse.append(c["sparse"])
+        if type(sparse[0]) is not dict or len(set(map(type, sparse))) != 1:
+            return None
+        names = set(map(tuple, sparse))
+        if len(names) != 1:
+            return None
+        (keys,) = names
+        index = [self.sparse_index.get(k) for k in keys]
+        if not keys or None in index or not all(self.id_limits[i] for i in index):  # type: ignore[index]
+            return None
+        flat = list(chain.from_iterable(map(dict.values, sparse)))
+        if set(map(type, flat)) != {int}:
+            return None
+        try:
+            ids = np.array(flat, dtype=np.uint64).reshape(len(rows), len(keys))
+        except OverflowError:  # negative, or 2**64 and above
+            return None
+        return {i: ids[:, k] for k, i in enumerate(index)}  # type: ignore[misc]
+
+    def _sparse_columns(self, columns: dict[int, np.ndarray], user: Given) -> dict[str, JaggedIds]:
+        """Every sparse feature's column: the candidates' ids where they give them, else the user's."""
+        n = len(next(iter(columns.values())))
+        user_sparse = user[1]
+        out: dict[str, JaggedIds] = {}
+        for i, name in enumerate(self.sparse_names):
+            col = columns.get(i)
+            out[name] = JaggedIds.one_hot(col) if col is not None else _column([user_sparse.get(i)] * n)
         return out
 
     # ------------------------------------------------------------------ columnar candidates

@@ -1,5 +1,9 @@
 """Scoring one batch: fetch rows (one store call), pool them as the trainer does, forward, sigmoid.
 
+Dedup and pooling use :class:`~kelp.serving.pooling.PoolPlan` (one sort and
+one gather per request instead of one per table and feature); the pooled
+inputs are the trainer's.
+
 Everything here is synchronous and CPU-bound or blocking on Redis, so the app
 runs it in a worker thread (never on the event loop). The model is read from
 the slot once per request: the scores and the reported version always belong
@@ -18,12 +22,9 @@ from kelp.consumers.batch import MicroBatch
 from kelp.serving.embeddings import RowFetcher
 from kelp.serving.errors import NoModelError
 from kelp.serving.model import ModelSlot
-from kelp.trainer.embedding import BatchTensors, pool_features
+from kelp.serving.pooling import PoolPlan
 
 __all__ = ["ScoreResult", "Scorer"]
-
-_CPU = torch.device("cpu")
-
 
 @dataclass(frozen=True)
 class ScoreResult:
@@ -55,16 +56,17 @@ class Scorer:
         self.spec = spec
         self.slot = slot
         self.fetcher = fetcher
+        self.plan = PoolPlan(spec)
 
     def score(self, batch: MicroBatch) -> ScoreResult:
         served = self.slot.current  # read once: this request uses this version throughout
         if served is None:
             raise NoModelError()
-        fetched = self.fetcher.fetch({t: ids.unique_ids for t, ids in batch.tables.items()})
-        bt = BatchTensors.from_batch(batch, self.spec, _CPU)
-        rows = {t: torch.from_numpy(r) for t, r in fetched.rows.items()}
+        ids = self.plan.dedup(batch)
+        fetched = self.fetcher.fetch(ids.unique)
         with torch.inference_mode():
-            logits = served.module(bt.dense, pool_features(bt, rows))
+            pooled = self.plan.pool(batch, ids, fetched.rows)
+            logits = served.module(torch.from_numpy(batch.dense), pooled)
             scores = torch.sigmoid(logits).tolist()
         ages = fetched.ages_s
         return ScoreResult(

@@ -128,3 +128,48 @@ def test_undecodable_bodies_name_their_format(raw: bytes, content_type: str, rea
     with pytest.raises(RequestError) as info:
         decode_body(raw, content_type)
     assert info.value.reason == reason and info.value.status == 422
+
+
+def _same_batch(a: Any, b: Any) -> None:
+    np.testing.assert_array_equal(a.dense, b.dense)
+    assert list(a.sparse) == list(b.sparse)
+    for name in a.sparse:
+        np.testing.assert_array_equal(a.sparse[name].values, b.sparse[name].values)
+        np.testing.assert_array_equal(a.sparse[name].offsets, b.sparse[name].offsets)
+
+
+def test_uniform_candidates_build_the_per_candidate_batch(parts) -> None:  # type: ignore[no-untyped-def]
+    """The bulk path (every candidate one id per feature, same names) equals the per-candidate one.
+
+    An empty ``dense`` object changes nothing in the batch but sends the body down the
+    per-candidate path, so the two results can be compared.
+    """
+    parser, _ = parts
+    user = {"dense": {"I1": 2.0}, "sparse": {"C1": 1, "C2": [2, 3], "C3": 9}}
+    rows = [{"sparse": {"C3": 2**64 - 1 - k, "C1": k}} for k in range(5)]
+    bulk = parser.candidates({"user": user, "candidates": rows})
+    assert parser._uniform_ids(rows) is not None
+    slow_rows = [*rows[:-1], {**rows[-1], "dense": {}}]
+    assert parser._uniform_ids(slow_rows) is None
+    _same_batch(bulk, parser.candidates({"user": user, "candidates": slow_rows}))
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [(-1, "bad_id"), (2**64, "bad_id"), (True, "bad_id"), (1.0, "bad_id"), ("7", "bad_id")],
+)
+def test_a_bad_id_among_uniform_candidates_keeps_its_reason(parts, bad: Any, reason: str) -> None:  # type: ignore[no-untyped-def]
+    parser, _ = parts
+    rows = [{"sparse": {"C1": 1, "C3": 2}} for _ in range(4)]
+    rows[2] = {"sparse": {"C1": 1, "C3": bad}}
+    with pytest.raises(RequestError) as info:
+        parser.candidates({"candidates": rows})
+    assert info.value.reason == reason and "candidates[2].sparse.C3" in str(info.value)
+
+
+def test_an_unknown_feature_among_uniform_candidates_is_named(parts) -> None:  # type: ignore[no-untyped-def]
+    parser, _ = parts
+    rows = [{"sparse": {"C1": 1, "C9": 2}} for _ in range(3)]
+    with pytest.raises(RequestError) as info:
+        parser.candidates({"candidates": rows})
+    assert info.value.reason == "unknown_feature" and "C9" in str(info.value)

@@ -1,0 +1,106 @@
+"""Serving's one-sort dedup and fused pooling give the trainer's pooled inputs, bit for bit.
+
+:class:`~kelp.serving.pooling.PoolPlan` replaces ``MicroBatch.tables`` +
+``BatchTensors.from_batch`` + ``pool_features`` on the scoring path for speed;
+these tests hold it to the trainer's results on batches that exercise every
+branch: one-hot and multi-hot features, empty bags, a table shared by two
+features, tables of different widths, ids repeated across and within features.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kelp.config import FeatureSpec
+from kelp.consumers.batch import JaggedIds, MicroBatch
+from kelp.serving.pooling import PoolPlan
+from kelp.trainer.embedding import BatchTensors, pool_features
+
+
+def _spec() -> FeatureSpec:
+    return FeatureSpec.model_validate(
+        {
+            "dense": [{"name": "I1"}],
+            "sparse": [
+                {"name": "A", "table": "wide"},
+                {"name": "B", "table": "wide", "max_ids": 4, "pooling": "mean"},
+                {"name": "C", "table": "narrow"},
+                {"name": "D", "table": "narrow2", "max_ids": 3},
+                {"name": "E", "table": "wide2"},
+            ],
+            "tables": [
+                {"name": "wide", "dim": 8},
+                {"name": "narrow", "dim": 4},
+                {"name": "narrow2", "dim": 4},
+                {"name": "wide2", "dim": 8},
+            ],
+        }
+    )
+
+
+def _batch(spec: FeatureSpec, rng: np.random.Generator, b: int, *, one_hot_only: bool) -> MicroBatch:
+    sparse: dict[str, JaggedIds] = {}
+    for f in spec.sparse:
+        if f.max_ids == 1 or one_hot_only:
+            sparse[f.name] = JaggedIds.one_hot(rng.integers(0, 6, b).astype(np.uint64))
+        else:
+            lengths = rng.integers(0, f.max_ids + 1, b)
+            values = rng.integers(0, 6, int(lengths.sum())).astype(np.uint64)
+            sparse[f.name] = JaggedIds.from_lengths(values, lengths)
+    return MicroBatch.from_columns(
+        spec, labels=np.zeros(b, np.float32), dense=np.zeros((b, 1), np.float32), sparse=sparse
+    )
+
+
+def _rows(spec: FeatureSpec, unique: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rows that identify their table and id, so a wrong index shows up in the values."""
+    dims = {t.name: t.dim for t in spec.tables}
+    out = {}
+    for k, (table, ids) in enumerate(sorted(unique.items())):
+        base = ids.astype(np.float32)[:, None] * 10 + k * 1000
+        out[table] = (base + np.arange(dims[table], dtype=np.float32)).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("one_hot_only", [True, False])
+@pytest.mark.parametrize("b", [1, 7, 50])
+def test_pooled_inputs_equal_the_trainers(b: int, one_hot_only: bool) -> None:
+    spec = _spec()
+    plan = PoolPlan(spec)
+    rng = np.random.default_rng(b)
+    batch = _batch(spec, rng, b, one_hot_only=one_hot_only)
+
+    ids = plan.dedup(batch)
+    for table, t in batch.tables.items():
+        np.testing.assert_array_equal(ids.unique[table], t.unique_ids)
+    rows = _rows(spec, ids.unique)
+    got = plan.pool(batch, ids, rows)
+
+    bt = BatchTensors.from_batch(batch, spec, torch.device("cpu"))
+    want = pool_features(bt, {t: torch.from_numpy(r) for t, r in rows.items()})
+    assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    if one_hot_only:
+        assert all(ids.one_hot)  # so the fused gather, not embedding_bag, produced every feature
+
+
+def test_b_ids_in_uneven_bags_are_not_taken_for_one_hot() -> None:
+    spec = _spec()
+    b = 3
+    sparse = {f.name: JaggedIds.one_hot(np.arange(b, dtype=np.uint64)) for f in spec.sparse}
+    sparse["B"] = JaggedIds.from_lengths(np.array([1, 2, 3], np.uint64), np.array([2, 0, 1]))
+    batch = MicroBatch.from_columns(
+        spec, labels=np.zeros(b, np.float32), dense=np.zeros((b, 1), np.float32), sparse=sparse
+    )
+    plan = PoolPlan(spec)
+    ids = plan.dedup(batch)
+    assert ids.one_hot == [True, False, True, True, True]
+    rows = _rows(spec, ids.unique)
+    pooled = plan.pool(batch, ids, rows)
+    wide = rows["wide"]
+    position = {int(v): i for i, v in enumerate(ids.unique["wide"])}
+    torch.testing.assert_close(pooled[1][0], torch.from_numpy((wide[position[1]] + wide[position[2]]) / 2))
+    assert not pooled[1][1].any()  # an empty bag pools to zeros
