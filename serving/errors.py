@@ -8,9 +8,11 @@ may succeed.
 
 from __future__ import annotations
 
+from typing import Any
+
 from kelp.errors import KelpError
 
-__all__ = ["BadRequestError", "NoModelError", "RequestError"]
+__all__ = ["BadRequestError", "NoModelError", "RequestError", "error_answer"]
 
 
 class RequestError(KelpError):
@@ -39,3 +41,16 @@ class NoModelError(RequestError):
 
     def __init__(self) -> None:
         super().__init__("no_model", "no model snapshot loaded yet")
+
+
+def error_answer(exc: KelpError) -> tuple[int, dict[str, Any]]:
+    """``(status, {"error": reason, "detail": message})`` for an error a score request ended in.
+
+    A :class:`RequestError` carries its own status and reason. Any other
+    :class:`KelpError` is operational (the store unreachable after the short
+    serving retry...), not the client's: 503. One mapping for the FastAPI
+    handlers and the score routes' dispatcher, so both answer alike.
+    """
+    if isinstance(exc, RequestError):
+        return exc.status, {"error": exc.reason, "detail": str(exc)}
+    return 503, {"error": "store_unavailable" if exc.retriable else "unavailable", "detail": str(exc)}

@@ -1,7 +1,9 @@
 """Pure-ASGI middleware of the serving app: request metrics and the body-size limit.
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so neither adds a task or a copy of
-the body per request.
+the body per request. The score routes skip this stack
+(:mod:`kelp.serving.dispatch`) and use the same pieces directly:
+:class:`RequestRecorder`, :func:`declared_length`, :func:`body_too_large`.
 
 * :class:`MetricsMiddleware`: ``kelp_serving_request_seconds{endpoint}``,
   ``kelp_serving_requests_total{endpoint,status}`` and the in-flight gauge.
@@ -19,12 +21,20 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kelp.serving.metrics import ServingMetrics
 
-__all__ = ["BodyLimitMiddleware", "MetricsMiddleware", "body_too_large"]
+__all__ = [
+    "BodyLimitMiddleware",
+    "MetricsMiddleware",
+    "RequestRecorder",
+    "body_too_large",
+    "declared_length",
+    "send_response",
+]
 
 
 def body_too_large(limit: int) -> dict[str, Any]:
@@ -34,18 +44,61 @@ def body_too_large(limit: int) -> dict[str, Any]:
     }
 
 
+def declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    """The request's ``Content-Length`` (-1 when it is not a number), None when it has none."""
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return -1
+    return None
+
+
+class RequestRecorder:
+    """Records one request in the serving metrics; the labelled children are looked up once.
+
+    ``prometheus_client``'s ``labels()`` takes a lock and builds a key on every
+    call; a request records three metrics, so the children are cached here.
+    """
+
+    def __init__(self, metrics: ServingMetrics, endpoints: Iterable[str]) -> None:
+        self.metrics = metrics
+        self.endpoints = frozenset(endpoints)
+        self._seconds: dict[str, Histogram] = {}
+        self._answered: dict[tuple[str, int], Counter] = {}
+
+    def endpoint(self, path: str) -> str:
+        return path if path in self.endpoints else "other"
+
+    def start(self) -> float:
+        self.metrics.inflight.inc()
+        return time.perf_counter()
+
+    def finish(self, endpoint: str, status: int, started: float) -> None:
+        elapsed = time.perf_counter() - started
+        self.metrics.inflight.dec()
+        seconds = self._seconds.get(endpoint)
+        if seconds is None:
+            seconds = self._seconds[endpoint] = self.metrics.request_seconds.labels(endpoint=endpoint)
+        seconds.observe(elapsed)
+        answered = self._answered.get((endpoint, status))
+        if answered is None:
+            answered = self.metrics.requests.labels(endpoint=endpoint, status=str(status))
+            self._answered[(endpoint, status)] = answered
+        answered.inc()
+
+
 class MetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: ServingMetrics, endpoints: Iterable[str]) -> None:
         self.app = app
-        self.metrics = metrics
-        self.endpoints = frozenset(endpoints)
+        self.recorder = RequestRecorder(metrics, endpoints)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
-        endpoint = path if path in self.endpoints else "other"
+        endpoint = self.recorder.endpoint(scope.get("path", ""))
         status = [500]
 
         async def send_status(message: Message) -> None:
@@ -53,14 +106,11 @@ class MetricsMiddleware:
                 status[0] = int(message["status"])
             await send(message)
 
-        started = time.perf_counter()
-        self.metrics.inflight.inc()
+        started = self.recorder.start()
         try:
             await self.app(scope, receive, send_status)
         finally:
-            self.metrics.inflight.dec()
-            self.metrics.request_seconds.labels(endpoint=endpoint).observe(time.perf_counter() - started)
-            self.metrics.requests.labels(endpoint=endpoint, status=str(status[0])).inc()
+            self.recorder.finish(endpoint, status[0], started)
 
 
 class BodyLimitMiddleware:
@@ -72,15 +122,10 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
-                if declared > self.limit:
-                    await _send_json(send, 413, body_too_large(self.limit))
-                    return
+        declared = declared_length(scope.get("headers", ()))
+        if declared is not None and declared > self.limit:
+            await _send_json(send, 413, body_too_large(self.limit))
+            return
         seen = 0
 
         async def limited() -> Message:
@@ -96,13 +141,17 @@ class BodyLimitMiddleware:
         await self.app(scope, limited, send)
 
 
-async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    body = json.dumps(payload).encode()
+async def send_response(send: Send, status: int, body: bytes, media_type: bytes) -> None:
+    """A complete response (``Content-Type`` and ``Content-Length``) in two ASGI messages."""
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "headers": [(b"content-type", media_type), (b"content-length", str(len(body)).encode())],
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    await send_response(send, status, json.dumps(payload).encode(), b"application/json")

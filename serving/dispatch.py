@@ -1,0 +1,148 @@
+"""The two score routes as a plain ASGI handler in front of FastAPI (the hot path).
+
+Through FastAPI, a score request passed two middleware wrappers, Starlette's
+error and exception middleware, the router, a ``Request`` object, anyio's
+thread hand-off (a checkpoint, a capacity limiter and a cancel scope on the
+event loop) and a ``Response`` object: 100 µs of CPU per request in-process
+with the work stubbed out, 31 µs here. Here, a ``POST`` to ``/v1/score`` or
+``/v1/score/candidates`` is answered by :class:`ScoreRoutes` directly; every
+other request goes to FastAPI unchanged. The routes stay declared in FastAPI
+(the OpenAPI spec, and the same handler behind them).
+
+What the FastAPI stack did for these routes is kept, with the same pieces:
+
+* metrics: :class:`~kelp.serving.middleware.RequestRecorder` (same names, labels and statuses);
+* the body limit: 413 ``body_too_large`` on a declared ``Content-Length`` over
+  ``serving.max_body_bytes`` before reading, and once a streamed body passes it;
+* errors: :func:`~kelp.serving.errors.error_answer`, the mapping the app's
+  exception handlers use; an unexpected exception is left to uvicorn (500), as before.
+
+The work itself (decode, check, fetch, forward, encode) runs on a small
+thread pool of its own, as it did on anyio's: the store call and the forward
+must not block the event loop, and torch and the Redis client release the GIL
+while they work. ``run_in_executor`` costs less per request than anyio's
+``to_thread``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from kelp.consumers.batch import MicroBatch
+from kelp.errors import KelpError
+from kelp.serving.body import decode_body, encode_body, wants_msgpack
+from kelp.serving.errors import error_answer
+from kelp.serving.middleware import RequestRecorder, body_too_large, declared_length, send_response
+from kelp.serving.scorer import Scorer
+
+__all__ = ["SCORE_THREADS", "Parse", "ScoreRoutes"]
+
+Parse = Callable[[Any], MicroBatch]
+
+# Threads that score requests. A request holds the GIL for most of its work, so more threads only
+# add switching; a few let one request's store round trip overlap another's CPU work. Requests
+# beyond this wait in the pool's queue, first come first served.
+SCORE_THREADS = 4
+
+
+class _BodyTooLargeError(Exception):
+    pass
+
+
+class ScoreRoutes:
+    """Answers ``POST`` on the score paths; :meth:`match` says whether a request is one of them."""
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        parsers: dict[str, Parse],
+        recorder: RequestRecorder,
+        max_body_bytes: int,
+    ) -> None:
+        self.scorer = scorer
+        self.parsers = parsers
+        self.recorder = recorder
+        self.limit = max_body_bytes
+        self._pool: ThreadPoolExecutor | None = None
+
+    def match(self, scope: Scope) -> Parse | None:
+        """The parser of a score route when ``scope`` is a POST to one, else None."""
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            return None  # a root_path (behind a proxy) is left to Starlette's path rules
+        return self.parsers.get(scope["path"])
+
+    def answer(self, raw: bytes, content_type: str, accept: str, parse: Parse) -> tuple[bytes, str]:
+        """Decode, check, score, encode: one worker-thread call per request, no per-candidate objects."""
+        batch = parse(decode_body(raw, content_type))
+        return encode_body(self.scorer.score(batch).to_json(), wants_msgpack(accept))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, parse: Parse) -> None:
+        endpoint = scope["path"]
+        started = self.recorder.start()
+        status = 500  # what the metrics record when no answer was sent (a client that went away)
+        try:
+            content_type, accept, declared = "application/json", "", None
+            for name, value in scope["headers"]:
+                if name == b"content-type":
+                    content_type = value.decode("latin-1")
+                elif name == b"accept":
+                    accept = value.decode("latin-1")
+                elif name == b"content-length":
+                    declared = declared_length(((name, value),))
+            if declared is not None and declared > self.limit:
+                status, content, media = 413, orjson.dumps(body_too_large(self.limit)), "application/json"
+            else:
+                try:
+                    raw = await self._body(receive)
+                except _BodyTooLargeError:
+                    status, content, media = 413, orjson.dumps(body_too_large(self.limit)), "application/json"
+                else:
+                    if raw is None:
+                        return
+                    status, content, media = await self._answer(raw, content_type, accept, parse)
+            await send_response(send, status, content, media.encode())
+        finally:
+            self.recorder.finish(endpoint, status, started)
+
+    async def _body(self, receive: Receive) -> bytes | None:
+        """The whole body (None if the client disconnected); :class:`_BodyTooLargeError` past the limit."""
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                raise _BodyTooLargeError
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _answer(
+        self, raw: bytes, content_type: str, accept: str, parse: Parse
+    ) -> tuple[int, bytes, str]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(SCORE_THREADS, thread_name_prefix="kelp-score")
+        loop = asyncio.get_running_loop()
+        try:
+            content, media = await loop.run_in_executor(
+                self._pool, self.answer, raw, content_type, accept, parse
+            )
+        except KelpError as exc:
+            status, payload = error_answer(exc)
+            return status, orjson.dumps(payload), "application/json"
+        return 200, content, media
+
+    def close(self) -> None:
+        """Stop the scoring threads (once the server has finished its requests)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
