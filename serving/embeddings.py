@@ -99,6 +99,8 @@ class RowFetcher:
         self._cache_started = clock()
         self._cache_rows = 0
         self.fallback = Fallback(t.spec for t in store.tables.values())
+        self._rows_stored = metrics.rows.labels(result="stored")  # labels() per request takes a lock
+        self._rows_default = metrics.rows.labels(result="default")
 
     def _fresh_cache(self, now: float) -> dict[str, SlotTable]:
         """The current generation, emptied first if it is as old as the TTL or full."""
@@ -176,19 +178,22 @@ class RowFetcher:
         return got
 
     def _result(self, parts: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> FetchedRows:
+        """Counts and ages over all tables at once: a request has 26 tables of ~50 rows, and a dozen
+        numpy calls per table cost more than the same calls once on the concatenation."""
         now = self._wall()
-        stored = default = 0
-        ages: list[np.ndarray] = []
-        for rows, admitted, updated in parts.values():
-            n_stored = int(admitted.sum())
-            stored += n_stored
-            default += len(rows) - n_stored
-            if updated is not None and n_stored:
-                known = admitted & (updated > 0)
-                ages.append(np.maximum(now - updated[known].astype(np.float64), 0.0))
-        self.metrics.rows.labels(result="stored").inc(stored)
-        self.metrics.rows.labels(result="default").inc(default)
-        all_ages = np.concatenate(ages) if ages else np.zeros(0)
+        admitted = [p[1] for p in parts.values()]
+        stamped = [(p[1], p[2]) for p in parts.values() if p[2] is not None]
+        total = sum(len(a) for a in admitted)
+        stored = int(np.concatenate(admitted).sum()) if admitted else 0
+        default = total - stored
+        all_ages = np.zeros(0)
+        if stamped and stored:
+            had = np.concatenate([a for a, _ in stamped])
+            updated = np.concatenate([u for _, u in stamped])
+            known = updated[had & (updated > 0)]
+            all_ages = np.maximum(now - known.astype(np.float64), 0.0)
+        self._rows_stored.inc(stored)
+        self._rows_default.inc(default)
         if all_ages.size:
             # One observation per request (the mean), not per row: a histogram observe per row would
             # cost more than the store call itself.
