@@ -138,15 +138,17 @@ def _same_batch(a: Any, b: Any) -> None:
         np.testing.assert_array_equal(a.sparse[name].offsets, b.sparse[name].offsets)
 
 
-def test_uniform_candidates_build_the_per_candidate_batch(parts) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("given", [("C3", "C1"), ("C3",), ("C2",)])
+def test_uniform_candidates_build_the_per_candidate_batch(parts, given: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
     """The bulk path (every candidate one id per feature, same names) equals the per-candidate one.
 
-    An empty ``dense`` object changes nothing in the batch but sends the body down the
-    per-candidate path, so the two results can be compared.
+    Features the candidates do not give are the user's: one id, a list, or none. An empty
+    ``dense`` object changes nothing in the batch but sends the body down the per-candidate
+    path, so the two results can be compared.
     """
     parser, _ = parts
-    user = {"dense": {"I1": 2.0}, "sparse": {"C1": 1, "C2": [2, 3], "C3": 9}}
-    rows = [{"sparse": {"C3": 2**64 - 1 - k, "C1": k}} for k in range(5)]
+    user = {"dense": {"I1": 2.0}, "sparse": {"C1": 1, "C2": [2, 3]}}
+    rows = [{"sparse": {name: 2**64 - 1 - k - j for j, name in enumerate(given)}} for k in range(5)]
     bulk = parser.candidates({"user": user, "candidates": rows})
     assert parser._uniform_ids(rows) is not None
     slow_rows = [*rows[:-1], {**rows[-1], "dense": {}}]
