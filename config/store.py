@@ -32,14 +32,32 @@ class RedisTls(StrictModel):
 
 
 class HotCacheConfig(StrictModel):
-    """FAE-style trainer-side cache of the hottest rows, written back periodically."""
+    """The hot tier (FAE): the trainer's working copy of its most used rows, written back on a schedule.
+
+    Hazard: a row updated in the tier reaches the store (and serving replicas)
+    up to ``writeback_every_steps`` pushes or ``writeback_interval_s`` later, and
+    Kafka offsets are committed only after that write-back, so a crash replays
+    at most that much. See kelp.store.hot_cache and docs/store.md.
+    """
 
     enabled: bool = False
-    capacity_rows: int = Field(100_000, ge=1, description="Rows per trainer across all tables.")
-    writeback_every_steps: int = Field(50, ge=1)
-    writeback_interval_s: float = Field(5.0, gt=0)
+    capacity_rows: int = Field(
+        1_000_000,
+        ge=1,
+        description="Rows the tier keeps across all tables (about 100 bytes each at dim 16, plus 1/8 "
+        "slack between trims); the most frequent rows by a count-min sketch stay.",
+    )
+    writeback_every_steps: int = Field(
+        20, ge=1, description="Write dirty rows back after this many pushes (staleness bound in steps)."
+    )
+    writeback_interval_s: float = Field(
+        2.0, gt=0, description="... or after this many seconds, whichever comes first (bound in time)."
+    )
     max_staleness_s: float = Field(
-        10.0, gt=0, description="A cached row older than this is re-read from the store before use."
+        10.0,
+        gt=0,
+        description="A clean row read from the store longer ago than this is re-read before use, so other "
+        "writers' updates (other trainers, deletes, TTL expiry) are seen at most this late.",
     )
 
 

@@ -59,6 +59,24 @@ class StoreMetrics:
         self.hot_stale = m.counter(
             "hot_cache_stale_rereads", "Cached rows re-read because they passed max_staleness_s"
         )
+        self.hot_evictions = m.counter(
+            "hot_cache_evictions", "Clean rows dropped from the hot tier by frequency (trims)"
+        )
+        self.hot_capacity = m.gauge("hot_cache_capacity", "Configured hot tier capacity", unit="rows")
+        self.hot_writeback_every_steps = m.gauge(
+            "hot_cache_writeback_every_steps",
+            "Configured bound: pushes between two write-backs of the hot tier (store.hot_cache)",
+        )
+        self.hot_writeback_interval = m.gauge(
+            "hot_cache_writeback_interval",
+            "Configured bound: seconds between two write-backs of the hot tier (store.hot_cache)",
+            unit="seconds",
+        )
+        self.hot_dirty_age = m.gauge(
+            "hot_cache_dirty_age",
+            "Age of the oldest hot-tier update not yet written back to the store (0: all durable)",
+            unit="seconds",
+        )
 
     def totals(self) -> dict[str, float]:
         """Each store counter summed over its labels, without prefix or suffix: ``{"rows_pulled": 12.0}``.

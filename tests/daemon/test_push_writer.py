@@ -56,7 +56,8 @@ def test_write_through_store_commits_every_batch() -> None:
 @pytest.mark.parametrize("every", [1, 3])
 def test_hot_cache_commits_only_after_its_write_back(every: int) -> None:
     inner = MemoryStore([TableSpec(name="t", dim=2)])
-    cache = HotRowCache(inner, HotCacheConfig(enabled=True, writeback_every_steps=every), device="cpu")
+    cfg = HotCacheConfig(enabled=True, writeback_every_steps=every, writeback_interval_s=1e9)
+    cache = HotRowCache(inner, cfg)
     ids = np.arange(3, dtype=np.uint64)
     cache.pull("t", ids)  # the rows are cached, so pushes stay in the cache until a write-back
     source = RecordingSource()

@@ -1,4 +1,4 @@
-"""Hot-row cache: hit rate, write-back cadence, no lost updates, staleness bound."""
+"""The hot tier: hits, write-back cadence, frequency-chosen membership, no lost updates, staleness bounds."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kelp.config import HotCacheConfig, StoreConfig, TableSpec
+from kelp.errors import StoreUnavailableError
 from kelp.store import HotRowCache, MemoryStore, build_store
 from kelp.store.checks import ALL_CHECKS
 
@@ -28,18 +29,22 @@ def _cache(capacity: int = 100, every: int = 3, interval: float = 1e9, staleness
         writeback_interval_s=interval,
         max_staleness_s=staleness,
     )
-    return inner, HotRowCache(inner, cfg, device="cpu", clock=clock), clock
+    return inner, HotRowCache(inner, cfg, clock=clock), clock
 
 
 def _rows(n: int, dim: int, value: float) -> tuple[np.ndarray, np.ndarray]:
     return np.full((n, dim), value, np.float32), np.full(n, value, np.float32)
 
 
+def _ids(start: int, n: int) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.uint64)
+
+
 def test_hits_and_writeback_every_n_steps() -> None:
     inner, cache, _ = _cache(every=3)
-    ids = np.arange(10, dtype=np.uint64)
+    ids = _ids(0, 10)
     cache.pull("t", ids)
-    inner.push("t", ids, *_rows(10, 2, 0.5))  # stored, but the cache already holds the init rows
+    inner.push("t", ids, *_rows(10, 2, 0.5))  # stored, but the tier already holds the init rows
     for step in (1, 2):
         got = cache.pull("t", ids)
         cache.push("t", ids, got.rows + 1, got.state + 1)
@@ -53,35 +58,76 @@ def test_hits_and_writeback_every_n_steps() -> None:
     assert cache.metrics.hot_hit_rate._value.get() == pytest.approx(0.75)
 
 
-def test_eviction_writes_dirty_rows_back_first() -> None:
-    inner, cache, _ = _cache(capacity=20, every=1000)  # 10 rows per table
-    first = np.arange(10, dtype=np.uint64)
-    cache.pull("t", first)
-    cache.push("t", first, *_rows(10, 2, 7.0))
-    assert cache.dirty_rows() == 10
-    cache.pull("t", np.arange(100, 110, dtype=np.uint64))  # evicts all of `first`
-    assert cache.dirty_rows() == 0
-    assert (inner.pull("t", first, count=False).rows == 7.0).all()
+def test_frequent_rows_stay_and_a_burst_of_one_off_ids_does_not_flush_them() -> None:
+    inner, cache, _ = _cache(capacity=8, every=1)
+    hot = _ids(0, 8)
+    for _ in range(5):
+        got = cache.pull("t", hot)
+        cache.push("t", hot, got.rows + 1, got.state)  # every=1: written back and trimmed each push
+    for burst in range(10):  # 100 ids seen once each: recency alone would evict the hot rows
+        cold = _ids(1000 + 10 * burst, 10)
+        got = cache.pull("t", cold)
+        cache.push("t", cold, got.rows - 1, got.state)
+        assert cache.holds("t", hot).all(), burst
+        assert cache.rows_held() <= 8
+    assert not cache.holds("t", _ids(1000, 100)).any()
+    assert (
+        inner.pull("t", _ids(1000, 100), count=False).rows
+        == -1 + inner.tables["t"].init_rows(_ids(1000, 100))
+    ).all()  # their updates reached the store all the same
+    assert cache.metrics.hot_evictions._value.get() > 0
 
 
-def test_stale_rows_are_reread_after_own_update_is_written() -> None:
+def test_a_full_tier_takes_a_row_once_it_is_seen_more_than_the_coldest_kept() -> None:
+    _, cache, _ = _cache(capacity=4, every=1)
+    cache.pull("t", _ids(0, 4))
+    cache.pull("t", _ids(10, 4))  # full (4) + slack (1): one of them enters
+    cache.flush()  # trims back to 4: drops a row seen once
+    assert cache.rows_held() == 4
+    newcomer = _ids(20, 1)
+    cache.pull("t", newcomer)
+    assert not cache.holds("t", newcomer).any()  # seen once: not hotter than what was dropped
+    for _ in range(3):
+        cache.pull("t", newcomer)
+    assert cache.holds("t", newcomer).all()
+
+
+def test_a_failed_write_back_keeps_the_rows_dirty_and_raises() -> None:
+    inner, cache, _ = _cache(every=1000)
+    ids = _ids(0, 4)
+    cache.pull("t", ids)
+    cache.push("t", ids, *_rows(4, 2, 3.0))
+    real_push = inner.push_many
+
+    def broken(updates):  # type: ignore[no-untyped-def]
+        raise StoreUnavailableError("redis down")
+
+    inner.push_many = broken  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailableError):
+        cache.flush()
+    assert cache.dirty_rows() == 4 and not cache.flush(force=False)
+    inner.push_many = real_push  # type: ignore[method-assign]
+    assert cache.flush() and (inner.pull("t", ids, count=False).rows == 3.0).all()
+
+
+def test_stale_clean_rows_are_reread_and_own_dirty_rows_are_kept() -> None:
     inner, cache, clock = _cache(every=1000, staleness=5.0)
-    ids = np.arange(4, dtype=np.uint64)
+    ids = _ids(0, 4)
     cache.pull("t", ids)
     cache.push("t", ids[:2], *_rows(2, 2, 1.0))  # own dirty update for ids 0, 1
     inner.push("t", ids[2:], *_rows(2, 2, 9.0))  # another trainer updates ids 2, 3
     clock.now = 4.0
-    assert (cache.pull("t", ids[2:]).rows != 9.0).all()  # within the bound the cached row is served
+    assert (cache.pull("t", ids[2:]).rows != 9.0).all()  # within the bound the tier's row is served
     clock.now = 6.0
     got = cache.pull("t", ids)
-    assert (got.rows[:2] == 1.0).all()  # own update survived the re-read
+    assert (got.rows[:2] == 1.0).all()  # own update kept until it is written back
     assert (got.rows[2:] == 9.0).all()  # never older than max_staleness_s
-    assert cache.metrics.hot_stale._value.get() == 4
+    assert cache.metrics.hot_stale._value.get() == 2
 
 
 def test_close_flushes() -> None:
     inner, cache, _ = _cache(every=1000)
-    ids = np.arange(5, dtype=np.uint64)
+    ids = _ids(0, 5)
     cache.pull_many({"t": ids, "u": ids})
     cache.push_many({"t": (ids, *_rows(5, 2, 3.0)), "u": (ids, *_rows(5, 3, 4.0))})
     assert not inner.pull("t", ids, count=False).admitted.any()
@@ -92,8 +138,8 @@ def test_close_flushes() -> None:
 
 def test_not_admitted_ids_are_not_cached() -> None:
     inner = MemoryStore([TableSpec(name="t", dim=2, admission={"min_count": 2})])
-    cache = HotRowCache(inner, HotCacheConfig(enabled=True), device="cpu")
-    ids = np.arange(3, dtype=np.uint64)
+    cache = HotRowCache(inner, HotCacheConfig(enabled=True))
+    ids = _ids(0, 3)
     assert not cache.pull("t", ids).admitted.any()
     assert cache.pull("t", ids).admitted.all()  # second sighting reached the inner store
     assert cache.hit_rate == 0.0
@@ -111,10 +157,10 @@ def test_contract_through_hot_cache(check) -> None:  # type: ignore[no-untyped-d
 def test_flush_reports_durability_on_the_cache_schedule() -> None:
     """flush(force=False) writes back only when the schedule says so and reports whether all is durable."""
     inner, cache, clock = _cache(every=3, interval=10.0)
-    ids = np.arange(4, dtype=np.uint64)
+    ids = _ids(0, 4)
     assert inner.flush(force=False) and cache.flush(force=False)  # nothing pushed: durable
     cache.pull("t", ids)
-    cache.push("t", ids, *_rows(4, 2, 1.0))  # cached rows: dirty
+    cache.push("t", ids, *_rows(4, 2, 1.0))  # rows in the tier: dirty
     assert not cache.flush(force=False) and cache.dirty_rows() == 4
     cache.push("t", ids, *_rows(4, 2, 2.0))
     assert not cache.flush(force=False)
@@ -132,6 +178,21 @@ def test_flush_reports_durability_on_the_cache_schedule() -> None:
 
 def test_pushes_past_the_cache_are_durable_at_once() -> None:
     inner, cache, _ = _cache(every=1000)
-    ids = np.arange(3, dtype=np.uint64)
-    cache.push("t", ids, *_rows(3, 2, 6.0))  # not cached: written through to the inner store
+    ids = _ids(0, 3)
+    cache.push("t", ids, *_rows(3, 2, 6.0))  # not in the tier: written through to the inner store
     assert cache.flush(force=False) and (inner.pull("t", ids, count=False).rows == 6.0).all()
+
+
+def test_staleness_bounds_and_the_age_of_unwritten_updates_are_exported() -> None:
+    _, cache, clock = _cache(every=7, interval=3.5)
+    registry = cache.metrics.registry
+    assert registry.get_sample_value("kelp_store_hot_cache_writeback_every_steps") == 7
+    assert registry.get_sample_value("kelp_store_hot_cache_writeback_interval_seconds") == 3.5
+    assert registry.get_sample_value("kelp_store_hot_cache_dirty_age_seconds") == 0
+    ids = _ids(0, 2)
+    cache.pull("t", ids)
+    cache.push("t", ids, *_rows(2, 2, 1.0))
+    clock.now += 2.0
+    assert registry.get_sample_value("kelp_store_hot_cache_dirty_age_seconds") == 2.0
+    cache.flush()
+    assert registry.get_sample_value("kelp_store_hot_cache_dirty_age_seconds") == 0
