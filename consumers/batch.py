@@ -16,7 +16,7 @@ import numpy as np
 if TYPE_CHECKING:
     from kelp.config import FeatureSpec
 
-__all__ = ["JaggedIds", "MicroBatch", "SourceRange", "TableIds", "dedup_ids"]
+__all__ = ["JaggedIds", "MicroBatch", "SourceRange", "TableIds", "dedup_ids", "dedup_many"]
 
 
 @dataclass(frozen=True)
@@ -93,21 +93,101 @@ class TableIds:
 def dedup_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(unique_ids uint64[U] sorted, inverse int64[N])`` with ``unique_ids[inverse] == ids``.
 
-    One argsort (the same work as ``np.unique(..., return_inverse=True)``
-    without its extra passes).
+    The same result as ``np.unique(ids, return_inverse=True)``, computed as
+    :func:`dedup_many` does (one sort of packed keys, see there).
     """
-    ids = np.asarray(ids, dtype=np.uint64)
+    ids = np.ascontiguousarray(ids, dtype=np.uint64)
     if ids.size == 0:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
-    order = np.argsort(ids, kind="stable")
-    sorted_ids = ids[order]
-    first = np.empty(ids.size, dtype=bool)
-    first[0] = True
+    return _dedup_rows(ids.reshape(1, -1))[0]
+
+
+def dedup_many(columns: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`dedup_ids` of each column; columns of equal length are deduplicated together.
+
+    A criteo-like batch has 26 tables of exactly B ids each: they are sorted
+    as one ``(26, B)`` array along its rows, so the work after the sort runs
+    once for all tables instead of once per table, with fewer interpreter
+    round trips while the Kafka poll thread competes for the GIL. Results
+    equal :func:`dedup_ids` exactly; ``unique_ids`` are views into one array.
+    """
+    out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(columns)
+    by_size: dict[int, list[int]] = {}
+    for i, col in enumerate(columns):
+        by_size.setdefault(int(np.shape(col)[0]), []).append(i)
+    for n, idx in by_size.items():
+        if n == 0:
+            for i in idx:
+                out[i] = (np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64))
+            continue
+        ids = np.empty((len(idx), n), dtype=np.uint64)
+        for row, i in enumerate(idx):
+            ids[row] = columns[i]
+        for i, result in zip(idx, _dedup_rows(ids), strict=True):
+            out[i] = result
+    return [r for r in out if r is not None]
+
+
+def _dedup_rows(ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Dedup each row of ``ids`` uint64[k, n] on its own (n >= 1)."""
+    k, n = ids.shape
+    flat_order, sorted_ids = _sort_rows(ids)
+    first = np.empty(k * n, dtype=bool)
     np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=first[1:])
-    group = np.cumsum(first, dtype=np.int64) - 1
-    inverse = np.empty(ids.size, dtype=np.int64)
-    inverse[order] = group
-    return sorted_ids[first], inverse
+    first[::n] = True  # a row's first id always starts a group
+    # Group numbers: a running count of group starts, restarted per row. Cast first: numpy's
+    # cumsum of bool straight into int64 takes a buffered path ~15x slower.
+    group = first.astype(np.int64)
+    np.cumsum(group, out=group)
+    rows = group.reshape(k, n)
+    counts = rows[:, -1] - rows[:, 0] + 1  # groups per row
+    rows -= rows[:, :1]
+    inverse = np.empty(k * n, dtype=np.int64)
+    inverse[flat_order] = group
+    uniques = np.compress(first, sorted_ids)  # ~7x faster than boolean-mask indexing here
+    bounds = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    per_row = inverse.reshape(k, n)
+    return [(uniques[bounds[r] : bounds[r + 1]], per_row[r]) for r in range(k)]
+
+
+def _sort_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, sorted)``: flat positions sorting each row of ``ids`` uint64[k, n], and the ids so sorted.
+
+    An argsort of random 64-bit ids is ~4x slower than a plain sort, so each
+    id is packed with its position ``j`` (``bits`` = bits needed for n - 1) into
+    one uint64 key and the keys are sorted; the positions read back out are
+    the order. Rows whose ids all fit in ``64 - bits`` bits use ``id << bits |
+    j``, which is exact. Other rows (hashed ids) use ``id`` with its low
+    ``bits`` replaced by ``j``: ids differing only in those bits may come out
+    unordered, so such a row is checked, and sorted with ``argsort`` if it is
+    not in order (with hashed ids, almost never). Any order that sorts a row
+    gives the same dedup result, so none of this shows in the output.
+    """
+    k, n = ids.shape
+    bits = max(1, (n - 1).bit_length())
+    shift, low = np.uint64(bits), np.uint64((1 << bits) - 1)
+    small = ids.max(axis=1) < np.uint64(1 << (64 - bits))
+    if small.all():
+        keys = ids << shift
+    elif not small.any():
+        keys = ids & ~low
+    else:
+        keys = np.where(small[:, None], ids << shift, ids & ~low)
+    keys |= np.arange(n, dtype=np.uint64)
+    keys.sort(axis=1)
+    keys &= low
+    order = keys.view(np.int64)  # positions < 2**bits: the same bits as int64
+    order += (np.arange(k, dtype=np.int64) * n)[:, None]
+    flat_order = order.reshape(-1)
+    sorted_ids = ids.reshape(-1).take(flat_order)
+    if not small.all() and n > 1:
+        rows = sorted_ids.reshape(k, n)
+        for r in np.flatnonzero((rows[:, 1:] < rows[:, :-1]).any(axis=1)):
+            exact = np.argsort(ids[r])
+            rows[r] = ids[r].take(exact)
+            order[r] = exact + r * n
+    return flat_order, sorted_ids
 
 
 @dataclass
@@ -176,18 +256,23 @@ class MicroBatch:
     def tables(self) -> dict[str, TableIds]:
         """Per-table deduplicated ids (see :class:`TableIds`); computed once, then cached."""
         if self._tables is None:
-            tables: dict[str, TableIds] = {}
-            for table, features in self.table_features.items():
+            columns: list[np.ndarray] = []
+            all_slices: list[dict[str, slice]] = []
+            for features in self.table_features.values():
                 parts = [self.sparse[f].values for f in features]
                 slices: dict[str, slice] = {}
                 start = 0
                 for f, part in zip(features, parts, strict=True):
                     slices[f] = slice(start, start + part.size)
                     start += part.size
-                ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
-                unique_ids, inverse = dedup_ids(ids)
-                tables[table] = TableIds(unique_ids, inverse, slices)
-            self._tables = tables
+                columns.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
+                all_slices.append(slices)
+            self._tables = {
+                table: TableIds(unique_ids, inverse, slices)
+                for table, (unique_ids, inverse), slices in zip(
+                    self.table_features, dedup_many(columns), all_slices, strict=True
+                )
+            }
         return self._tables
 
     def num_ids(self) -> int:

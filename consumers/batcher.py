@@ -142,7 +142,7 @@ class Batcher:
                     vals.append(v)
                     lens.append(ln)
                 else:
-                    off = np.concatenate(([0], np.cumsum(ln, dtype=np.int64)))
+                    off = c.id_offsets(name)
                     vals.append(v[off[lo] : off[hi]])
                     lens.append(ln[lo:hi])
             values = vals[0] if len(vals) == 1 else np.concatenate(vals)

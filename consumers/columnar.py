@@ -4,6 +4,13 @@ A columnar message carries many samples as arrays: lists, jagged
 ``{values, lengths}`` maps, or msgpack ``bin`` values holding little-endian
 arrays (what ``kelp produce`` writes), which are read with ``frombuffer`` and
 never touched per sample.
+
+Messages entirely in the packed one-id-per-sample form ``kelp produce``
+writes go through :class:`PackedRun` instead: it only checks byte lengths
+and joins each column's bytes across the run, so a run of 90 messages costs
+one ``frombuffer`` per column rather than 30 numpy calls per message
+(issue 14: 2.4M -> see docs/performance.md). Anything else takes
+:func:`read_columnar`, which gives every reject reason.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import numpy as np
 
 from kelp.consumers.columns import Cols, FieldLayout, RejectError, bin_array, float_column, ids_from_list
 
-__all__ = ["read_columnar"]
+__all__ = ["PackedRun", "read_columnar"]
 
 
 def read_columnar(layout: FieldLayout, msg: dict[str, Any], tag: int) -> Cols:
@@ -59,6 +66,95 @@ def read_columnar(layout: FieldLayout, msg: dict[str, Any], tag: int) -> Cols:
             rows = np.repeat(np.arange(n), ln)[bad]
             bad_rows.append(np.unique(rows))
     return Cols(labels, dense, ts, values, lengths, bad_rows, np.full(n, tag, dtype=np.int64))
+
+
+class PackedRun:
+    """Collects a run's packed one-hot columnar messages, then reads them as one :class:`Cols`.
+
+    :meth:`add` accepts a message only when :func:`read_columnar` would read it
+    without any reject or per-row check: ``batch`` a positive int, label a
+    ``float32[n]`` bin, ``ts`` absent, a number or a ``float64[n]`` bin, dense
+    absent or a ``float32[n, n_dense]`` bin, and every configured sparse
+    feature (and no other) a ``uint64[n]`` bin. Any other message is left to
+    :func:`read_columnar`, so reasons and details never depend on the path.
+    Packed uint64 ids are all valid, and one id per sample never exceeds
+    ``max_ids`` >= 1, so nothing is lost by skipping those checks here.
+    """
+
+    def __init__(self, layout: FieldLayout) -> None:
+        self.layout = layout
+        self._d = len(layout.dense_names)
+        self._names = layout.sparse_names
+        self._labels: list[bytes] = []
+        self._ts: list[bytes] = []
+        self._dense: list[bytes] = []
+        self._values: list[list[bytes]] = [[] for _ in self._names]
+        self._counts: list[int] = []
+        self._tags: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._tags)
+
+    def add(self, msg: dict[str, Any], tag: int) -> bool:
+        """Take ``msg`` (rows tagged ``tag``) if it is in the packed form; False leaves it untouched."""
+        n = msg["batch"]
+        if type(n) is not int or n <= 0:
+            return False
+        label = msg[self.layout.label_name]
+        if type(label) is not bytes or len(label) != 4 * n:
+            return False
+        t = msg.get("ts")
+        if type(t) is bytes:
+            if len(t) != 8 * n:
+                return False
+            ts = t
+        elif t is None:
+            ts = _full_f8(n, np.nan)
+        elif type(t) is float or type(t) is int:
+            ts = _full_f8(n, float(t))
+        else:
+            return False
+        dense = msg.get("dense")
+        if dense is None:
+            dense = np.tile(self.layout.defaults, (n, 1)).tobytes()
+        elif type(dense) is not bytes or len(dense) != 4 * n * self._d:
+            return False
+        sparse = msg.get("sparse")
+        if type(sparse) is not dict or len(sparse) != len(self._names):
+            return False
+        cols = []
+        for name in self._names:
+            col = sparse.get(name)
+            if type(col) is not bytes or len(col) != 8 * n:
+                return False
+            cols.append(col)
+        for acc, col in zip(self._values, cols, strict=True):
+            acc.append(col)
+        self._labels.append(label)
+        self._ts.append(ts)
+        self._dense.append(dense)
+        self._counts.append(n)
+        self._tags.append(tag)
+        return True
+
+    def cols(self) -> Cols:
+        """Everything added, as one :class:`Cols` in the order added."""
+        total = sum(self._counts)
+        ones = np.ones(total, dtype=np.int32)
+        ones.flags.writeable = False  # shared by every feature: nothing may write through it
+        return Cols(
+            labels=np.frombuffer(b"".join(self._labels), dtype="<f4"),
+            dense=np.frombuffer(b"".join(self._dense), dtype="<f4").reshape(total, self._d),
+            ts=np.frombuffer(b"".join(self._ts), dtype="<f8"),
+            values=[np.frombuffer(b"".join(parts), dtype="<u8") for parts in self._values],
+            lengths=[ones] * len(self._names),
+            bad_id_rows=[],
+            row_record=np.repeat(np.array(self._tags, dtype=np.int64), self._counts),
+        )
+
+
+def _full_f8(n: int, value: float) -> bytes:
+    return np.full(n, value, dtype="<f8").tobytes()
 
 
 def _dense(layout: FieldLayout, dense: Any, n: int) -> np.ndarray:

@@ -27,9 +27,9 @@ import numpy as np
 
 from kelp.config import FeatureSpec
 from kelp.consumers.codec import SCHEMA_VERSION
-from kelp.consumers.columnar import read_columnar
+from kelp.consumers.columnar import PackedRun, read_columnar
 from kelp.consumers.columns import Cols, FieldLayout, RejectError
-from kelp.consumers.single import read_singles
+from kelp.consumers.single import read_plain, read_singles
 from kelp.consumers.transforms import apply_transforms
 
 __all__ = ["Chunk", "Decoder", "RawRecord", "Rejection"]
@@ -95,10 +95,25 @@ class Chunk:
     row_offsets: np.ndarray
     nbytes: int = 0
     rejections: list[Rejection] = field(default_factory=list)
+    _id_offsets: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         return int(self.labels.shape[0])
+
+    def id_offsets(self, name: str) -> np.ndarray:
+        """int64[b + 1]: where each row's ids of feature ``name`` start in ``values[name]``.
+
+        Computed once per chunk and cached: the batcher cuts several batches
+        from one chunk, and a cumulative sum over the whole chunk per feature
+        per cut was a fifth of the poll thread's time (docs/performance.md).
+        """
+        off = self._id_offsets.get(name)
+        if off is None:
+            off = np.zeros(self.size + 1, dtype=np.int64)
+            np.cumsum(self.lengths[name], out=off[1:])
+            self._id_offsets[name] = off
+        return off
 
 
 class Decoder:
@@ -124,6 +139,7 @@ class Decoder:
         """Decode a non-empty run of records from one topic partition, in offset order."""
         rejections: list[Rejection] = []
         parts: list[Cols] = []
+        packed = PackedRun(self.layout)
         single_idx: list[int] = []
         single_msgs: list[dict[str, Any]] = []
         nbytes = 0
@@ -134,7 +150,8 @@ class Decoder:
             try:
                 msg = self._parse(raw)
                 if "batch" in msg:
-                    parts.append(read_columnar(self.layout, msg, i))
+                    if not packed.add(msg, i):
+                        parts.append(read_columnar(self.layout, msg, i))
                 else:
                     single_msgs.append(msg)
                     single_idx.append(i)
@@ -144,6 +161,12 @@ class Decoder:
                         rej.reason, rej.detail, rec.topic, rec.partition, rec.offset, raw, _rows_of(msg)
                     )
                 )
+        if len(packed):
+            parts.append(packed.cols())
+        if single_msgs:
+            plain, single_msgs, single_idx = read_plain(self.layout, single_msgs, single_idx)
+            if plain is not None:
+                parts.append(plain)
         if single_msgs:
             cols, failures = read_singles(self.layout, single_msgs, single_idx)
             parts.append(cols)

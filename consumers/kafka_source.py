@@ -220,30 +220,25 @@ class KafkaSource(Source):
             while not self._stop.is_set():
                 self._drain_commits()
                 if pending is not None:
-                    try:
-                        self._out.put_nowait(pending)
-                        pending = None
-                        self.metrics.queue.set(self._out.qsize())
-                    except queue.Full:
-                        pass
-                if pending is not None:
-                    assigned = self._consumer.assignment()
-                    if assigned:
-                        self._consumer.pause(*assigned)  # also pauses partitions assigned meanwhile
-                    if not paused:
-                        paused = True
-                        self.metrics.paused.set(1)
-                    self._poll_once(_PAUSED_POLL_S)
-                    continue
+                    if not self._offer(pending, wait=paused):
+                        assigned = self._consumer.assignment()
+                        if assigned:
+                            self._consumer.pause(*assigned)  # also pauses partitions assigned meanwhile
+                        if not paused:
+                            paused = True
+                            self.metrics.paused.set(1)
+                        self._poll_once(0)  # paused: keeps the membership, serves rebalances
+                        continue
+                    pending = self._emit_due()  # batches cut from records already here need no poll
+                    if pending is not None:
+                        continue
                 if paused:
                     self._consumer.resume(*self._consumer.paused())
                     paused = False
                     self.metrics.paused.set(0)
                 timeout = self._batcher.time_left() if len(self._batcher) else _IDLE_POLL_S
                 self._poll_once(min(timeout, _IDLE_POLL_S))
-                emitted = self._batcher.take()
-                if emitted is not None:
-                    pending = self._emit(emitted)
+                pending = self._emit_due()
         except BaseException as exc:
             self._error = translate_kafka_error(exc, "polling") if _is_kafka_error(exc) else exc
             log.error("kafka poll thread failed", exc_info=True)
@@ -268,7 +263,7 @@ class KafkaSource(Source):
             self._dead_letter = LogDeadLetter(self.metrics)
 
     def _poll_once(self, timeout_s: float) -> None:
-        polled = self._consumer.poll(timeout_ms=max(1, int(timeout_s * 1000)))
+        polled = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
         for tp, records in polled.items():
             if not records or (tp.topic, tp.partition) not in self._assignment:
                 continue
@@ -289,6 +284,41 @@ class KafkaSource(Source):
                 self.metrics.lag.labels(topic=tp.topic, partition=str(tp.partition)).set(
                     max(0, highwater - self._seen[key])
                 )
+
+    def _offer(self, batch: MicroBatch, wait: bool) -> bool:
+        """Queue ``batch``; ``wait``: for up to ``_PAUSED_POLL_S`` until the trainer makes room.
+
+        While paused the thread waits on the queue itself, not in a paused
+        ``poll``: a poll cannot end early when the trainer takes a batch, so
+        the trainer used to sit idle for the rest of it (up to 50 ms per
+        pause, docs/performance.md).
+        """
+        try:
+            if wait:
+                self._out.put(batch, timeout=_PAUSED_POLL_S)
+            else:
+                self._out.put_nowait(batch)
+        except queue.Full:
+            return False
+        self.metrics.queue.set(self._out.qsize())
+        return True
+
+    def _emit_due(self) -> MicroBatch | None:
+        """Queue every batch that is due now; return the one that found the queue full, if any.
+
+        One poll brings many batches' worth of records (a fetch is up to
+        ``max_partition_fetch_bytes`` per partition). Cutting only one batch per
+        ``poll`` made every other batch wait for a poll that returns nothing
+        and still costs a round trip to kafka-python's IO thread (1-5 ms each,
+        docs/performance.md), so all due batches go out before the next poll.
+        """
+        while True:
+            emitted = self._batcher.take()
+            if emitted is None:
+                return None
+            batch = self._emit(emitted)
+            if batch is not None and not self._offer(batch, wait=False):
+                return batch
 
     def _emit(self, emitted: Emitted) -> MicroBatch | None:
         ranges = emitted.batch.sources if emitted.batch is not None else emitted.handled

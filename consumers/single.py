@@ -16,7 +16,84 @@ import numpy as np
 from kelp.consumers.codec import hash_str_id
 from kelp.consumers.columns import U64_LIMIT, Cols, FieldLayout, RejectError
 
-__all__ = ["read_singles"]
+__all__ = ["read_plain", "read_singles"]
+
+_NUMBER = frozenset((float, int))
+_INT = frozenset((int,))
+
+
+def read_plain(
+    layout: FieldLayout, msgs: list[dict[str, Any]], tags: list[int]
+) -> tuple[Cols | None, list[dict[str, Any]], list[int]]:
+    """Messages in the plain form, read with C-level checks; ``(cols, other msgs, their tags)``.
+
+    The plain form is what producers usually write (``kelp produce``,
+    :func:`~kelp.consumers.codec.encode_sample`): a number label, ``ts``
+    absent or a number, ``dense`` absent or a list of ``n_dense`` numbers, and
+    ``sparse`` a map of every configured feature, in config order, to one int.
+    Such a message is checked with a few type-set and list comparisons and
+    its ids stay in one list per message, converted for the whole run by one
+    ``np.array``: ~3x less Python per sample than :func:`read_singles`,
+    which walks every id (docs/performance.md). Messages not in that form are
+    returned untouched for :func:`read_singles`, as is the whole run if an id
+    falls outside ``[0, 2**64)``, so every reject reason and detail still
+    comes from there.
+    """
+    names = layout.sparse_names
+    n_dense = len(layout.dense_names)
+    label_name = layout.label_name
+    default_row = layout.default_row
+    nan = math.nan
+    labels: list[float] = []
+    ts: list[float] = []
+    dense_rows: list[list[float]] = []
+    id_rows: list[list[int]] = []
+    row_record: list[int] = []
+    rest: list[dict[str, Any]] = []
+    rest_tags: list[int] = []
+    for msg, tag in zip(msgs, tags, strict=True):
+        label = msg[label_name]
+        t = msg.get("ts", nan)
+        dense = msg.get("dense", default_row)
+        sparse = msg.get("sparse")
+        if (
+            (type(label) is float or type(label) is int)
+            and (type(t) is float or type(t) is int)
+            and type(dense) is list
+            and len(dense) == n_dense
+            and type(sparse) is dict
+            and list(sparse) == names
+        ):
+            ids = list(sparse.values())
+            if set(map(type, dense)) <= _NUMBER and set(map(type, ids)) <= _INT:
+                labels.append(label)
+                ts.append(t)
+                dense_rows.append(dense)
+                id_rows.append(ids)
+                row_record.append(tag)
+                continue
+        rest.append(msg)
+        rest_tags.append(tag)
+    if not labels:
+        return None, rest, rest_tags
+    b = len(labels)
+    try:
+        ids_2d = np.array(id_rows, dtype=np.uint64).reshape(b, len(names))
+    except OverflowError:  # an id outside [0, 2**64): read_singles names the message and the reason
+        return None, msgs, tags
+    by_feature = np.ascontiguousarray(ids_2d.T)
+    ones = np.ones(b, dtype=np.int32)
+    ones.flags.writeable = False  # shared by every feature: nothing may write through it
+    cols = Cols(
+        labels=np.array(labels, dtype=np.float64),
+        dense=np.array(dense_rows, dtype=np.float32).reshape(b, n_dense),
+        ts=np.array(ts, dtype=np.float64),
+        values=list(by_feature),
+        lengths=[ones] * len(names),
+        bad_id_rows=[],
+        row_record=np.array(row_record, dtype=np.int64),
+    )
+    return cols, rest, rest_tags
 
 
 def read_singles(

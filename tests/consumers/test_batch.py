@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kelp.config import FeatureSpec, SparseFeature
-from kelp.consumers.batch import JaggedIds, MicroBatch, dedup_ids
+from kelp.consumers.batch import JaggedIds, MicroBatch, dedup_ids, dedup_many
 
 ids_lists = st.lists(st.integers(min_value=0, max_value=2**64 - 1), max_size=300)
 
@@ -20,6 +20,29 @@ def test_dedup_reconstructs_ids(ids: list[int]) -> None:
     np.testing.assert_array_equal(unique[inverse], arr)
     assert len(set(unique.tolist())) == unique.size == len(set(ids))
     assert (np.diff(unique.astype(object)) > 0).all() if unique.size > 1 else True
+
+
+# Ids that defeat the packed sort keys: same high bits, different low bits (the argsort fallback),
+# small ints (the exact shifted keys), and full-range ones, mixed within and across columns.
+id_values = st.one_of(
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 300),
+    st.integers(0, 2**12 - 1).map(lambda low: (0xDEADBEEF << 32) | low),
+)
+
+
+@given(st.lists(st.lists(id_values, max_size=40), max_size=8), st.integers(1, 40))
+def test_dedup_many_equals_unique_per_column(columns: list[list[int]], width: int) -> None:
+    # Half the columns share one length so that they are sorted together as rows of one array.
+    arrays = [np.array(c, dtype=np.uint64) for c in columns]
+    arrays += [np.resize(np.array(c or [0], dtype=np.uint64), width) for c in columns]
+    results = dedup_many(arrays)
+    assert len(results) == len(arrays)
+    for ids, (unique, inverse) in zip(arrays, results, strict=True):
+        want_unique, want_inverse = np.unique(ids, return_inverse=True)
+        assert unique.dtype == np.uint64 and inverse.dtype == np.int64
+        np.testing.assert_array_equal(unique, want_unique)
+        np.testing.assert_array_equal(inverse, want_inverse.reshape(-1))
 
 
 @given(st.lists(st.lists(st.integers(0, 50), max_size=4), min_size=1, max_size=30), ids_lists)
