@@ -11,10 +11,11 @@
 * :class:`PushWriter` pushes a trained batch's updates and acknowledges steps
   in order to the :class:`~kelp.daemon.ledger.UpdateLedger`, which keeps the
   prefetched rows exact. It commits a batch's offsets only once the store says
-  every push so far is durable (``store.flush(force=False)`` returned True).
-  Durability is the store's rule, not this module's: write-through backends
-  always answer True, the hot-row cache answers True after its own write-back
-  schedule ran. Draining forces a flush, then commits everything.
+  that batch's push is durable (``store.durable_pushes()``, or
+  ``store.flush(force=False)`` for everything). Durability is the store's rule,
+  not this module's: write-through backends are durable at once, the hot tier
+  names the pushes its write-back schedule has covered. Draining forces a
+  flush, then commits everything.
 
 Both run store calls through an :class:`~kelp.daemon.outage.OutageGuard`.
 A worker thread that fails hands its exception to the main thread, which
@@ -186,21 +187,26 @@ class _Pending:
     batch: MicroBatch
     updates: Mapping[str, SparseUpdate]
     grads: Mapping[str, np.ndarray]
+    push: int | None = None
+    """The store's push number of this step's push (None: write-through store, or nothing pushed)."""
 
 
 @dataclass(eq=False)
 class PushWriter(_Stage):
     """Pushes, acknowledges, commits once durable; in order, on its own thread (``depth`` batches).
 
-    After each push it asks the store ``flush(force=False)``: True means every
-    row acknowledged so far is durable, so the offsets of every batch pushed so
-    far are committed. A store that buffers (the hot-row cache) answers True
-    only after its own write-back schedule ran; this writer never reads that
-    schedule, so there is one copy of it. ``threaded=False`` does the work
-    inline in :meth:`submit`.
+    After each push it asks the store which pushes are durable: a write-through
+    store's are at once (``durable_pushes()`` is None), so every batch pushed so
+    far is committed; a store that writes back on its own schedule (the hot
+    tier) names the highest durable push, and only the batches up to it are
+    committed. This writer never reads that schedule, so there is one copy of
+    it. While no batch arrives it still asks every ``idle_flush_s``, so a
+    time-bounded write-back happens and its offsets are committed on an idle
+    stream too. ``threaded=False`` does the work inline in :meth:`submit`.
     """
 
     threaded: bool = True
+    idle_flush_s: float = 1.0
     adagrad: RowWiseAdagrad | None = None
     """Set (``store.sparse_updates: compose``): send gradients and let the store apply this optimizer."""
 
@@ -266,7 +272,11 @@ class PushWriter(_Stage):
     def _run(self) -> None:
         try:
             while True:
-                item = self._queue.get()
+                try:
+                    item = self._queue.get(timeout=self.idle_flush_s)
+                except queue.Empty:
+                    self._commit_durable(force=False)
+                    continue
                 if item is None:
                     return
                 self._write(item)
@@ -277,6 +287,7 @@ class PushWriter(_Stage):
     def _write(self, item: _Pending) -> None:
         started = time.perf_counter()
         self._push({t: u for t, u in item.updates.items() if len(u.ids)}, item.grads)
+        item.push = self.store.push_count()
         self.metrics.stage_seconds.labels(stage="push").observe(time.perf_counter() - started)
         self.ledger.acknowledge(item.step)  # readable by any pull that begins from now on
         self.metrics.inflight_rows.set(self.ledger.rows())
@@ -295,18 +306,25 @@ class PushWriter(_Stage):
         self.guard.call("push", lambda: self.store.apply_adagrad_many(payload, adagrad.lr, adagrad.eps))
 
     def _commit_durable(self, force: bool) -> None:
-        """Commit every batch pushed so far once the store says its pushes are durable.
+        """Commit every batch pushed so far whose push the store says is durable.
 
         The only place offsets are committed. ``force`` (the drain) makes the
         store write everything buffered first.
         """
         if not self._not_durable:
             return
-        if not self.guard.call("push", lambda: self.store.flush(force=force)):
+        all_durable = self.guard.call("push", lambda: self.store.flush(force=force))
+        through = self.store.durable_pushes()
+        if all_durable or through is None:
+            done = len(self._not_durable) if all_durable else 0
+        else:
+            done = 0  # a prefix: pushes are numbered in the order batches were pushed
+            while done < len(self._not_durable) and (self._not_durable[done].push or 0) <= through:
+                done += 1
+        if not done:
             return
         started = time.perf_counter()
-        ranges = [r for item in self._not_durable for r in item.batch.sources]
-        self.source.commit(ranges)
-        self.committed_step = self._not_durable[-1].step
-        self._not_durable.clear()
+        durable, self._not_durable = self._not_durable[:done], self._not_durable[done:]
+        self.source.commit([r for item in durable for r in item.batch.sources])
+        self.committed_step = durable[-1].step
         self.metrics.stage_seconds.labels(stage="commit").observe(time.perf_counter() - started)

@@ -243,5 +243,19 @@ class EmbeddingStore(Closeable, abc.ABC):
         """
         return True
 
+    def push_count(self) -> int | None:
+        """How many ``push_many`` calls this store has taken; None for a write-through store.
+
+        With :meth:`durable_pushes`, the trainer's commit rule for a store that writes
+        back on its own schedule (the hot tier), where some rows are always dirty
+        and "is everything durable?" would rarely be true.
+        """
+        return None
+
+    def durable_pushes(self) -> int | None:
+        """Every ``push_many`` call up to this number (counting from 1) is durable in the backing
+        store; None for a write-through store (every acknowledged push is durable)."""
+        return None
+
     def close(self) -> None:
         """Release connections and buffers (``with store:`` calls it)."""

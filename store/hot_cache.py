@@ -60,10 +60,11 @@ from kelp.store.base import EmbeddingStore, PullResult, StoreStats
 from kelp.store.metrics import StoreMetrics
 from kelp.store.sketch import CountMinSketch
 from kelp.store.slots import Column, SlotTable
+from kelp.store.writeback import WritebackSchedule
 
 __all__ = ["HotRowCache"]
 
-_SLACK = 8  # the tier may overfill by capacity / _SLACK between two trims
+_OVERFILL = 8  # a full tier takes hot-enough rows up to capacity / _OVERFILL beyond it until the next trim
 
 
 def _slot_table(dim: int, capacity: int) -> SlotTable:
@@ -74,6 +75,7 @@ def _slot_table(dim: int, capacity: int) -> SlotTable:
             "loaded": Column(np.float64),  # tier clock when read from the store (staleness)
             "updated_s": Column(np.uint32),  # unix seconds of the row's last update
             "dirty": Column(bool),
+            "since": Column(np.int64),  # the push that dirtied the row first since its last write-back
         },
         capacity=capacity,
     )
@@ -99,17 +101,15 @@ class HotRowCache(EmbeddingStore):
         self.enforces = inner.enforces
         self.cfg = cfg
         self.capacity = cfg.capacity_rows
-        self._soft_capacity = cfg.capacity_rows + max(1, cfg.capacity_rows // _SLACK)
         self._clock = clock
         self.metrics = metrics or getattr(inner, "metrics", None) or StoreMetrics()
         per_table = max(64, cfg.capacity_rows // max(1, len(self.tables)))
         self._slots = {name: _slot_table(t.dim, min(per_table, 1 << 16)) for name, t in self.tables.items()}
         self._sketch = {name: CountMinSketch(width=2 * per_table, depth=2, seed=name) for name in self.tables}
         self._threshold = 0  # a fetched row enters a full tier only above this estimate (set by trims)
+        self._held = 0
         self._lock = threading.RLock()
-        self._steps = 0
-        self._last_writeback = clock()
-        self._oldest_dirty: float | None = None  # clock of the first update not written back yet
+        self._schedule = WritebackSchedule(cfg.writeback_every_steps, cfg.writeback_interval_s, clock)
         self._lookups = 0
         self._hits = 0
         self._export_settings()
@@ -119,62 +119,50 @@ class HotRowCache(EmbeddingStore):
         m.hot_writeback_every_steps.set(self.cfg.writeback_every_steps)
         m.hot_writeback_interval.set(self.cfg.writeback_interval_s)
         m.hot_capacity.set(self.capacity)
-        m.hot_dirty_age.set_function(self._dirty_age)
-
-    def _dirty_age(self) -> float:
-        oldest = self._oldest_dirty
-        return 0.0 if oldest is None else max(0.0, self._clock() - oldest)
+        m.hot_dirty_age.set_function(self._schedule.dirty_age)
 
     # -- write-back -----------------------------------------------------------------------------
 
-    def _writeback_due(self) -> bool:
-        """The write-back schedule, its only copy: every ``writeback_every_steps`` pushes or
-        ``writeback_interval_s`` seconds."""
-        return (
-            self._steps >= self.cfg.writeback_every_steps
-            or self._clock() - self._last_writeback >= self.cfg.writeback_interval_s
-        )
-
-    def _write_back_all(self) -> None:
-        """Push every dirty row to ``inner`` in one call; they stay dirty if that raises. Then trim."""
-        updates = {}
-        dirty_slots = {}
-        for name, c in self._slots.items():
-            slots = np.flatnonzero(c["dirty"][: c.high])
-            if len(slots):
-                dirty_slots[name] = slots
-                updates[name] = (c.ids[slots], c["rows"][slots], c["state"][slots])
-        if updates:
-            self.inner.push_many(updates)
-            for name, slots in dirty_slots.items():
-                self._slots[name]["dirty"][slots] = False
-            self.metrics.hot_writeback.inc(sum(len(s) for s in dirty_slots.values()))
-        self._steps = 0
-        self._last_writeback = self._clock()
-        self._oldest_dirty = None
-        self._trim()
+    def _write_back(self, force: bool = False) -> None:
+        """Push the rows that are due (:class:`~kelp.store.writeback.WritebackSchedule`) to ``inner``
+        in one call; they stay dirty if that raises. Then trim if the tier is over capacity."""
+        cutoff = self._schedule.due(force)
+        if cutoff:
+            updates = {}
+            due_slots = {}
+            for name, c in self._slots.items():
+                high = c.high
+                slots = np.flatnonzero(c["dirty"][:high] & (c["since"][:high] <= cutoff))
+                if len(slots):
+                    due_slots[name] = slots
+                    updates[name] = (c.ids[slots], c["rows"][slots], c["state"][slots])
+            if updates:
+                self.inner.push_many(updates)
+                for name, slots in due_slots.items():
+                    self._slots[name]["dirty"][slots] = False
+                self.metrics.hot_writeback.inc(sum(len(s) for s in due_slots.values()))
+            self._schedule.written(cutoff)
+        if self._held > self.capacity:
+            self._trim()
 
     def _trim(self) -> None:
-        """Drop the clean rows with the lowest estimated frequency until the tier holds ``capacity``."""
-        total = sum(len(c) for c in self._slots.values())
-        excess = total - self.capacity
-        if excess <= 0:
-            return
+        """Drop the clean rows with the lowest estimated frequency, over all tables at once, until the
+        tier holds ``capacity`` (dirty rows leave only after their write-back)."""
+        excess = self._held - self.capacity
         names, slots, scores = [], [], []
-        for name, c in self._slots.items():
+        for i, (name, c) in enumerate(self._slots.items()):
             live = c.live_slots()
-            score = self._sketch[name].estimate(c.ids[live]).astype(np.float64)
-            score[c["dirty"][live]] = np.inf  # a dirty row leaves only after its write-back
-            names.append(np.full(len(live), len(names)))
-            slots.append(live)
-            scores.append(score)
+            clean = live[~c["dirty"][live]]
+            names.append(np.full(len(clean), i))
+            slots.append(clean)
+            scores.append(self._sketch[name].estimate(c.ids[clean]))
         table_of = np.concatenate(names)
         all_slots = np.concatenate(slots)
         all_scores = np.concatenate(scores)
-        victims = np.argpartition(all_scores, excess - 1)[:excess] if excess < len(all_scores) else None
-        if victims is None:
+        if excess < len(all_scores):
+            victims = np.argpartition(all_scores, excess - 1)[:excess]
+        else:
             victims = np.arange(len(all_scores))
-        victims = victims[np.isfinite(all_scores[victims])]
         if not len(victims):
             return
         self._threshold = int(all_scores[victims].max())
@@ -182,6 +170,7 @@ class HotRowCache(EmbeddingStore):
             mine = all_slots[victims[table_of[victims] == i]]
             if len(mine):
                 self._slots[name].remove(mine)
+        self._held -= len(victims)
         self.metrics.hot_evictions.inc(len(victims))
 
     # -- verbs ----------------------------------------------------------------------------------
@@ -239,6 +228,7 @@ class HotRowCache(EmbeddingStore):
         stale = (now - c["loaded"][hit] > self.cfg.max_staleness_s) & ~c["dirty"][hit]
         if stale.any():
             c.remove(hit[stale])
+            self._held -= int(stale.sum())
             where = np.flatnonzero(cached)[stale]
             cached[where] = False
             slots[where] = -1
@@ -282,14 +272,15 @@ class HotRowCache(EmbeddingStore):
         return PullResult(rows, state, admitted, updated_s, admitted_now)
 
     def _admit(self, name: str, ids: np.ndarray, fetched: PullResult, now: float) -> None:
-        """Fetched admitted rows enter the tier while it has room, and beyond ``capacity`` only if
-        their estimated frequency beats the coldest row kept at the last trim."""
-        room = self._soft_capacity - sum(len(c) for c in self._slots.values())
+        """Fetched admitted rows enter the tier while it has room; a full tier takes (up to 1/8 over
+        ``capacity``, until the next trim) only rows whose estimated frequency beats the coldest row
+        the last trim dropped."""
+        room = self.capacity + max(1, self.capacity // _OVERFILL) - self._held
         if room <= 0:
             return
-        keep = fetched.admitted.copy()
-        if sum(len(c) for c in self._slots.values()) >= self.capacity and self._threshold > 0:
-            keep &= self._sketch[name].estimate(ids) > self._threshold
+        keep = fetched.admitted
+        if self._held >= self.capacity:
+            keep = keep & (self._sketch[name].estimate(ids) > self._threshold)
         pick = np.flatnonzero(keep)[:room]
         if not len(pick):
             return
@@ -297,48 +288,55 @@ class HotRowCache(EmbeddingStore):
         self._slots[name].insert(
             ids[pick], rows=fetched.rows[pick], state=fetched.state[pick], loaded=now, updated_s=updated
         )
+        self._held += len(pick)
 
     def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Rows in the tier are written there; the rest go to ``inner`` at once. Then the rows that
+        are due are written back (:meth:`_write_back`)."""
         with self._lock:
             passthrough = {}
-            wrote_tier = False
+            push = self._schedule.begin_push()
             stamp = np.uint32(time.time())
             for name, (raw_ids, raw_rows, raw_state) in updates.items():
                 ids, rows, state = self.table(name).check_push(raw_ids, raw_rows, raw_state)
                 c = self._slots[name]
                 slots = c.lookup(ids)
                 cached = slots >= 0
-                if cached.all():
-                    c.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True)
-                    wrote_tier = True
+                if not cached.all():
+                    miss = ~cached
+                    passthrough[name] = (ids[miss], rows[miss], state[miss])
+                    slots, rows, state = slots[cached], rows[cached], state[cached]
+                if not len(slots):
                     continue
-                cs = slots[cached]
-                if len(cs):
-                    c.write(cs, rows=rows[cached], state=state[cached], updated_s=stamp, dirty=True)
-                    wrote_tier = True
-                miss = ~cached
-                passthrough[name] = (ids[miss], rows[miss], state[miss])
-            if wrote_tier and self._oldest_dirty is None:
-                self._oldest_dirty = self._clock()
+                newly = slots[~c["dirty"][slots]]
+                c["since"][newly] = push
+                self._schedule.dirtied(push, len(newly))
+                c.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True)
             if passthrough:
                 self.inner.push_many(passthrough)
-            self._steps += 1
-            if self._writeback_due():
-                self._write_back_all()
+            self._write_back()
             self._update_gauges()
 
     def flush(self, force: bool = True) -> bool:
-        """Write back dirty rows (``force``, or when the schedule says so); True once none is left dirty.
+        """Write back what is due (``force``: every dirty row); True once no row is left dirty.
 
         Rows pushed past the tier went straight to ``inner``, so the answer also
-        asks ``inner.flush(force)``.
+        asks ``inner.flush(force)``. The trainer commits offsets by
+        :meth:`durable_pushes`, which stays useful while some rows are always dirty.
         """
         with self._lock:
-            if force or self._writeback_due():
-                self._write_back_all()
-                self._update_gauges()
+            self._write_back(force)
+            self._update_gauges()
             inner_durable = self.inner.flush(force)
-            return inner_durable and self._oldest_dirty is None
+            return inner_durable and self._schedule.all_durable
+
+    def push_count(self) -> int:
+        with self._lock:
+            return self._schedule.pushes
+
+    def durable_pushes(self) -> int:
+        with self._lock:
+            return self._schedule.durable
 
     def dirty_rows(self) -> int:
         return int(sum(c["dirty"][: c.high].sum() for c in self._slots.values()))
@@ -349,7 +347,7 @@ class HotRowCache(EmbeddingStore):
             return self._slots[table].lookup(self.table(table).check_ids(ids)) >= 0
 
     def rows_held(self) -> int:
-        return sum(len(c) for c in self._slots.values())
+        return self._held
 
     @property
     def hit_rate(self) -> float:
@@ -362,7 +360,14 @@ class HotRowCache(EmbeddingStore):
     def delete(self, table: str, ids: np.ndarray) -> int:
         with self._lock:
             ids = self.table(table).check_ids(ids)
-            self._slots[table].remove_ids(ids)  # a deleted row's pending update is dropped with it
+            c = self._slots[table]
+            slots = c.lookup(ids)
+            slots = slots[slots >= 0]
+            dirty = slots[c["dirty"][slots]]
+            self._schedule.forget(c["since"][dirty].tolist())  # their pending updates go with them
+            c["dirty"][dirty] = False
+            c.remove(slots)
+            self._held -= len(slots)
             return self.inner.delete(table, ids)
 
     def stats(self) -> StoreStats:

@@ -42,28 +42,36 @@ class IdIndex:
     def __len__(self) -> int:
         return self.size
 
+    def _start(self, ids: np.ndarray) -> np.ndarray:
+        """intp[n] home position of each uint64 id (intp: numpy indexes with it without converting)."""
+        return (splitmix64(ids) & self._mask).astype(np.intp)
+
     def _probe(self, ids: np.ndarray) -> np.ndarray:
-        """Table position of each id, or -1 (ids must be uint64)."""
-        pos = splitmix64(ids) & self._mask
-        out = np.full(len(ids), -1, dtype=np.int64)
-        todo = np.arange(len(ids))
+        """Table position of each id, or -1 (ids must be uint64).
+
+        The first round covers every id without an index array (most ids resolve
+        there at load factor < 1/2); later rounds carry only the unresolved ones.
+        """
+        keys, state, mask = self._keys, self._state, int(self._mask)
+        pos = self._start(ids)
+        st = state[pos]
+        hit = (keys[pos] == ids) & (st == _FULL)
+        out = np.where(hit, pos, -1)
+        todo = np.flatnonzero(~hit & (st != _EMPTY))
+        p = pos[todo]
         while len(todo):
-            p = pos[todo]
-            st = self._state[p]
-            hit = (st == _FULL) & (self._keys[p] == ids[todo])
-            out[todo[hit]] = p[hit].astype(np.int64)
+            p = (p + 1) & mask
+            st = state[p]
+            hit = (st == _FULL) & (keys[p] == ids[todo])
+            out[todo[hit]] = p[hit]
             cont = ~hit & (st != _EMPTY)
-            todo = todo[cont]
-            pos[todo] = (p[cont] + np.uint64(1)) & self._mask
+            todo, p = todo[cont], p[cont]
         return out
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.uint64)
         where = self._probe(ids)
-        found = where >= 0
-        out = np.full(len(ids), -1, dtype=np.int64)
-        out[found] = self._vals[where[found]]
-        return out
+        return np.where(where >= 0, self._vals[where], -1)
 
     def insert(self, ids: np.ndarray, vals: np.ndarray) -> None:
         """Insert unique ids that are *not* present (callers look up first)."""
@@ -73,7 +81,8 @@ class IdIndex:
         if (self._used + len(ids)) * 2 > len(self._keys):
             self._grow(self.size + len(ids))
         vals = np.asarray(vals, dtype=np.int64)
-        pos = splitmix64(ids) & self._mask
+        mask = int(self._mask)
+        pos = self._start(ids)
         todo = np.arange(len(ids))
         while len(todo):
             p = pos[todo]
@@ -89,7 +98,7 @@ class IdIndex:
             placed = np.zeros(len(ids), dtype=bool)
             placed[winners] = True
             todo = todo[~placed[todo]]
-            pos[todo] = (pos[todo] + np.uint64(1)) & self._mask
+            pos[todo] = (pos[todo] + 1) & mask
         self.size += len(ids)
 
     def delete(self, ids: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ a stand-in that records commits (its Kafka behaviour is tested elsewhere).
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -74,3 +75,44 @@ def test_hot_cache_commits_only_after_its_write_back(every: int) -> None:
     assert writer.drain(timeout_s=5.0)  # drain forces the write-back, then commits the rest
     assert writer.committed_step == 5 and inner.pull("t", ids, count=False).rows[0, 0] == 5.0
     assert sum(len(c) for c in source.commits) == 5 and (committed == 5) == (5 % every == 0)
+
+
+def test_hot_tier_commits_each_batch_once_its_own_push_is_durable() -> None:
+    """Rows first dirtied by push p are written back at push p + every - 1, so commits lag one step
+    here (every=2) instead of waiting for a moment with no dirty row at all (which never comes when
+    every step dirties rows)."""
+    inner = MemoryStore([TableSpec(name="t", dim=2)])
+    cache = HotRowCache(
+        inner, HotCacheConfig(enabled=True, writeback_every_steps=2, writeback_interval_s=1e9)
+    )
+    a, b = np.arange(3, dtype=np.uint64), np.arange(10, 13, dtype=np.uint64)
+    cache.pull_many({"t": np.concatenate([a, b])})
+    source = RecordingSource()
+    writer = _writer(cache, source)
+    for step in range(1, 6):
+        _submit(writer, step, a if step % 2 else b)
+        assert cache.dirty_rows() > 0  # never "all durable" between steps
+        assert source.commits[-1:] == ([[10 * (step - 1)]] if step > 1 else [])
+    assert writer.drain(timeout_s=5.0) and source.commits[-1] == [50]
+
+
+def test_an_idle_writer_still_commits_after_the_time_bound() -> None:
+    inner = MemoryStore([TableSpec(name="t", dim=2)])
+    cache = HotRowCache(
+        inner, HotCacheConfig(enabled=True, writeback_every_steps=1000, writeback_interval_s=0.05)
+    )
+    ids = np.arange(3, dtype=np.uint64)
+    cache.pull("t", ids)
+    source = RecordingSource()
+    metrics = TrainerMetrics(CollectorRegistry())
+    guard = OutageGuard(1.0, metrics, policy=outage_policy(1.0, sleep=lambda _s: None))
+    writer = PushWriter(
+        source, cache, UpdateLedger(), guard=guard, metrics=metrics, depth=1, idle_flush_s=0.02
+    )  # type: ignore[arg-type]
+    writer.start()
+    _submit(writer, 1, ids)
+    deadline = time.monotonic() + 5.0
+    while not source.commits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert source.commits == [[10]] and cache.dirty_rows() == 0  # no second batch was needed
+    assert writer.drain(timeout_s=5.0)
