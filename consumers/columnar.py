@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from kelp.consumers.columns import Cols, FieldLayout, RejectError, bin_array, float_column, ids_from_list
+from kelp.consumers.columns import (
+    Cols,
+    FieldLayout,
+    RejectError,
+    bin_array,
+    float_column,
+    ids_from_list,
+    one_id_each,
+)
 
 __all__ = ["PackedRun", "read_columnar"]
 
@@ -140,8 +148,7 @@ class PackedRun:
     def cols(self) -> Cols:
         """Everything added, as one :class:`Cols` in the order added."""
         total = sum(self._counts)
-        ones = np.ones(total, dtype=np.int32)
-        ones.flags.writeable = False  # shared by every feature: nothing may write through it
+        ones = one_id_each(total)
         return Cols(
             labels=np.frombuffer(b"".join(self._labels), dtype="<f4"),
             dense=np.frombuffer(b"".join(self._dense), dtype="<f4").reshape(total, self._d),

@@ -18,7 +18,16 @@ from kelp.config import FeatureSpec
 from kelp.consumers.codec import hash_str_id
 from kelp.consumers.transforms import defaults_of
 
-__all__ = ["U64_LIMIT", "Cols", "FieldLayout", "RejectError", "bin_array", "float_column", "ids_from_list"]
+__all__ = [
+    "U64_LIMIT",
+    "Cols",
+    "FieldLayout",
+    "RejectError",
+    "bin_array",
+    "float_column",
+    "ids_from_list",
+    "one_id_each",
+]
 
 U64_LIMIT = 1 << 64
 
@@ -73,6 +82,17 @@ class Cols:
     lengths: list[np.ndarray]  # per sparse feature int32 [b]
     bad_id_rows: list[np.ndarray]  # row indexes with a bad id (from conversion)
     row_record: np.ndarray  # int64 [b]: index of the record in the run
+
+
+def one_id_each(n: int) -> np.ndarray:
+    """int32[n] of ones, read-only: the lengths column of every one-hot feature of a fast-path read.
+
+    The fast paths hand the same array to all features; read-only, so nothing can write
+    through one feature's lengths into another's.
+    """
+    ones = np.ones(n, dtype=np.int32)
+    ones.flags.writeable = False
+    return ones
 
 
 def bin_array(raw: bytes, dtype: str, count: int, what: str) -> np.ndarray:

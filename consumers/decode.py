@@ -29,6 +29,7 @@ from kelp.config import FeatureSpec
 from kelp.consumers.codec import SCHEMA_VERSION
 from kelp.consumers.columnar import PackedRun, read_columnar
 from kelp.consumers.columns import Cols, FieldLayout, RejectError
+from kelp.consumers.layouts import PlainLayouts
 from kelp.consumers.single import read_plain, read_singles
 from kelp.consumers.transforms import apply_transforms
 
@@ -132,6 +133,7 @@ class Decoder:
         self.label_name = spec.label.name
         self.binary = spec.label.kind == "binary"
         self._unpacker_kw = {"raw": False, "strict_map_key": False}
+        self._layouts = PlainLayouts(self.layout)
 
     # ------------------------------------------------------------------ public
 
@@ -143,7 +145,15 @@ class Decoder:
         single_idx: list[int] = []
         single_msgs: list[dict[str, Any]] = []
         nbytes = 0
-        for i, rec in enumerate(records):
+        todo: Sequence[int] = range(len(records))
+        if self._layouts:  # plain messages in a layout seen before: read straight from their bytes
+            raws = [rec.value if rec.value is not None else b"" for rec in records]
+            known, todo = self._layouts.read(raws, todo)
+            for part in known:
+                parts.append(part)
+                nbytes += len(raws[int(part.row_record[0])]) * part.row_record.size  # one length each
+        for i in todo:
+            rec = records[i]
             raw = rec.value if rec.value is not None else b""
             nbytes += len(raw)
             msg: Any = None
@@ -167,6 +177,10 @@ class Decoder:
             plain, single_msgs, single_idx = read_plain(self.layout, single_msgs, single_idx)
             if plain is not None:
                 parts.append(plain)
+                for i in plain.row_record.tolist():  # learn each new layout (by length) once
+                    value = records[i].value
+                    if value is not None and not self._layouts.knows(len(value)):
+                        self._layouts.learn(value)
         if single_msgs:
             cols, failures = read_singles(self.layout, single_msgs, single_idx)
             parts.append(cols)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from kelp.consumers.codec import hash_str_id
-from kelp.consumers.columns import U64_LIMIT, Cols, FieldLayout, RejectError
+from kelp.consumers.columns import U64_LIMIT, Cols, FieldLayout, RejectError, one_id_each
 
 __all__ = ["read_plain", "read_singles"]
 
@@ -82,8 +82,7 @@ def read_plain(
     except OverflowError:  # an id outside [0, 2**64): read_singles names the message and the reason
         return None, msgs, tags
     by_feature = np.ascontiguousarray(ids_2d.T)
-    ones = np.ones(b, dtype=np.int32)
-    ones.flags.writeable = False  # shared by every feature: nothing may write through it
+    ones = one_id_each(b)
     cols = Cols(
         labels=np.array(labels, dtype=np.float64),
         dense=np.array(dense_rows, dtype=np.float32).reshape(b, n_dense),
