@@ -43,7 +43,7 @@ from kelp.config.sources import (
     KafkaSourceConfig,
     SourceConfig,
 )
-from kelp.config.store import HotCacheConfig, RedisTls, RetrySpec, StoreConfig
+from kelp.config.store import HotCacheConfig, RedisTls, RetrySpec, RowLayoutSpec, StoreConfig
 from kelp.config.trainer import (
     MODEL_NAMES,
     DenseOptimizerSpec,
@@ -81,6 +81,7 @@ __all__ = [
     "PublisherConfig",
     "RedisTls",
     "RetrySpec",
+    "RowLayoutSpec",
     "ServingConfig",
     "SourceConfig",
     "SparseFeature",

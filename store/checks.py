@@ -185,6 +185,20 @@ def check_multi_table(make_store: MakeStore) -> None:
         np.testing.assert_array_equal(got["b"].state, sb[::-1])
 
 
+def check_one_id_table_first(make_store: MakeStore) -> None:
+    """A pull whose first table has one id (a serving request's user feature) keeps every other
+    table's rows in order, whichever shard that one id lives on (found broken on 3 shards in issue 14)."""
+    with make_store([TableSpec(name="user", dim=2), TableSpec(name="item", dim=2)]) as store:
+        ids = np.arange(1, 65, dtype=np.uint64)
+        rows = np.repeat(ids.astype(np.float32)[:, None], 2, axis=1)
+        state = np.zeros(len(ids), np.float32)
+        store.push_many({"user": (ids, rows, state), "item": (ids, rows, state)})
+        for one in ids[:16]:
+            got = store.pull_many({"user": np.array([one]), "item": ids}, count=False)
+            assert got["user"].rows[0, 0] == float(one)
+            np.testing.assert_array_equal(got["item"].rows[:, 0], ids.astype(np.float32))
+
+
 def check_float16_error_bound(make_store: MakeStore) -> None:
     """float16 storage: relative error <= 2**-11 for normal-range values; state stays float32."""
     with make_store([TableSpec(name="h", dim=16, dtype="float16")]) as store:
@@ -287,6 +301,7 @@ ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_default_row_init,
     check_probability_admission,
     check_multi_table,
+    check_one_id_table_first,
     check_float16_error_bound,
     check_delete,
     check_empty_batch,

@@ -29,9 +29,13 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def backend_class(name: str) -> type[EmbeddingStore]:
+LAYOUTS: dict[tuple[str, str], str] = {("redis", "buckets"): "kelp.store.redis_buckets:RedisBucketStore"}
+"""(backend, store.layout.kind) -> the class, where the row layout needs its own."""
+
+
+def backend_class(name: str, layout: str = "keys") -> type[EmbeddingStore]:
     try:
-        module, cls = BACKENDS[name].split(":")
+        module, cls = LAYOUTS.get((name, layout), BACKENDS[name]).split(":")
     except KeyError:
         raise ValueError(f"unknown store backend {name!r}; expected one of {', '.join(BACKENDS)}") from None
     return getattr(importlib.import_module(module), cls)
@@ -48,7 +52,7 @@ def check_store_config(store_cfg: StoreConfig, tables: list[TableSpec]) -> list[
     >>> check_store_config(StoreConfig(), [TableSpec(name="t", eviction={"max_rows": 10})])
     []
     """
-    cls = backend_class(store_cfg.backend)
+    cls = backend_class(store_cfg.backend, store_cfg.layout.kind)
     problems = []
     for i, spec in enumerate(tables):
         for policy in build_evictions(spec.eviction):
@@ -91,7 +95,7 @@ def build_store(
     problems = check_store_config(store_cfg, tables)
     if problems:
         raise ConfigError("\n".join(f"{path}: {problem}" for path, problem in problems))
-    cls = backend_class(store_cfg.backend)
+    cls = backend_class(store_cfg.backend, store_cfg.layout.kind)
     if store_cfg.backend == "memory":
         store: EmbeddingStore = cls(tables, registry, **kwargs)
     else:

@@ -21,7 +21,7 @@ import numpy as np
 
 from kelp.store.hashing import name_seed, splitmix64
 
-__all__ = ["KEY_LAYOUT_VERSION", "KeyLayout"]
+__all__ = ["KEY_LAYOUT_VERSION", "BucketLayout", "KeyLayout"]
 
 KEY_LAYOUT_VERSION = 1
 
@@ -73,3 +73,47 @@ class KeyLayout:
     def bucket_tag(self, bucket: int) -> bytes:
         """A key of the bucket (for computing its cluster slot)."""
         return bytes(self._row_prefix[bucket])
+
+
+class BucketLayout:
+    """Row keys of the ``buckets`` layout (version ``k2``): each row is a field of one of ``buckets`` hashes.
+
+    ::
+
+        k2:<deployment>:<table>:h:<bucket as 4 bytes big-endian>   hash: field <id as 8 bytes big-endian>
+                                                                     -> the row value (codec.py)
+
+    Every key of a table has the same width, so a batch of per-row commands is
+    packed as fixed-width records (:mod:`kelp.store.resp`). Admission counters
+    keep the ``k1`` counter keys of :class:`KeyLayout`.
+
+    >>> layout = BucketLayout("d", "t", buckets=8)
+    >>> layout.bucket_keys(np.array([3]))[0].tobytes()
+    b'k2:d:t:h:\\x00\\x00\\x00\\x03'
+    """
+
+    def __init__(self, deployment: str, table: str, buckets: int) -> None:
+        self.buckets = buckets
+        self.seed = name_seed("bucket-k2", deployment, table)
+        prefix = f"k2:{deployment}:{table}:h:".encode()
+        self._key = np.dtype([("p", f"S{len(prefix)}"), ("b", ">u4")])
+        self._prefix = prefix
+        self.key_width = self._key.itemsize
+        self.pattern = f"k2:{deployment}:{table}:h:*"
+        """SCAN MATCH pattern of this table's bucket hashes."""
+
+    def bucket_of(self, ids: np.ndarray) -> np.ndarray:
+        """int64[n] bucket of each uint64 id."""
+        return (splitmix64(ids ^ self.seed) % np.uint64(self.buckets)).astype(np.int64)
+
+    def bucket_keys(self, buckets: np.ndarray) -> np.ndarray:
+        """The hash key of each bucket, as a fixed-width void array."""
+        rec = np.empty(len(buckets), dtype=self._key)
+        rec["p"] = self._prefix
+        rec["b"] = buckets
+        return rec.view(f"V{self.key_width}")
+
+    @staticmethod
+    def fields(ids: np.ndarray) -> np.ndarray:
+        """The field of each id: 8 bytes big-endian, as a void array."""
+        return np.asarray(ids, dtype=np.uint64).astype(">u8").view("V8")

@@ -9,6 +9,10 @@ does not desynchronise the connection (every reply is read before the first
 error is raised), and a broken connection is disconnected before it goes back
 to the pool, so the next use reconnects. Retries stay where they were, in
 :class:`~kelp.store.redis_plan.PlanRunner`.
+
+:meth:`PackedPipeline.add_packed` also takes commands already packed by numpy
+(:func:`~kelp.store.resp.pack_commands`, one per row); their replies come back
+as one list, read straight from hiredis (:func:`~kelp.store.resp.read_replies`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 import hiredis
 import redis
 
+from kelp.store.resp import read_replies
+
 __all__ = ["PackedPipeline"]
 
 
@@ -26,32 +32,41 @@ class PackedPipeline:
 
     def __init__(self, client: redis.Redis) -> None:
         self._pool = client.connection_pool
-        self._commands: list[tuple[Any, ...]] = []
+        self._commands: list[tuple[Any, ...] | tuple[bytes, int]] = []
+        self._packed: list[bool] = []  # per entry: a numpy-packed run of commands (its reply count)
 
     def execute_command(self, *args: Any) -> None:
         self._commands.append(args)
+        self._packed.append(False)
+
+    def add_packed(self, payload: bytes, replies: int) -> None:
+        """Commands already on the wire form, ``replies`` of them; their replies come back as one list."""
+        self._commands.append((payload, replies))
+        self._packed.append(True)
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """One reply per :meth:`execute_command`, one list of replies per :meth:`add_packed`."""
         if not self._commands:
             return []
-        packed = b"".join(map(hiredis.pack_command, self._commands))
+        commands, kinds = self._commands, self._packed
+        self._commands, self._packed = [], []
+        wire = [
+            c[0] if packed else hiredis.pack_command(c) for c, packed in zip(commands, kinds, strict=True)
+        ]
         conn = self._pool.get_connection()
         try:
-            conn.send_packed_command([packed])
+            conn.send_packed_command([b"".join(wire)])  # type: ignore[arg-type]
             replies: list[Any] = []
-            for _ in self._commands:
-                try:
-                    replies.append(conn.read_response())
-                except redis.ResponseError as exc:
-                    replies.append(exc)
+            for c, packed in zip(commands, kinds, strict=True):
+                replies.append(read_replies(conn, c[1]) if packed else read_replies(conn, 1)[0])  # type: ignore[arg-type]
         except BaseException:
             conn.disconnect()
             raise
         finally:
             self._pool.release(conn)
-            self._commands = []
         if raise_on_error:
-            for reply in replies:
-                if isinstance(reply, redis.ResponseError):
-                    raise reply
+            for reply, packed in zip(replies, kinds, strict=True):
+                for item in reply if packed else (reply,):
+                    if isinstance(item, redis.ResponseError):
+                        raise item
         return replies

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from itertools import chain
 from typing import Any, ClassVar
 
@@ -33,7 +34,7 @@ from kelp.store.connection import connection_options
 from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.keys import KeyLayout
 from kelp.store.redis_adagrad import ADAGRAD_SCRIPT, script_args
-from kelp.store.redis_plan import Group, Plan, PlanRunner, adder, chunks, scatter, setter
+from kelp.store.redis_plan import Gathered, Group, Plan, PlanRunner, adder, chunks, scatter, setter
 from kelp.store.redis_set_rows import set_rows_args
 
 __all__ = ["RedisBackend", "retry_policy"]
@@ -48,7 +49,8 @@ class RedisBackend(BackendStore):
     """Base of the Redis topologies. Subclasses implement the four hooks at the end of the class.
 
     ``retry`` replaces the policy from ``store.retry`` (tests pass one that
-    never sleeps); ``seed`` seeds chance admission.
+    never sleeps); ``seed`` seeds chance admission; ``clock`` (unix seconds)
+    stamps rows, and the ``buckets`` layout judges row TTLs by it.
     """
 
     backend = "redis"
@@ -69,8 +71,9 @@ class RedisBackend(BackendStore):
         retry: RetryPolicy | None = None,
         initial_state: float = 0.0,
         seed: int | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(tables, registry, initial_state=initial_state, seed=seed)
+        super().__init__(tables, registry, initial_state=initial_state, seed=seed, clock=clock)
         self.cfg = cfg
         self.deployment = deployment
         self.retry = retry or retry_policy(cfg)
@@ -85,27 +88,19 @@ class RedisBackend(BackendStore):
         self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
     ) -> dict[str, StoredRows]:
         plan = Plan()
-        parts: dict[str, tuple[list[np.ndarray], list[bytes | None]]] = {}
+        parts: dict[str, Gathered] = {}
         for name, ids in ids_by_table.items():
-            order: list[np.ndarray] = []
-            values: list[bytes | None] = []
-            parts[name] = (order, values)
+            gathered = parts[name] = Gathered()
             layout = self.layouts[name]
             for g in self.groups(name, ids):
                 for pos in chunks(g.pos, self.chunk):
-                    order.append(pos)
-                    plan.add(
-                        g.shard,
-                        ("MGET", *layout.row_keys(ids[pos], np.full(len(pos), g.bucket))),
-                        values.extend,
-                    )
+                    keys = layout.row_keys(ids[pos], np.full(len(pos), g.bucket))
+                    plan.add(g.shard, ("MGET", *keys), gathered.add(pos))
         self._runner.run(plan, "pull", readonly=not touch)
         return self._decode_all(ids_by_table, parts)
 
     def _decode_all(
-        self,
-        ids_by_table: Mapping[str, np.ndarray],
-        parts: Mapping[str, tuple[list[np.ndarray], list[bytes | None]]],
+        self, ids_by_table: Mapping[str, np.ndarray], parts: Mapping[str, Gathered]
     ) -> dict[str, StoredRows]:
         """Decode the replies of all tables that share a row format in one pass, then split per table.
 
@@ -119,14 +114,15 @@ class RedisBackend(BackendStore):
         out: dict[str, StoredRows] = {}
         for names in by_format.values():
             codec = self.tables[names[0]].codec
-            decoded = codec.decode(list(chain.from_iterable(parts[name][1] for name in names)))
+            values = {name: parts[name].values() for name in names}
+            decoded = codec.decode(list(chain.from_iterable(values.values())))
             start = 0
             for name in names:
-                end = start + len(parts[name][1])
+                end = start + len(values[name])
                 piece = DecodedRows(
                     *(getattr(decoded, f.name)[start:end] for f in dataclasses.fields(DecodedRows))
                 )
-                out[name] = self._decode(self.tables[name], len(ids_by_table[name]), parts[name][0], piece)
+                out[name] = self._decode(self.tables[name], len(ids_by_table[name]), parts[name].order, piece)
                 start = end
         return out
 

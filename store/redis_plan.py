@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,19 @@ from kelp.retry import RetryPolicy
 from kelp.store.connection import translate_redis_errors
 from kelp.store.metrics import StoreMetrics
 
-__all__ = ["Command", "Group", "Plan", "PlanRunner", "adder", "chunks", "count_none", "scatter", "setter"]
+__all__ = [
+    "Command",
+    "Gathered",
+    "Group",
+    "PackedCommands",
+    "Plan",
+    "PlanRunner",
+    "adder",
+    "chunks",
+    "count_none",
+    "scatter",
+    "setter",
+]
 
 
 @dataclass
@@ -40,13 +53,64 @@ class Command:
 
 
 @dataclass
+class PackedCommands:
+    """Per-row commands already on the wire form (:func:`~kelp.store.resp.pack_commands`): ``count``
+    of them, their replies handed to ``on_reply`` as one list."""
+
+    payload: bytes
+    count: int
+    on_reply: Callable[[list[Any]], None] | None = None
+
+
+@dataclass
 class Plan:
     """Commands per shard index, executed as one pipeline per shard."""
 
-    cmds: dict[int, list[Command]] = field(default_factory=dict)
+    cmds: dict[int, list[Command | PackedCommands]] = field(default_factory=dict)
 
     def add(self, shard: int, args: tuple[Any, ...], on_reply: Callable[[Any], None] | None = None) -> None:
         self.cmds.setdefault(shard, []).append(Command(args, on_reply))
+
+    def add_packed(
+        self, shard: int, payload: bytes, count: int, on_reply: Callable[[list[Any]], None] | None = None
+    ) -> None:
+        """Needs a pipeline with ``add_packed`` (:class:`~kelp.store.packed_pipeline.PackedPipeline`)."""
+        if count:
+            self.cmds.setdefault(shard, []).append(PackedCommands(payload, count, on_reply))
+
+
+class Gathered:
+    """One table's read replies, kept in the order its commands were *planned*.
+
+    :meth:`PlanRunner.run` hands replies over shard by shard, in the order the
+    shards first appear in the plan. That order is set by whichever table
+    planned first: when a pull's first table has no id on shard 0 (a serving
+    request's one-id user feature), shard 2 may come first, and a table whose
+    groups were planned 0, 1, 2 would get its replies 2, 0, 1. So every command
+    writes its reply into its own place here, and :meth:`values` joins them in
+    the planned order (``order``: each command's positions into the table's ids).
+    """
+
+    def __init__(self) -> None:
+        self.order: list[np.ndarray] = []
+        self._parts: list[list[Any]] = []
+
+    def add(self, pos: np.ndarray) -> Callable[[list[Any]], None]:
+        """The reply callback of the next command, which reads the ids at ``pos``."""
+        index = len(self._parts)
+        self.order.append(pos)
+        self._parts.append([])
+
+        def put(reply: list[Any]) -> None:
+            self._parts[index] = reply
+
+        return put
+
+    def values(self) -> list[Any]:
+        return list(chain.from_iterable(self._parts))
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.order)
 
 
 class Group:
@@ -83,14 +147,19 @@ class PlanRunner:
                 max_workers=len(self.shard_names), thread_name_prefix="kelp-store"
             )
 
-    def _run_shard(self, shard: int, cmds: list[Command], op: str, readonly: bool) -> list[Any]:
+    def _run_shard(
+        self, shard: int, cmds: list[Command | PackedCommands], op: str, readonly: bool
+    ) -> list[Any]:
         name = self.shard_names[shard]
 
         def attempt() -> list[Any]:
             with translate_redis_errors(name):
                 pipe = self._pipeline(shard, readonly)
                 for c in cmds:
-                    pipe.execute_command(*c.args)
+                    if isinstance(c, PackedCommands):
+                        pipe.add_packed(c.payload, c.count)
+                    else:
+                        pipe.execute_command(*c.args)
                 return pipe.execute(raise_on_error=True)
 
         def on_retry(_n: int, _exc: BaseException) -> None:

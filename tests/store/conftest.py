@@ -1,8 +1,9 @@
 """Store fixtures: the contract suite's backend factory and dedicated redis-servers.
 
-``make_store`` is parametrized over memory, redis (1 shard), redis (3 shards)
-and redis-cluster; each call gets a fresh deployment namespace on servers that
-were flushed for the test, so checks never see each other's rows.
+``make_store`` is parametrized over memory, redis (1 shard), redis (3 shards),
+redis-cluster, and the ``buckets`` row layout on 1 and 3 shards; each call gets
+a fresh deployment namespace on servers that were flushed for the test, so
+checks never see each other's rows.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _flush(servers: list[RedisServer]) -> None:
         s.client().flushall()
 
 
-@pytest.fixture(params=["memory", "redis-1", "redis-3", "redis-cluster"])
+@pytest.fixture(params=["memory", "redis-1", "redis-3", "redis-cluster", "buckets-1", "buckets-3"])
 def make_store(request: pytest.FixtureRequest) -> Iterator[MakeStore]:
     kind = request.param
     made = []
@@ -56,6 +57,14 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[MakeStore]:
         elif kind == "redis-3":
             servers = request.getfixturevalue("three_shards")
             cfg = StoreConfig(backend="redis", urls=[s.url for s in servers])
+        elif kind.startswith("buckets-"):  # layout.kind buckets; few buckets, so buckets hold many rows
+            servers = (
+                [request.getfixturevalue("redis_server")]
+                if kind == "buckets-1"
+                else request.getfixturevalue("three_shards")
+            )
+            layout = {"kind": "buckets", "buckets_per_table": 7}
+            cfg = StoreConfig(backend="redis", urls=[s.url for s in servers], layout=layout)
         else:
             cluster: RedisCluster = request.getfixturevalue("redis_cluster")
             servers = cluster.servers

@@ -1,0 +1,308 @@
+"""``store.layout.kind: buckets``: rows as fields of listpack-encoded hashes, about 100 bytes per row.
+
+With one key per row (:mod:`kelp.store.redis_backend`), Redis spends ~110 bytes
+of its own per row on top of the 80-byte dim-16 value (the key's dict entry,
+key string, value object), and ~40 more when the key has a TTL (the expires
+table): 187 / 229 bytes measured. Here each table's rows are spread over
+``buckets`` hashes (:class:`~kelp.store.keys.BucketLayout`), and a small hash is
+stored as one *listpack* (field and value back to back): the per-row cost is the
+value plus ~12 bytes, with or without a TTL (docs/store.md has the measurements).
+
+What changes against the key layout, and how each rule is kept:
+
+* **reads**: one ``HGET`` per row (a hash has no multi-key read), packed by numpy
+  into one write per shard (:mod:`kelp.store.resp`), so the client does no
+  per-row Python work; Redis spends more CPU per row than on ``MGET``.
+* **pushes**: one ``HSET`` per row, packed the same way; pushes that must not
+  create rows (admission) and admissions that must not overwrite a live row run
+  :data:`~kelp.store.redis_bucket_scripts.SET_ROWS_IF`.
+* **TTL**: a row whose update time is older than the table's TTL reads as
+  absent at once; :class:`BucketSweeper` deletes such rows, a few buckets per
+  push, so every bucket is swept once per ``layout.sweep_period_s``.
+* **routing**: whole buckets go to shards (rendezvous hashing on the bucket).
+* **server settings**: a listpack holds values up to ``hash-max-listpack-value``
+  bytes (default 64, a dim-16 row is 80) and ``hash-max-listpack-entries``
+  fields; above either the hash becomes a hashtable (still correct, ~160 bytes
+  per row). The store raises them on connect (``layout.configure_server``) or
+  logs the redis.conf lines.
+* ``store.sparse_updates: compose`` and Redis Cluster keep the key layout (refused at load).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from kelp.config import StoreConfig, TableSpec
+from kelp.store.backend import InitRows, RowWrite, StoredRows
+from kelp.store.base import Table
+from kelp.store.connection import translate_redis_errors
+from kelp.store.hashing import rendezvous
+from kelp.store.keys import BucketLayout
+from kelp.store.redis import RedisStore
+from kelp.store.redis_bucket_scripts import set_rows_if_args, sweep_args
+from kelp.store.redis_plan import Gathered, Plan, adder, chunks, scatter
+from kelp.store.resp import pack_commands
+
+__all__ = ["BucketSweeper", "RedisBucketStore"]
+
+log = logging.getLogger(__name__)
+
+_LISTPACK_ENTRIES = 512  # fields per bucket before Redis converts it to a hashtable
+_SWEEP_KEYS_PER_CALL = 64
+
+
+class BucketSweeper:
+    """Which buckets of one TTL table to sweep now: all ``buckets`` once per ``period_s``, spread evenly.
+
+    >>> t = [0.0]
+    >>> s = BucketSweeper(buckets=100, period_s=10.0, clock=lambda: t[0])
+    >>> t[0] = 1.0; s.due().tolist()[:3], len(s.due())
+    ([0, 1, 2], 0)
+    """
+
+    def __init__(self, buckets: int, period_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.buckets = buckets
+        self.period_s = period_s
+        self._clock = clock
+        self._last = clock()
+        self._owed = 0.0
+        self._cursor = 0
+
+    def due(self) -> np.ndarray:
+        """int64 buckets to sweep now (possibly none); the cursor wraps around the table."""
+        now = self._clock()
+        self._owed = min(float(self.buckets), self._owed + (now - self._last) / self.period_s * self.buckets)
+        self._last = now
+        n = int(self._owed)
+        self._owed -= n
+        out = (self._cursor + np.arange(n, dtype=np.int64)) % self.buckets
+        self._cursor = (self._cursor + n) % self.buckets
+        return out
+
+
+class RedisBucketStore(RedisStore):
+    """``backend: redis`` with ``layout.kind: buckets`` (see the module docstring)."""
+
+    backend = "redis"
+    composes_updates = False
+
+    def __init__(
+        self,
+        cfg: StoreConfig,
+        tables: list[TableSpec],
+        deployment: str = "kelp",
+        registry: CollectorRegistry | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.buckets = {
+            t.name: BucketLayout(deployment, t.name, cfg.layout.buckets_for(t.name)) for t in tables
+        }
+        super().__init__(cfg, tables, deployment, registry, **kwargs)
+        self._sweepers = {
+            name: BucketSweeper(self.buckets[name].buckets, cfg.layout.sweep_period_s, self._clock)
+            for name, t in self.tables.items()
+            if t.ttl is not None
+        }
+        self._check_listpack_limits(cfg.layout.configure_server)
+
+    # -- routing --------------------------------------------------------------------------------
+
+    def shard_of(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """Whole buckets live on one shard: rendezvous hashing on the bucket, not the id."""
+        return self._shard_of_buckets(table, self.buckets[table].bucket_of(np.asarray(ids, np.uint64)))
+
+    def _shard_of_buckets(self, table: str, buckets: np.ndarray) -> np.ndarray:
+        return rendezvous(buckets.astype(np.uint64) ^ self._table_seeds[table], self._seeds)
+
+    def _per_row(self, name: str, ids: np.ndarray, command: str, *values: np.ndarray) -> list[Any]:
+        """(shard, positions, payload) per shard: one ``command bucket-key field [value]`` per id."""
+        layout = self.buckets[name]
+        keys = layout.bucket_keys(layout.bucket_of(ids))
+        fields = layout.fields(ids)
+        out = []
+        for g in self.groups(name, ids):
+            columns = (keys[g.pos], fields[g.pos], *(v[g.pos] for v in values))
+            out.append((g.shard, g.pos, pack_commands((command,), *columns)))
+        return out
+
+    # -- the flow's primitives ------------------------------------------------------------------
+
+    def _read_rows(
+        self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
+    ) -> dict[str, StoredRows]:
+        plan = Plan()
+        parts: dict[str, Gathered] = {}
+        for name, ids in ids_by_table.items():
+            gathered = parts[name] = Gathered()
+            for shard, pos, payload in self._per_row(name, ids, "HGET"):
+                plan.add_packed(shard, payload, len(pos), gathered.add(pos))
+        self._runner.run(plan, "pull", readonly=not touch)
+        stored = self._decode_all(ids_by_table, parts)
+        for name, rows in stored.items():
+            self._hide_expired(self.tables[name], rows, now)
+        return stored
+
+    @staticmethod
+    def _hide_expired(t: Table, rows: StoredRows, now: float) -> None:
+        """Rows past the table's TTL read as absent (the sweep deletes them later)."""
+        if t.ttl is None:
+            return
+        expired = rows.present & t.ttl.expired(rows.updated_s.astype(np.float64), now)
+        if expired.any():
+            rows.present[expired] = False
+            rows.updated_s[expired] = 0
+
+    def _cutoff(self, t: Table, now: float) -> int:
+        """Unix second before which a row of ``t`` is expired (0: no TTL)."""
+        return max(1, int(np.ceil(now - t.ttl.ttl_s))) if t.ttl is not None else 0
+
+    def _store_init_rows(self, admits: Mapping[str, InitRows], now: float) -> None:
+        """Admitted ids' init rows where no live row is stored (``nx``); DEL the sighting counters."""
+        plan = Plan()
+        for name, a in admits.items():
+            t = self.tables[name]
+            values = t.codec.encode(a.rows, a.state, 0, int(now))
+            self._conditional(plan, name, a.ids, values, only_live=False, cutoff=self._cutoff(t, now))
+            if a.drop_counters:
+                layout = self.layouts[name]
+                for g in self.groups(name, a.ids):
+                    for pos in chunks(g.pos, self.chunk):
+                        plan.add(g.shard, ("DEL", *layout.counter_keys(a.ids[pos])))
+        self._runner.run(plan, "admit")
+
+    def _conditional(
+        self,
+        plan: Plan,
+        name: str,
+        ids: np.ndarray,
+        values: list[bytes],
+        *,
+        only_live: bool,
+        cutoff: int,
+        on_reply: Callable[[Any], None] | None = None,
+    ) -> None:
+        layout = self.buckets[name]
+        keys = layout.bucket_keys(layout.bucket_of(ids))
+        fields = layout.fields(ids)
+        for g in self.groups(name, ids):
+            for pos in chunks(g.pos, self.chunk):
+                rows = [values[i] for i in pos.tolist()]
+                args = set_rows_if_args(keys[pos].tolist(), fields[pos].tolist(), rows, only_live, cutoff)
+                plan.add(g.shard, args, on_reply)
+
+    def _write_rows(self, writes: Mapping[str, RowWrite], now: float) -> dict[str, int]:
+        """``HSET`` per row, packed; ``create=False`` (admission) only over live rows, by script.
+        Due TTL sweeps ride in the same round trip."""
+        plan = Plan()
+        kept: dict[str, list[int]] = {}
+        for name, w in writes.items():
+            t = self.tables[name]
+            got = kept[name] = [0]
+            self.metrics.bytes_sent.labels(table=name).inc(len(w.ids) * (t.codec.nbytes + 8))
+            if not w.create:
+                values = t.codec.encode(w.rows, w.state, 0, int(now))
+                cutoff = self._cutoff(t, now)
+                on_reply = adder(got)
+                self._conditional(plan, name, w.ids, values, only_live=True, cutoff=cutoff, on_reply=on_reply)
+                continue
+            packed = t.codec.pack(w.rows, w.state, 0, int(now)).view(f"V{t.codec.nbytes}")
+            for shard, pos, payload in self._per_row(name, w.ids, "HSET", packed):
+                plan.add_packed(shard, payload, len(pos))
+            got[0] = len(w.ids)
+        swept = self._plan_sweeps(plan, now)
+        self._runner.run(plan, "push")
+        for name, n in swept.items():
+            if n[0]:
+                self.metrics.evictions.labels(table=name, reason="ttl").inc(n[0])
+        return {name: got[0] for name, got in kept.items()}
+
+    def _plan_sweeps(self, plan: Plan, now: float) -> dict[str, list[int]]:
+        """Add the due TTL sweeps (:class:`BucketSweeper`) to ``plan``; their removed counts land here."""
+        removed: dict[str, list[int]] = {}
+        for name, sweeper in self._sweepers.items():
+            due = sweeper.due()
+            if not len(due):
+                continue
+            got = removed[name] = [0]
+            keys = self.buckets[name].bucket_keys(due)
+            shard = self._shard_of_buckets(name, due)
+            cutoff = self._cutoff(self.tables[name], now)
+            for s in np.unique(shard).tolist():
+                mine = keys[shard == s].tolist()
+                for i in range(0, len(mine), _SWEEP_KEYS_PER_CALL):
+                    plan.add(s, sweep_args(mine[i : i + _SWEEP_KEYS_PER_CALL], cutoff), adder(got))
+        return removed
+
+    # -- delete / inspect / stats ---------------------------------------------------------------
+
+    def delete(self, table: str, ids: np.ndarray) -> int:
+        ids = self.table(table).check_ids(ids)
+        deleted = [0]
+        plan = Plan()
+
+        def count(replies: list[Any]) -> None:
+            deleted[0] += sum(int(r) for r in replies)
+
+        for shard, pos, payload in self._per_row(table, ids, "HDEL"):
+            plan.add_packed(shard, payload, len(pos), count)
+            for part in chunks(pos, self.chunk):
+                plan.add(shard, ("DEL", *self.layouts[table].counter_keys(ids[part])))
+        self._runner.run(plan, "delete")
+        return deleted[0]
+
+    def raw_values(self, table: str, ids: np.ndarray) -> list[bytes | None]:
+        """Stored values as bytes (for ``kelp store inspect``); never counts or admits."""
+        ids = self.table(table).check_ids(ids)
+        values: list[bytes | None] = [None] * len(ids)
+        plan = Plan()
+        for shard, pos, payload in self._per_row(table, ids, "HGET"):
+            plan.add_packed(shard, payload, len(pos), scatter(values, pos))
+        self._runner.run(plan, "inspect", readonly=True)
+        return values
+
+    def count_keys(self) -> dict[str, dict[str, int]]:
+        """Per table, stored rows (``HLEN`` of every bucket found by SCAN) and admission counters."""
+        out = {}
+        for name, layout in self.buckets.items():
+            rows = 0
+            for shard_name, client in zip(self.shard_names, self._clients, strict=True):
+                with translate_redis_errors(shard_name):
+                    pipe = client.pipeline(transaction=False)
+                    for key in client.scan_iter(match=layout.pattern, count=1000):
+                        pipe.hlen(key)
+                    rows += sum(pipe.execute())
+            out[name] = {"rows": rows, "counters": self._scan_count(self.layouts[name].counter_pattern)}
+        return out
+
+    # -- server settings ------------------------------------------------------------------------
+
+    def _check_listpack_limits(self, configure: bool) -> None:
+        """Make sure a bucket can stay a listpack; else say (once) what to set in redis.conf."""
+        need_value = max(t.codec.nbytes for t in self.tables.values())
+        wanted = {"hash-max-listpack-value": need_value, "hash-max-listpack-entries": _LISTPACK_ENTRIES}
+        for name, client in zip(self.shard_names, self._clients, strict=True):
+            try:
+                with translate_redis_errors(name):
+                    current = {k: int(client.config_get(k).get(k, 0)) for k in wanted}
+                    low = {k: v for k, v in wanted.items() if current[k] < v}
+                    if low and configure:
+                        for k, v in low.items():
+                            client.config_set(k, v)
+                        log.info("raised %s on %s for the buckets layout", low, name)
+                        continue
+            except Exception as exc:  # no CONFIG rights (ACL), a renamed CONFIG: say what to set instead
+                low = wanted
+                log.debug("could not read or set listpack limits on %s: %s", name, exc)
+            if low:
+                lines = "; ".join(f"{k} {v}" for k, v in low.items())
+                log.warning(
+                    "store.layout buckets on %s: set %s in redis.conf, or rows cost ~160 bytes, not ~100",
+                    name,
+                    lines,
+                )
