@@ -167,7 +167,9 @@ class StoreConfig(StrictModel):
                 "keeps one key per row (layout.kind: keys)"
             )
         if self.layout.kind == "buckets" and self.sparse_updates == "compose":
-            raise ValueError("sparse_updates: compose needs layout.kind: keys (its script updates string keys)")
+            raise ValueError(
+                "sparse_updates: compose needs layout.kind: keys (its script updates string keys)"
+            )
         if self.sparse_updates == "compose" and (self.backend == "memory" or self.hot_cache.enabled):
             raise ValueError(
                 "sparse_updates: compose needs backend redis or redis-cluster and hot_cache.enabled: false "
