@@ -157,23 +157,19 @@ def _sort_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     An argsort of random 64-bit ids is ~4x slower than a plain sort, so each
     id is packed with its position ``j`` (``bits`` = bits needed for n - 1) into
     one uint64 key and the keys are sorted; the positions read back out are
-    the order. Rows whose ids all fit in ``64 - bits`` bits use ``id << bits |
-    j``, which is exact. Other rows (hashed ids) use ``id`` with its low
-    ``bits`` replaced by ``j``: ids differing only in those bits may come out
-    unordered, so such a row is checked, and sorted with ``argsort`` if it is
-    not in order (with hashed ids, almost never). Any order that sorts a row
-    gives the same dedup result, so none of this shows in the output.
+    the order. When every id fits in ``64 - bits`` bits the keys are ``id <<
+    bits | j``, which is exact. Otherwise (hashed ids) they are ``id`` with its
+    low ``bits`` replaced by ``j``: ids differing only in those bits may come
+    out unordered, so each row is checked and, if out of order, sorted with
+    ``argsort`` (with hashed ids almost never; always for a row of small ids
+    next to rows of hashed ones). Any order that sorts a row gives the same
+    dedup result, so none of this shows in the output.
     """
     k, n = ids.shape
     bits = max(1, (n - 1).bit_length())
     shift, low = np.uint64(bits), np.uint64((1 << bits) - 1)
-    small = ids.max(axis=1) < np.uint64(1 << (64 - bits))
-    if small.all():
-        keys = ids << shift
-    elif not small.any():
-        keys = ids & ~low
-    else:
-        keys = np.where(small[:, None], ids << shift, ids & ~low)
+    exact = bool(ids.max() < np.uint64(1 << (64 - bits)))  # one SIMD pass; per row costs a GIL-held one
+    keys = ids << shift if exact else ids & ~low
     keys |= np.arange(n, dtype=np.uint64)
     keys.sort(axis=1)
     keys &= low
@@ -181,12 +177,14 @@ def _sort_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     order += (np.arange(k, dtype=np.int64) * n)[:, None]
     flat_order = order.reshape(-1)
     sorted_ids = ids.reshape(-1).take(flat_order)
-    if not small.all() and n > 1:
+    if not exact and n > 1:
         rows = sorted_ids.reshape(k, n)
-        for r in np.flatnonzero((rows[:, 1:] < rows[:, :-1]).any(axis=1)):
-            exact = np.argsort(ids[r])
-            rows[r] = ids[r].take(exact)
-            order[r] = exact + r * n
+        down = rows[:, 1:] < rows[:, :-1]
+        if np.count_nonzero(down):
+            for r in np.flatnonzero(down.any(axis=1)):
+                by_id = np.argsort(ids[r])
+                rows[r] = ids[r].take(by_id)
+                order[r] = by_id + r * n
     return flat_order, sorted_ids
 
 

@@ -103,6 +103,11 @@ class PackedRun:
     def __len__(self) -> int:
         return len(self._tags)
 
+    @property
+    def tags(self) -> list[int]:
+        """The tags of the messages taken, in order."""
+        return self._tags
+
     def add(self, msg: dict[str, Any], tag: int) -> bool:
         """Take ``msg`` (rows tagged ``tag``) if it is in the packed form; False leaves it untouched."""
         n = msg["batch"]

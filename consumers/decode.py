@@ -29,7 +29,7 @@ from kelp.config import FeatureSpec
 from kelp.consumers.codec import SCHEMA_VERSION
 from kelp.consumers.columnar import PackedRun, read_columnar
 from kelp.consumers.columns import Cols, FieldLayout, RejectError
-from kelp.consumers.layouts import PlainLayouts
+from kelp.consumers.layouts import PackedLayouts, PlainLayouts
 from kelp.consumers.single import read_plain, read_singles
 from kelp.consumers.transforms import apply_transforms
 
@@ -133,7 +133,8 @@ class Decoder:
         self.label_name = spec.label.name
         self.binary = spec.label.kind == "binary"
         self._unpacker_kw = {"raw": False, "strict_map_key": False}
-        self._layouts = PlainLayouts(self.layout)
+        self._packed_layouts = PackedLayouts(self.layout)
+        self._plain_layouts = PlainLayouts(self.layout)
 
     # ------------------------------------------------------------------ public
 
@@ -145,13 +146,15 @@ class Decoder:
         single_idx: list[int] = []
         single_msgs: list[dict[str, Any]] = []
         nbytes = 0
-        todo: Sequence[int] = range(len(records))
-        if self._layouts:  # plain messages in a layout seen before: read straight from their bytes
-            raws = [rec.value if rec.value is not None else b"" for rec in records]
-            known, todo = self._layouts.read(raws, todo)
-            for part in known:
-                parts.append(part)
-                nbytes += len(raws[int(part.row_record[0])]) * part.row_record.size  # one length each
+        todo: list[int] | range = range(len(records))
+        for layouts in (self._packed_layouts, self._plain_layouts):
+            if layouts and todo:  # messages in a layout seen before: read straight from their bytes
+                raws = [records[i].value or b"" for i in todo]
+                known, todo = layouts.read(raws, todo)
+                for part in known:
+                    parts.append(part)
+                    tags = np.unique(part.row_record)
+                    nbytes += len(records[int(tags[0])].value or b"") * tags.size  # one length per part
         for i in todo:
             rec = records[i]
             raw = rec.value if rec.value is not None else b""
@@ -173,14 +176,12 @@ class Decoder:
                 )
         if len(packed):
             parts.append(packed.cols())
+            self._learn(self._packed_layouts, records, packed.tags)
         if single_msgs:
             plain, single_msgs, single_idx = read_plain(self.layout, single_msgs, single_idx)
             if plain is not None:
                 parts.append(plain)
-                for i in plain.row_record.tolist():  # learn each new layout (by length) once
-                    value = records[i].value
-                    if value is not None and not self._layouts.knows(len(value)):
-                        self._layouts.learn(value)
+                self._learn(self._plain_layouts, records, plain.row_record.tolist())
         if single_msgs:
             cols, failures = read_singles(self.layout, single_msgs, single_idx)
             parts.append(cols)
@@ -192,6 +193,14 @@ class Decoder:
         chunk = self._finish(parts, records, rejections)
         chunk.nbytes = nbytes
         return chunk
+
+    @staticmethod
+    def _learn(layouts: PackedLayouts | PlainLayouts, records: Sequence[RawRecord], tags: list[int]) -> None:
+        """Learn the layout of each message length not seen yet among these (accepted) records."""
+        for i in tags:
+            value = records[i].value
+            if value is not None and not layouts.knows(len(value)):
+                layouts.learn(value)
 
     # ------------------------------------------------------------------ parsing
 

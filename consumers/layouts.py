@@ -1,4 +1,4 @@
-"""Plain single-sample messages read straight from their bytes, a whole run at a time.
+"""Messages read straight from their bytes, a whole run at a time, once their layout is known.
 
 A producer writes plain messages (see :func:`~kelp.consumers.single.read_plain`)
 with the same bytes again and again: the same keys in the same order, every
@@ -15,6 +15,11 @@ and numbers of the learned kinds, so ``read_plain`` would read them to the
 same values; any record that does not match takes the usual path, which
 gives every reject reason. Single-sample ingest spent most of its time
 unpacking and walking such dicts (docs/performance.md).
+
+:class:`PackedLayouts` does the same for packed columnar messages (what
+:class:`~kelp.consumers.columnar.PackedRun` accepts): there only the bins'
+contents differ between messages of one layout, and each column is cut out
+of all of a run's messages at once instead of unpacking every message.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy as np
 
 from kelp.consumers.columns import Cols, FieldLayout, one_id_each
 
-__all__ = ["PlainLayouts"]
+__all__ = ["PackedLayouts", "PlainLayouts"]
 
 _MAX_LAYOUTS = 8  # distinct layouts kept per decoder (one per message length)
 
@@ -55,10 +60,11 @@ class _Layout:
     fixint_pos: np.ndarray  # tag bytes of fixint values: must be < 0x80
     slots: tuple[_Slot, ...]
     has_dense: bool
+    batch: int = 1  # samples per message
 
 
-class PlainLayouts:
-    """Byte layouts of plain messages seen so far, and the reading of runs that match them."""
+class _Layouts:
+    """Layouts learned so far (one per message length) and the reading of runs that match them."""
 
     def __init__(self, layout: FieldLayout) -> None:
         self.layout = layout
@@ -71,38 +77,51 @@ class PlainLayouts:
         return length in self._by_length
 
     def learn(self, raw: bytes) -> None:
-        """Remember the layout of ``raw``, a message ``read_plain`` accepted (ignored if unusual)."""
+        """Remember the layout of ``raw``, a message the matching reader accepted (ignored if unusual)."""
         if len(self._by_length) >= _MAX_LAYOUTS or len(raw) in self._by_length:
             return
-        learned = _scan(raw, self.layout)
+        learned = self._scan(raw)
         if learned is not None:
             self._by_length[len(raw)] = learned
 
     def read(self, raws: Sequence[bytes], tags: Sequence[int]) -> tuple[list[Cols], list[int]]:
-        """Columns of the records that match a layout (one part per layout), and the others' positions.
+        """Columns of the records that match a layout (one part per layout), and the others' tags.
 
-        ``tags[i]`` becomes the ``row_record`` of ``raws[i]``'s row; positions are indexes in ``raws``.
+        ``tags[i]`` becomes the ``row_record`` of ``raws[i]``'s rows.
         """
         by_length: dict[int, list[int]] = {}
         for i, raw in enumerate(raws):
             by_length.setdefault(len(raw), []).append(i)
+        tag_of = np.asarray(tags, dtype=np.int64)
         parts: list[Cols] = []
         rest: list[int] = []
         for length, idx in by_length.items():
             lay = self._by_length.get(length)
             if lay is None:
-                rest.extend(idx)
+                rest.extend(tag_of[idx].tolist())
                 continue
             data = np.frombuffer(b"".join([raws[i] for i in idx]), dtype=np.uint8).reshape(len(idx), length)
             ok = (data[:, lay.fixed_pos] == lay.fixed_val).all(axis=1)
             if lay.fixint_pos.size:
                 ok &= (data[:, lay.fixint_pos] < 0x80).all(axis=1)
-            picked = np.asarray(idx)
+            picked = tag_of[idx]
             rest.extend(picked[~ok].tolist())
             if ok.any():
-                rows = data if ok.all() else data[ok]
-                parts.append(self._columns(lay, rows, np.asarray(tags)[picked[ok]]))
+                parts.append(self._columns(lay, data if ok.all() else data[ok], picked[ok]))
         return parts, sorted(rest)
+
+    def _scan(self, raw: bytes) -> _Layout | None:
+        raise NotImplementedError
+
+    def _columns(self, lay: _Layout, rows: np.ndarray, tags: np.ndarray) -> Cols:
+        raise NotImplementedError
+
+
+class PlainLayouts(_Layouts):
+    """Layouts of plain single-sample messages (see the module docstring)."""
+
+    def _scan(self, raw: bytes) -> _Layout | None:
+        return _scan(raw, self.layout)
 
     def _columns(self, lay: _Layout, rows: np.ndarray, tags: np.ndarray) -> Cols:
         b = rows.shape[0]
@@ -115,12 +134,8 @@ class PlainLayouts:
         groups: dict[tuple[int, str], list[_Slot]] = {}
         for slot in lay.slots:
             groups.setdefault((slot.size, slot.dtype), []).append(slot)
-        for (size, dtype), slots in groups.items():
-            if dtype == "fixint":
-                values = rows[:, [s.pos for s in slots]]
-            else:
-                at = np.array([s.pos for s in slots])[:, None] + np.arange(size)
-                values = np.ascontiguousarray(rows[:, at]).view(dtype).reshape(b, len(slots))
+        for slots in groups.values():
+            values = _gather(rows, slots)
             for j, slot in enumerate(slots):
                 col = values[:, j]
                 if slot.role == "id":
@@ -141,6 +156,49 @@ class PlainLayouts:
             lengths=[ones] * n_sparse,
             bad_id_rows=[],
             row_record=tags.astype(np.int64),
+        )
+
+
+def _gather(rows: np.ndarray, slots: Sequence[_Slot]) -> np.ndarray:
+    """[b, len(slots)]: the scalar numbers ``slots`` (all of one size and dtype) of every row."""
+    if slots[0].dtype == "fixint":
+        return rows[:, [s.pos for s in slots]]
+    at = np.array([s.pos for s in slots])[:, None] + np.arange(slots[0].size)
+    return np.ascontiguousarray(rows[:, at]).view(slots[0].dtype).reshape(rows.shape[0], len(slots))
+
+
+class PackedLayouts(_Layouts):
+    """Layouts of packed one-id-per-sample columnar messages (see the module docstring)."""
+
+    def _scan(self, raw: bytes) -> _Layout | None:
+        return _scan_packed(raw, self.layout)
+
+    def _columns(self, lay: _Layout, rows: np.ndarray, tags: np.ndarray) -> Cols:
+        b = rows.shape[0] * lay.batch
+        by_role = {(s.role, s.index): s for s in lay.slots}
+
+        def column(slot: _Slot) -> np.ndarray:  # a bin's contents, of all rows, one after the other
+            return np.ascontiguousarray(rows[:, slot.pos : slot.pos + slot.size]).view(slot.dtype).reshape(-1)
+
+        ts_slot = by_role.get(("ts", 0))
+        if ts_slot is None:
+            ts = np.full(b, np.nan)
+        elif ts_slot.dtype == "<f8":
+            ts = column(ts_slot)
+        else:  # one number for the whole message
+            ts = np.repeat(_gather(rows, [ts_slot])[:, 0].astype(np.float64), lay.batch)
+        dense_slot = by_role.get(("dense", 0))
+        n_dense = len(self.layout.dense_names)
+        return Cols(
+            labels=column(by_role[("label", 0)]),
+            dense=np.tile(self.layout.defaults, (b, 1))
+            if dense_slot is None
+            else column(dense_slot).reshape(b, n_dense),
+            ts=ts,
+            values=[column(by_role[("id", f)]) for f in range(len(self.layout.sparse_names))],
+            lengths=[one_id_each(b)] * len(self.layout.sparse_names),
+            bad_id_rows=[],
+            row_record=np.repeat(tags.astype(np.int64), lay.batch),
         )
 
 
@@ -173,6 +231,26 @@ class _Reader:
         if tag == 0xD9:
             return self._take(self._take(1)[0]).decode("utf-8")
         raise ValueError("not a string")
+
+    def bin(self, role: str, index: int, size: int, dtype: str) -> _Slot:
+        """A bin of exactly ``size`` bytes holding a little-endian ``dtype`` column."""
+        tag = self._take(1)[0]
+        if tag not in (0xC4, 0xC5, 0xC6):
+            raise ValueError("not a bin")
+        if int.from_bytes(self._take(1 << (tag - 0xC4)), "big") != size:
+            raise ValueError("bin of another size")
+        start = self.pos
+        self._take(size)
+        return _Slot(role, index, start, size, dtype)
+
+    def count(self) -> int:
+        """A non-negative int read as a fixed part of the layout (its bytes must match exactly)."""
+        tag = self._take(1)[0]
+        if tag < 0x80:
+            return tag
+        if tag in (0xCC, 0xCD, 0xCE):
+            return int.from_bytes(self._take(1 << (tag - 0xCC)), "big")
+        raise ValueError("not a count")
 
     def number(self, role: str, index: int, ints_only: bool) -> _Slot:
         tag = self.raw[self.pos]
@@ -222,16 +300,66 @@ def _scan(raw: bytes, layout: FieldLayout) -> _Layout | None:
         return None
     if r.pos != len(raw):
         return None
+    return _layout_of(raw, slots, has_dense=has_dense, batch=1)
+
+
+def _layout_of(raw: bytes, slots: list[_Slot], *, has_dense: bool, batch: int) -> _Layout:
+    """Everything in ``raw`` but the slots' payloads is fixed; fixint slots only need to stay fixints."""
     fixed = np.ones(len(raw), dtype=bool)
-    fixint = [s.pos for s in slots if s.dtype == "fixint"]
-    for s in slots:
-        fixed[s.pos : s.pos + max(s.size, 1)] = False
+    for slot in slots:
+        fixed[slot.pos : slot.pos + max(slot.size, 1)] = False
     fixed_pos = np.flatnonzero(fixed)
     return _Layout(
         length=len(raw),
         fixed_pos=fixed_pos,
         fixed_val=np.frombuffer(raw, dtype=np.uint8)[fixed_pos].copy(),
-        fixint_pos=np.array(fixint, dtype=np.int64),
+        fixint_pos=np.array([s.pos for s in slots if s.dtype == "fixint"], dtype=np.int64),
         slots=tuple(slots),
         has_dense=has_dense,
+        batch=batch,
     )
+
+
+def _scan_packed(raw: bytes, layout: FieldLayout) -> _Layout | None:
+    """The layout of one packed columnar message, or None if it holds anything else."""
+    r = _Reader(raw)
+    slots: list[_Slot] = []
+    n = 0
+    d = len(layout.dense_names)
+    try:
+        for _ in range(r.container(0x80, 0x8F, 0xDE)):
+            key = r.text()
+            if key == "v":
+                if r._take(1) != b"\x01":
+                    return None
+            elif key == "batch":
+                n = r.count()
+            elif n <= 0:  # the columns' sizes depend on it: encode_columns writes it first
+                return None
+            elif key == layout.label_name:
+                slots.append(r.bin("label", 0, 4 * n, "<f4"))
+            elif key == "ts":
+                tag = raw[r.pos]
+                if tag in (0xC4, 0xC5, 0xC6):
+                    slots.append(r.bin("ts", 0, 8 * n, "<f8"))
+                else:
+                    slots.append(r.number("ts", 0, ints_only=False))
+            elif key == "dense":
+                slots.append(r.bin("dense", 0, 4 * n * d, "<f4"))
+            elif key == "sparse":
+                if r.container(0x80, 0x8F, 0xDE) != len(layout.sparse_names):
+                    return None
+                for _ in layout.sparse_names:
+                    f = layout.sparse_index.get(r.text())
+                    if f is None or any(s.role == "id" and s.index == f for s in slots):
+                        return None
+                    slots.append(r.bin("id", f, 8 * n, "<u8"))
+            else:
+                return None
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+    roles = {s.role for s in slots}
+    ids = sum(s.role == "id" for s in slots)
+    if r.pos != len(raw) or n <= 0 or "label" not in roles or ids != len(layout.sparse_names):
+        return None
+    return _layout_of(raw, slots, has_dense="dense" in roles, batch=n)

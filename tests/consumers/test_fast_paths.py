@@ -61,6 +61,10 @@ _DROP = object()
 # Message makers (seed -> bytes): the fast forms, near misses of them, and bad records of all kinds.
 MAKERS: dict[str, Callable[[int], bytes]] = {
     "packed": lambda s: _packed(1 + s % 7, s),
+    "packed_3": lambda s: _packed(3, s),
+    "packed_3_reordered": lambda s: encode_columns(
+        np.ones(3), np.zeros((3, 2)), dict(reversed(_ids(3, s).items())), ts=np.zeros(3)
+    ),
     "packed_no_ts": lambda s: encode_columns(np.ones(3), np.zeros((3, 2)), _ids(3, s)),
     "packed_scalar_ts": lambda s: encode_columns(np.ones(2), np.zeros((2, 2)), _ids(2, s), ts=5.0),
     "packed_no_dense": lambda s: encode_columns(np.zeros(2), None, _ids(2, s)),
@@ -178,6 +182,10 @@ def test_fast_paths_take_the_forms_they_are_for(monkeypatch: pytest.MonkeyPatch)
         [Rec("t", 0, i, _plain(8 + i)) for i in range(3)] + [Rec("t", 0, 3, _plain(9, ts=_DROP))]
     )
     assert again.size == 4 and taken == ["plain:1", "plain:1"]  # three read from their bytes
+    decoder.decode([Rec("t", 0, 0, _packed(4, 1))])  # learns the packed layout
+    taken.clear()
+    again = decoder.decode([Rec("t", 0, i, _packed(4, 2 + i)) for i in range(3)])
+    assert again.size == 12 and taken == []  # all three read from their bytes, none unpacked
 
 
 def test_plain_run_with_a_negative_id_falls_back_whole() -> None:
