@@ -20,6 +20,7 @@ import numpy as np
 
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import JaggedIds, MicroBatch, SourceRange, table_features
+from kelp.consumers.columns import is_one_id_each
 from kelp.consumers.decode import Chunk
 
 __all__ = ["Batcher", "Emitted"]
@@ -135,9 +136,14 @@ class Batcher:
         sparse: dict[str, JaggedIds] = {}
         for name in self._sparse_names:
             vals, lens = [], []
+            one_hot = True
             for c, lo, hi in pieces:
                 ln = c.lengths[name]
                 v = c.values[name]
+                if is_one_id_each(ln):  # one id per row: rows index the ids directly
+                    vals.append(v[lo:hi])
+                    continue
+                one_hot = False
                 if lo == 0 and hi == c.size:
                     vals.append(v)
                     lens.append(ln)
@@ -146,6 +152,11 @@ class Batcher:
                     vals.append(v[off[lo] : off[hi]])
                     lens.append(ln[lo:hi])
             values = vals[0] if len(vals) == 1 else np.concatenate(vals)
+            if one_hot:
+                sparse[name] = JaggedIds.one_hot(values)
+                continue
+            if lens and len(lens) < len(pieces):  # some pieces were one-hot: give them their ones back
+                lens = [c.lengths[name][lo:hi] for c, lo, hi in pieces]
             lengths = lens[0] if len(lens) == 1 else np.concatenate(lens)
             sparse[name] = JaggedIds.from_lengths(values, lengths)
         return MicroBatch(

@@ -9,6 +9,7 @@ column index, ``max_ids``, defaults), computed once per decoder.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "bin_array",
     "float_column",
     "ids_from_list",
+    "is_one_id_each",
     "one_id_each",
 ]
 
@@ -84,15 +86,25 @@ class Cols:
     row_record: np.ndarray  # int64 [b]: index of the record in the run
 
 
+_ONE_ID_EACH: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+
+
 def one_id_each(n: int) -> np.ndarray:
     """int32[n] of ones, read-only: the lengths column of every one-hot feature of a fast-path read.
 
     The fast paths hand the same array to all features; read-only, so nothing can write
-    through one feature's lengths into another's.
+    through one feature's lengths into another's. It is also remembered (weakly), so the
+    batcher can tell one id per row without reading the column (:func:`is_one_id_each`).
     """
     ones = np.ones(n, dtype=np.int32)
     ones.flags.writeable = False
+    _ONE_ID_EACH[id(ones)] = ones
     return ones
+
+
+def is_one_id_each(lengths: np.ndarray) -> bool:
+    """True if ``lengths`` is (exactly, not just equal to) an array made by :func:`one_id_each`."""
+    return _ONE_ID_EACH.get(id(lengths)) is lengths
 
 
 def bin_array(raw: bytes, dtype: str, count: int, what: str) -> np.ndarray:

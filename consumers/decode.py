@@ -150,11 +150,9 @@ class Decoder:
         for layouts in (self._packed_layouts, self._plain_layouts):
             if layouts and todo:  # messages in a layout seen before: read straight from their bytes
                 raws = [records[i].value or b"" for i in todo]
-                known, todo = layouts.read(raws, todo)
-                for part in known:
-                    parts.append(part)
-                    tags = np.unique(part.row_record)
-                    nbytes += len(records[int(tags[0])].value or b"") * tags.size  # one length per part
+                known, todo, known_bytes = layouts.read(raws, todo)
+                parts.extend(known)
+                nbytes += known_bytes
         for i in todo:
             rec = records[i]
             raw = rec.value if rec.value is not None else b""

@@ -84,8 +84,9 @@ class _Layouts:
         if learned is not None:
             self._by_length[len(raw)] = learned
 
-    def read(self, raws: Sequence[bytes], tags: Sequence[int]) -> tuple[list[Cols], list[int]]:
-        """Columns of the records that match a layout (one part per layout), and the others' tags.
+    def read(self, raws: Sequence[bytes], tags: Sequence[int]) -> tuple[list[Cols], list[int], int]:
+        """Columns of the records that match a layout (one part per layout), the others' tags, and
+        the matching records' bytes.
 
         ``tags[i]`` becomes the ``row_record`` of ``raws[i]``'s rows.
         """
@@ -95,6 +96,7 @@ class _Layouts:
         tag_of = np.asarray(tags, dtype=np.int64)
         parts: list[Cols] = []
         rest: list[int] = []
+        nbytes = 0
         for length, idx in by_length.items():
             lay = self._by_length.get(length)
             if lay is None:
@@ -108,7 +110,8 @@ class _Layouts:
             rest.extend(picked[~ok].tolist())
             if ok.any():
                 parts.append(self._columns(lay, data if ok.all() else data[ok], picked[ok]))
-        return parts, sorted(rest)
+                nbytes += length * int(np.count_nonzero(ok))
+        return parts, sorted(rest), nbytes
 
     def _scan(self, raw: bytes) -> _Layout | None:
         raise NotImplementedError

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kelp.config import DenseFeature, FeatureSpec, SparseFeature
-from kelp.consumers import columnar, decode, layouts
+from kelp.consumers import batcher, columnar, decode, layouts
 from kelp.consumers.codec import encode_columns, encode_sample
 from kelp.consumers.decode import Chunk, Decoder, Rec
 
@@ -193,3 +193,45 @@ def test_plain_run_with_a_negative_id_falls_back_whole() -> None:
     values = [_plain(1), _plain(2, sparse={"a": 1, "b": -2, "c": 3}), _plain(3)]
     chunk = Decoder(SPEC, None).decode([Rec("t", 0, i, v) for i, v in enumerate(values)])
     assert chunk.size == 2 and [(r.reason, r.offset) for r in chunk.rejections] == [("bad_id", 1)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    picks=st.lists(st.tuples(st.sampled_from(sorted(MAKERS)), st.integers(0, 1000)), min_size=1, max_size=12),
+    per_chunk=st.integers(1, 5),
+    batch_size=st.integers(1, 20),
+)
+def test_batches_cut_from_fast_path_chunks_are_the_same(
+    picks: list[tuple[str, int]], per_chunk: int, batch_size: int
+) -> None:
+    """One-hot chunks from the fast paths are sliced without id offsets; batches must not change."""
+    values = [MAKERS[name](seed) for name, seed in picks]
+
+    def batches(fast: bool) -> list[Any]:
+        decoder = Decoder(SPEC, 1_000_000)
+        cutter = batcher.Batcher(SPEC, batch_size, 60.0)
+        out = []
+        with pytest.MonkeyPatch.context() as m:
+            if not fast:
+                m.setattr(batcher, "is_one_id_each", lambda lengths: False)
+            for lo in range(0, len(values), per_chunk):
+                run = [Rec("t", 0, lo + i, v) for i, v in enumerate(values[lo : lo + per_chunk])]
+                cutter.add(decoder.decode(run))
+                while (emitted := cutter.take()) is not None:
+                    out.append(emitted)
+            while (emitted := cutter.take(force=True)) is not None:
+                out.append(emitted)
+        return out
+
+    fast, slow = batches(True), batches(False)
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow, strict=True):
+        assert a.handled == b.handled and (a.batch is None) == (b.batch is None)
+        if a.batch is None:
+            continue
+        assert a.batch.sources == b.batch.sources
+        np.testing.assert_array_equal(a.batch.labels, b.batch.labels)
+        for f in NAMES:
+            np.testing.assert_array_equal(a.batch.sparse[f].values, b.batch.sparse[f].values)
+            np.testing.assert_array_equal(a.batch.sparse[f].offsets, b.batch.sparse[f].offsets)
+            assert a.batch.sparse[f].offsets.dtype == np.int32
