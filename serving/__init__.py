@@ -6,12 +6,14 @@ both under uvicorn. Modules, one job each:
 
 * :mod:`~kelp.serving.schemas`: request/response models generated from the feature spec;
 * :mod:`~kelp.serving.features`: validated requests -> a MicroBatch;
+* :mod:`~kelp.serving.pooling`: one dedup for all tables, pooled inputs with few numpy/torch calls;
 * :mod:`~kelp.serving.embeddings`: one read-only store call per request, optional TTL cache;
 * :mod:`~kelp.serving.model`: the served model and its atomic slot;
 * :mod:`~kelp.serving.watcher`: notifications, polling, verification, hot swap;
 * :mod:`~kelp.serving.scorer`: rows + model -> scores;
 * :mod:`~kelp.serving.replica`: lifecycle and readiness;
 * :mod:`~kelp.serving.app`, :mod:`~kelp.serving.middleware`: the HTTP layer;
+* :mod:`~kelp.serving.dispatch`: the score routes' own ASGI handler (the hot path) and scoring thread;
 * :mod:`~kelp.serving.metrics`: ``kelp_serving_*``.
 """
 

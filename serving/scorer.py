@@ -26,6 +26,7 @@ from kelp.serving.pooling import PoolPlan
 
 __all__ = ["ScoreResult", "Scorer"]
 
+
 @dataclass(frozen=True)
 class ScoreResult:
     """What the score endpoints return (see :class:`~kelp.serving.schemas.ScoreResponse`)."""
