@@ -17,11 +17,17 @@ the same redis-server(s) started here, on the same keys, 1 shard and 3 shards:
 * naive: a per-id GET loop (and SET loop) with redis-py, on a sample of ids.
 * ``redis_bytes_per_row``: ``used_memory`` growth / rows on a flushed server
   (state, header and key included); ``redis_bytes_per_row_ttl`` with a TTL.
+* ``buckets_*``: the same for ``store.layout.kind: buckets`` (one shard): pull and
+  push against their own raw floor (per-row ``HGET``/``HSET`` on the same
+  buckets, packed the same way), ``buckets_pull_vs_keys`` / ``_push_vs_keys``
+  against the key layout's Kelp figures, and bytes per row with
+  ``buckets_per_table`` sized as docs/store.md advises (about 48 rows each).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,10 +35,13 @@ import numpy as np
 import redis
 
 from kelp.bench.runner import progress
-from kelp.config import EvictionSpec, StoreConfig, TableSpec
+from kelp.config import EvictionSpec, RowLayoutSpec, StoreConfig, TableSpec
 from kelp.harness import RedisServer
+from kelp.store import build_store
 from kelp.store.packed_pipeline import PackedPipeline
 from kelp.store.redis import RedisStore
+from kelp.store.redis_buckets import RedisBucketStore
+from kelp.store.resp import pack_commands
 
 __all__ = ["run"]
 
@@ -125,15 +134,8 @@ class _Raw:
             c.close()
 
 
-def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, float]:
-    for s in servers:
-        s.client().flushall()
-    tables = [TableSpec(name=f"C{j + 1}", dim=DIM) for j in range(N_TABLES)]
-    cfg = StoreConfig(backend="redis", urls=[s.url for s in servers])
-    store = RedisStore(cfg, tables, deployment="bench")
-    ttl_tables = [t.model_copy(update={"eviction": EvictionSpec(ttl_s=3600.0)}) for t in tables]
-    ttl_store = RedisStore(cfg, ttl_tables, deployment="bench-ttl")
-    raw = _Raw(store, servers)
+def _workload(steps: int) -> tuple[list[dict[str, np.ndarray]], list[dict[str, Any]]]:
+    """The steps' unique ids per table, and a push of random rows for each (the same in every run)."""
     batches = _batches(steps)
     rng = np.random.default_rng(1)
     updates = [
@@ -143,6 +145,41 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
         }
         for b in batches
     ]
+    return batches, updates
+
+
+def _interleaved(
+    rows: int, steps: int, reps: int, sides: tuple[tuple[str, Callable[[int], Any]], ...]
+) -> dict[str, float]:
+    """Rows per second of each side: the best of ``reps`` passes over ``steps``, in two interleaved
+    rounds, so warm-up order favours no side."""
+
+    def timed(fn: Callable[[int], Any]) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for i in range(steps):
+                fn(i)
+            best = min(best, time.perf_counter() - t0)
+        return rows / best
+
+    out: dict[str, float] = {}
+    for _round in range(2):
+        for key, fn in sides:
+            out[key] = max(out.get(key, 0.0), timed(fn))
+    return out
+
+
+def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, float]:
+    for s in servers:
+        s.client().flushall()
+    tables = [TableSpec(name=f"C{j + 1}", dim=DIM) for j in range(N_TABLES)]
+    cfg = StoreConfig(backend="redis", urls=[s.url for s in servers])
+    store = RedisStore(cfg, tables, deployment="bench")
+    ttl_tables = [t.model_copy(update={"eviction": EvictionSpec(ttl_s=3600.0)}) for t in tables]
+    ttl_store = RedisStore(cfg, ttl_tables, deployment="bench-ttl")
+    raw = _Raw(store, servers)
+    batches, updates = _workload(steps)
     rows_per_step = [sum(len(ids) for ids in b.values()) for b in batches]
     total = sum(rows_per_step) * reps
     progress(
@@ -162,25 +199,18 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
                     per_shard[g.shard].append(np.ascontiguousarray(full[g.pos[i : i + store.chunk]]))
         raw_rows.append(per_shard)
 
-    def timed(fn: Any) -> float:
-        best = float("inf")
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for i in range(steps):
-                fn(i)
-            best = min(best, time.perf_counter() - t0)
-        return sum(rows_per_step) / best
-
-    out: dict[str, float] = {}
-    for _round in range(2):  # interleaved, best of both rounds, so warm-up order favours neither side
-        for key, fn in (
+    out = _interleaved(
+        sum(rows_per_step),
+        steps,
+        reps,
+        (
             ("raw_mset_rows_per_s", lambda i: raw.mset(keys[i], raw_rows[i])),
             ("push_rows_per_s", lambda i: store.push_many(updates[i])),
             ("push_ttl_rows_per_s", lambda i: ttl_store.push_many(updates[i])),
             ("raw_mget_rows_per_s", lambda i: raw.mget(keys[i])),
             ("pull_rows_per_s", lambda i: store.pull_many(batches[i])),
-        ):
-            out[key] = max(out.get(key, 0.0), timed(fn))
+        ),
+    )
     check = store.pull_many(batches[0], count=False)
     assert all(r.admitted.all() for r in check.values()), "bench rows missing after push"
 
@@ -208,18 +238,87 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
     return out
 
 
+def _measure_buckets(server: RedisServer, steps: int, reps: int) -> dict[str, float]:
+    """``store.layout.kind: buckets`` on one shard, against its own raw floor and the keys layout's.
+
+    Raw floor: the same per-row ``HGET``/``HSET`` commands on the same buckets, packed
+    the same way (:func:`~kelp.store.resp.pack_commands`), values decoded with one
+    ``numpy.frombuffer``: what Kelp's encoding, routing and decoding cost on top.
+    """
+    server.client().flushall()
+    tables = [TableSpec(name=f"C{j + 1}", dim=DIM) for j in range(N_TABLES)]
+    layout = RowLayoutSpec(kind="buckets")
+    cfg = StoreConfig(backend="redis", urls=[server.url], layout=layout)
+    store = build_store(cfg, tables, "bench-buckets")
+    assert isinstance(store, RedisBucketStore)
+    ttl_tables = [t.model_copy(update={"eviction": EvictionSpec(ttl_s=3600.0)}) for t in tables]
+    ttl_store = build_store(cfg, ttl_tables, "bench-buckets-ttl")
+    client = server.client()
+    batches, updates = _workload(steps)
+    width = store.tables["C1"].codec.nbytes
+
+    def wire(i: int, command: str) -> tuple[bytes, int]:  # untimed: the floor's commands, prebuilt
+        parts, n = [], 0
+        for name, ids in batches[i].items():
+            layout_t = store.buckets[name]
+            keys = layout_t.bucket_keys(layout_t.bucket_of(ids))
+            columns = [keys, layout_t.fields(ids)]
+            if command == "HSET":
+                full = np.concatenate([np.zeros((len(ids), 4), np.float32), updates[i][name][1]], axis=1)
+                columns.append(np.ascontiguousarray(full).view(f"V{width}").ravel())
+            parts.append(pack_commands((command,), *columns))
+            n += len(ids)
+        return b"".join(parts), n
+
+    hgets = [wire(i, "HGET") for i in range(steps)]
+    hsets = [wire(i, "HSET") for i in range(steps)]
+
+    def raw(payload: tuple[bytes, int], decode: bool) -> None:
+        pipe = PackedPipeline(client)
+        pipe.add_packed(*payload)
+        (replies,) = pipe.execute()
+        if decode:
+            np.frombuffer(b"".join(replies), dtype=np.float32).reshape(len(replies), -1)
+
+    rows_per_step = [sum(len(ids) for ids in b.values()) for b in batches]
+
+    out = _interleaved(
+        sum(rows_per_step),
+        steps,
+        reps,
+        (
+            ("raw_hset_rows_per_s", lambda i: raw(hsets[i], decode=False)),
+            ("push_rows_per_s", lambda i: store.push_many(updates[i])),
+            ("push_ttl_rows_per_s", lambda i: ttl_store.push_many(updates[i])),
+            ("raw_hget_rows_per_s", lambda i: raw(hgets[i], decode=True)),
+            ("pull_rows_per_s", lambda i: store.pull_many(batches[i])),
+        ),
+    )
+    check = store.pull_many(batches[0], count=False)
+    assert all(r.admitted.all() for r in check.values()), "bench rows missing after push"
+    store.close()
+    ttl_store.close()
+    out["pull_ratio"] = out["pull_rows_per_s"] / out["raw_hget_rows_per_s"]
+    out["push_ratio"] = out["push_rows_per_s"] / out["raw_hset_rows_per_s"]
+    out["push_ratio_ttl"] = out["push_ttl_rows_per_s"] / out["raw_hset_rows_per_s"]
+    return out
+
+
 def _spread_ids(start: int, stop: int) -> np.ndarray:
     return (np.arange(start, stop, dtype=np.uint64) * np.uint64(2654435761)) + np.uint64(1)
 
 
-def bytes_per_row(server: RedisServer, rows: int, ttl_s: float | None, dim: int = DIM) -> float:
+def bytes_per_row(
+    server: RedisServer, rows: int, ttl_s: float | None, dim: int = DIM, layout: RowLayoutSpec | None = None
+) -> float:
     """``used_memory`` growth per stored row (key, row, optimizer state, timestamp, TTL), flushed server."""
     client = server.client()
     client.flushall()
     time.sleep(0.05)
-    before = int(client.info("memory")["used_memory"])
     table = TableSpec(name="C1", dim=dim, eviction={"ttl_s": ttl_s})
-    store = RedisStore(StoreConfig(backend="redis", urls=[server.url]), [table], deployment="bench")
+    cfg = StoreConfig(backend="redis", urls=[server.url], layout=layout or RowLayoutSpec())
+    store = build_store(cfg, [table], "bench")  # the buckets layout may raise listpack limits first
+    before = int(client.info("memory")["used_memory"])
     rng = np.random.default_rng(2)
     for start in range(0, rows, 50_000):
         ids = _spread_ids(start, min(rows, start + 50_000))
@@ -265,6 +364,20 @@ def run(quick: bool) -> dict[str, Any]:
         progress(f"memory per row ({mem_rows} rows)")
         result["redis_bytes_per_row"] = round(bytes_per_row(servers[0], mem_rows, None), 1)
         result["redis_bytes_per_row_ttl"] = round(bytes_per_row(servers[0], mem_rows, 3600.0), 1)
+        progress("layout buckets, 1 shard")
+        buckets = _measure_buckets(servers[0], steps, reps)
+        result.update({f"buckets_{k}": round(v, 3) for k, v in buckets.items()})
+        result["buckets_pull_vs_keys"] = round(buckets["pull_rows_per_s"] / one["pull_rows_per_s"], 3)
+        result["buckets_push_vs_keys"] = round(buckets["push_rows_per_s"] / one["push_rows_per_s"], 3)
+        # sized as docs/store.md advises: about 48 rows per bucket
+        sized = RowLayoutSpec(kind="buckets", buckets_per_table=max(1, mem_rows // 48))
+        result["buckets_per_table"] = sized.buckets_per_table
+        result["buckets_redis_bytes_per_row"] = round(
+            bytes_per_row(servers[0], mem_rows, None, layout=sized), 1
+        )
+        result["buckets_redis_bytes_per_row_ttl"] = round(
+            bytes_per_row(servers[0], mem_rows, 3600.0, layout=sized), 1
+        )
         result["redis_version"] = servers[0].client().info("server")["redis_version"]
     finally:
         for s in servers:

@@ -64,8 +64,10 @@ class HotCacheConfig(StrictModel):
 class RowLayoutSpec(StrictModel):
     """How rows sit in Redis: one key per row, or many rows per hash (see docs/store.md).
 
-    ``keys`` (the default): one string key per row; fastest reads; 187 bytes per
-    dim-16 row in Redis, 229 with a TTL (each key also sits in the expires table).
+    ``auto`` (the default): ``buckets`` on ``backend: redis``, ``keys`` where
+    buckets do not apply (Redis Cluster, ``sparse_updates: compose``).
+    ``keys``: one string key per row; fastest reads; 187 bytes per dim-16 row in
+    Redis, 229 with a TTL (each key also sits in the expires table).
     ``buckets``: rows are fields of ``buckets_per_table`` hashes per table, kept
     in Redis's compact listpack encoding: about 100 bytes per row, with or
     without a TTL, because a TTL is enforced from each row's update time (rows
@@ -75,7 +77,7 @@ class RowLayoutSpec(StrictModel):
     fixes where every row lives; changing it makes stored rows invisible.
     """
 
-    kind: Literal["keys", "buckets"] = "keys"
+    kind: Literal["auto", "keys", "buckets"] = "auto"
     buckets_per_table: int = Field(
         4096,
         ge=1,
@@ -109,6 +111,12 @@ class RowLayoutSpec(StrictModel):
 
     def buckets_for(self, table: str) -> int:
         return self.table_buckets.get(table, self.buckets_per_table)
+
+    def resolve(self, backend: str, sparse_updates: str) -> Literal["keys", "buckets"]:
+        """The layout ``auto`` stands for with this backend and update mode."""
+        if self.kind != "auto":
+            return self.kind
+        return "buckets" if backend == "redis" and sparse_updates == "overwrite" else "keys"
 
 
 class StoreConfig(StrictModel):
@@ -151,6 +159,11 @@ class StoreConfig(StrictModel):
     )
 
     _split = field_validator("urls", mode="before")(split_csv)
+
+    @property
+    def row_layout(self) -> Literal["keys", "buckets"]:
+        """``layout.kind`` with ``auto`` resolved for this backend."""
+        return self.layout.resolve(self.backend, self.sparse_updates)
 
     @model_validator(mode="after")
     def _urls(self) -> Self:

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 from kelp.config import FileSourceConfig, KelpConfig, load_config
 from kelp.errors import MissingBinaryError, UserError
 from kelp.examples import example_path
+from kelp.store import build_store
 
 __all__ = ["DemoReport", "default_config_path", "run_demo"]
 
@@ -203,14 +204,13 @@ class TrainSummary:
     published_version: int | None = None
 
 
-def _stored_rows(redis_url: str, deployment: str) -> int:
-    import redis
+def _stored_rows(cfg: KelpConfig) -> int:
+    """Rows this deployment holds in Redis, counted by the store itself (either row layout)."""
+    from kelp.store.redis_backend import RedisBackend
 
-    client = redis.Redis.from_url(redis_url)
-    try:
-        return sum(1 for _ in client.scan_iter(match=f"*:{deployment}:*:r:*", count=10_000))
-    finally:
-        client.close()
+    with build_store(cfg.store, cfg.features.store_tables(), cfg.deployment) as store:
+        assert isinstance(store, RedisBackend)
+        return sum(t["rows"] for t in store.count_keys().values())
 
 
 def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> DemoStream:
@@ -255,7 +255,7 @@ def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> D
             reason: int(registry.get_sample_value("kelp_records_rejected_total", {"reason": reason}) or 0)
             for reason in ("bad_msgpack", "bad_version", "bad_dense")
         }
-        rows = _stored_rows(redis_srv.url, cfg.deployment)
+        rows = _stored_rows(stream_cfg)
         out(f"  dead-lettered with reasons: {rejected}")
         out(
             f"  trained {summary.samples} samples in {summary.steps} steps; published snapshot "

@@ -108,6 +108,9 @@ class BackendStore(EmbeddingStore):
         self._clock = clock
         self._op_lock: AbstractContextManager[Any] = nullcontext()
 
+    def _ready(self) -> None:
+        """Hook: a backend's one-time checks before its first pull or push (Redis: the layout marker)."""
+
     # -- the primitives -------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -149,6 +152,7 @@ class BackendStore(EmbeddingStore):
         occurrences: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, PullResult]:
         started = time.perf_counter()
+        self._ready()
         batch = {name: self.table(name).check_ids(raw) for name, raw in ids_by_table.items()}
         with self._op_lock:
             now = self._clock()
@@ -259,6 +263,7 @@ class BackendStore(EmbeddingStore):
 
     def _push(self, writes: Mapping[str, RowWrite], write: Callable[[float], dict[str, int]]) -> None:
         started = time.perf_counter()
+        self._ready()
         with self._op_lock:
             kept = write(self._clock())
         for name, w in writes.items():

@@ -52,7 +52,7 @@ def check_store_config(store_cfg: StoreConfig, tables: list[TableSpec]) -> list[
     >>> check_store_config(StoreConfig(), [TableSpec(name="t", eviction={"max_rows": 10})])
     []
     """
-    cls = backend_class(store_cfg.backend, store_cfg.layout.kind)
+    cls = backend_class(store_cfg.backend, store_cfg.row_layout)
     problems = []
     for i, spec in enumerate(tables):
         for policy in build_evictions(spec.eviction):
@@ -95,7 +95,7 @@ def build_store(
     problems = check_store_config(store_cfg, tables)
     if problems:
         raise ConfigError("\n".join(f"{path}: {problem}" for path, problem in problems))
-    cls = backend_class(store_cfg.backend, store_cfg.layout.kind)
+    cls = backend_class(store_cfg.backend, store_cfg.row_layout)
     if store_cfg.backend == "memory":
         store: EmbeddingStore = cls(tables, registry, **kwargs)
     else:

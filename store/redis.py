@@ -20,6 +20,7 @@ import numpy as np
 from kelp.config import StoreConfig
 from kelp.store.connection import connect_node, node_name, translate_redis_errors
 from kelp.store.hashing import name_seed, rendezvous
+from kelp.store.layout_marker import check_layout_marker
 from kelp.store.packed_pipeline import PackedPipeline
 from kelp.store.redis_backend import RedisBackend
 from kelp.store.redis_cluster import RedisClusterStore
@@ -41,6 +42,22 @@ class RedisStore(RedisBackend):
         self._table_seeds = {name: name_seed("table", self.deployment, name) for name in self.tables}
         self._replica_turn = 0
         return names
+
+    def _first_contact(self) -> None:
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        """Refuse a layout other than the one this deployment's rows were written in (layout_marker.py)."""
+        with translate_redis_errors(self.shard_names[0]):
+            mine = self._layout_description()
+            check_layout_marker(self.deployment, mine, self._clients, self._foreign_patterns())
+
+    def _layout_description(self) -> dict[str, Any]:
+        return {"kind": "keys"}
+
+    def _foreign_patterns(self) -> list[str]:
+        """SCAN patterns of this deployment's rows in the other layout (``buckets``)."""
+        return [f"k2:{self.deployment}:{name}:h:*" for name in self.tables]
 
     def shard_of(self, table: str, ids: np.ndarray) -> np.ndarray:
         """int64[n] shard index of each id (stable across processes)."""

@@ -81,6 +81,17 @@ class RedisBackend(BackendStore):
         self.layouts = {name: KeyLayout(deployment, name, self._cluster_buckets(cfg)) for name in self.tables}
         self.shard_names = self._connect(cfg, connection_options(cfg))
         self._runner = PlanRunner(self.shard_names, self._pipeline, self.retry, self.metrics)
+        self._checked = False
+
+    def _ready(self) -> None:
+        """Before the first operation (not in the constructor, so a process can start while Redis is
+        down and report it unready): the topology's one-time checks, until they pass once."""
+        if not self._checked:
+            self._first_contact()
+            self._checked = True
+
+    def _first_contact(self) -> None:
+        """A topology's one-time checks (standalone: the deployment's row layout marker)."""
 
     # -- the flow's primitives ------------------------------------------------------------------
 
@@ -239,6 +250,7 @@ class RedisBackend(BackendStore):
     # -- delete / inspect / stats ---------------------------------------------------------------
 
     def delete(self, table: str, ids: np.ndarray) -> int:
+        self._ready()
         ids = self.table(table).check_ids(ids)
         layout = self.layouts[table]
         deleted = [0]
@@ -253,6 +265,7 @@ class RedisBackend(BackendStore):
 
     def raw_values(self, table: str, ids: np.ndarray) -> list[bytes | None]:
         """Stored values as bytes (for ``kelp store inspect``); never counts or admits."""
+        self._ready()
         ids = self.table(table).check_ids(ids)
         values: list[bytes | None] = [None] * len(ids)
         plan = Plan()

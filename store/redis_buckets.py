@@ -109,7 +109,18 @@ class RedisBucketStore(RedisStore):
             for name, t in self.tables.items()
             if t.ttl is not None
         }
-        self._check_listpack_limits(cfg.layout.configure_server)
+        self._configure_server = cfg.layout.configure_server
+
+    def _first_contact(self) -> None:
+        super()._first_contact()
+        self._check_listpack_limits(self._configure_server)
+
+    def _layout_description(self) -> dict[str, Any]:
+        return {"kind": "buckets", "buckets": {name: b.buckets for name, b in self.buckets.items()}}
+
+    def _foreign_patterns(self) -> list[str]:
+        """SCAN patterns of this deployment's rows in the ``keys`` layout."""
+        return [layout.pattern for layout in self.layouts.values()]
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -148,19 +159,24 @@ class RedisBucketStore(RedisStore):
             self._hide_expired(self.tables[name], rows, now)
         return stored
 
-    @staticmethod
-    def _hide_expired(t: Table, rows: StoredRows, now: float) -> None:
+    def _hide_expired(self, t: Table, rows: StoredRows, now: float) -> None:
         """Rows past the table's TTL read as absent (the sweep deletes them later)."""
         if t.ttl is None:
             return
-        expired = rows.present & t.ttl.expired(rows.updated_s.astype(np.float64), now)
+        expired = rows.present & (rows.updated_s < self._cutoff(t, now))
         if expired.any():
             rows.present[expired] = False
             rows.updated_s[expired] = 0
 
-    def _cutoff(self, t: Table, now: float) -> int:
-        """Unix second before which a row of ``t`` is expired (0: no TTL)."""
-        return max(1, int(np.ceil(now - t.ttl.ttl_s))) if t.ttl is not None else 0
+    @staticmethod
+    def _cutoff(t: Table, now: float) -> int:
+        """A row of ``t`` stamped before this unix second is expired (0: the table has no TTL).
+
+        Stamps are whole seconds rounded down, so a row written at ``w`` is stamped
+        in ``(w - 1, w]``; ``floor(now - ttl)`` expires it between ``ttl`` and
+        ``ttl + 1`` seconds after ``w``: never early, at most a second late.
+        """
+        return max(1, int(np.floor(now - t.ttl.ttl_s))) if t.ttl is not None else 0
 
     def _store_init_rows(self, admits: Mapping[str, InitRows], now: float) -> None:
         """Admitted ids' init rows where no live row is stored (``nx``); DEL the sighting counters."""
@@ -242,6 +258,7 @@ class RedisBucketStore(RedisStore):
     # -- delete / inspect / stats ---------------------------------------------------------------
 
     def delete(self, table: str, ids: np.ndarray) -> int:
+        self._ready()
         ids = self.table(table).check_ids(ids)
         deleted = [0]
         plan = Plan()
@@ -258,6 +275,7 @@ class RedisBucketStore(RedisStore):
 
     def raw_values(self, table: str, ids: np.ndarray) -> list[bytes | None]:
         """Stored values as bytes (for ``kelp store inspect``); never counts or admits."""
+        self._ready()
         ids = self.table(table).check_ids(ids)
         values: list[bytes | None] = [None] * len(ids)
         plan = Plan()

@@ -36,11 +36,15 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 
 def _stored_rows(url: str, deployment: str, table: str) -> dict[int, bytes]:
+    """Every stored row of a table, read straight from Redis in either row layout (store/keys.py)."""
     client = redis.Redis.from_url(url)
     try:
         keys = list(client.scan_iter(match=f"k1:{deployment}:{table}:r:*", count=10_000))
         values = client.mget(keys) if keys else []
-        return {int.from_bytes(k[-8:], "big"): v for k, v in zip(keys, values, strict=True)}
+        rows = {int.from_bytes(k[-8:], "big"): v for k, v in zip(keys, values, strict=True)}
+        for bucket in client.scan_iter(match=f"k2:{deployment}:{table}:h:*", count=10_000):
+            rows.update({int.from_bytes(f, "big"): v for f, v in client.hgetall(bucket).items()})
+        return rows
     finally:
         client.close()
 

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 from kelp.config import StoreConfig, TableSpec
+from kelp.errors import ConfigError
 from kelp.harness import RedisServer
 from kelp.retry import RetryPolicy
 from kelp.store import build_store
+from kelp.store.layout_marker import marker_key
 from kelp.store.redis_buckets import BucketSweeper, RedisBucketStore
 
 NO_SLEEP = RetryPolicy(attempts=3, base_delay_s=0.0, max_delay_s=0.0, sleep=lambda _s: None)
@@ -141,12 +143,12 @@ def test_low_listpack_limits_are_raised_or_reported(caplog: pytest.LogCaptureFix
     spec = TableSpec(name="t", dim=16)
     with RedisServer(extra_args=args) as server:
         client = server.client()
-        with caplog.at_level(logging.WARNING), _store(server.url, [spec], configure_server=False):
-            pass
+        with caplog.at_level(logging.WARNING), _store(server.url, [spec], configure_server=False) as store:
+            store.pull("t", np.arange(3, dtype=np.uint64))  # checked at the first contact
         assert "hash-max-listpack-value 80" in caplog.text
         assert client.config_get("hash-max-listpack-value")["hash-max-listpack-value"] == "64"
-        with _store(server.url, [spec]):
-            pass
+        with _store(server.url, [spec]) as store:
+            store.pull("t", np.arange(3, dtype=np.uint64))
         assert client.config_get("hash-max-listpack-value")["hash-max-listpack-value"] == "80"
         assert client.config_get("hash-max-listpack-entries")["hash-max-listpack-entries"] == "512"
 
@@ -171,3 +173,33 @@ def test_buckets_layout_is_refused_where_it_does_not_apply() -> None:
         StoreConfig(backend="redis-cluster", urls=["redis://h:1"], layout=buckets)
     with pytest.raises(ValueError, match=r"compose needs layout\.kind: keys"):
         StoreConfig(backend="redis", urls=["redis://h:1"], layout=buckets, sparse_updates="compose")
+
+
+def test_a_deployment_keeps_the_layout_its_rows_were_written_in(redis_server: RedisServer) -> None:
+    redis_server.client().flushall()
+    spec = TableSpec(name="t", dim=2)
+    ids = np.arange(5, dtype=np.uint64)
+    with _store(redis_server.url, [spec]) as store:
+        store.push("t", ids, *_rows(5, 2))
+    keys_cfg = StoreConfig(backend="redis", urls=[redis_server.url], layout={"kind": "keys"})
+    with build_store(keys_cfg, [spec], "bk", retry=NO_SLEEP) as other, pytest.raises(ConfigError) as err:
+        other.pull("t", ids)
+    assert "store.layout.kind" in str(err.value) and "'buckets'" in str(err.value)
+    with _store(redis_server.url, [spec], buckets_per_table=32) as other, pytest.raises(ConfigError) as err:
+        other.pull("t", ids)
+    assert "buckets_per_table" in str(err.value) and "16" in str(err.value)
+    with _store(redis_server.url, [spec, TableSpec(name="new", dim=2)]) as same:  # a new table is fine
+        assert same.pull("t", ids, count=False).admitted.all()
+
+
+def test_rows_written_before_the_marker_existed_are_found(redis_server: RedisServer) -> None:
+    redis_server.client().flushall()
+    spec = TableSpec(name="t", dim=2)
+    keys_cfg = StoreConfig(backend="redis", urls=[redis_server.url], layout={"kind": "keys"})
+    with build_store(keys_cfg, [spec], "old", retry=NO_SLEEP) as old:
+        old.push("t", np.arange(5, dtype=np.uint64), *_rows(5, 2))
+    redis_server.client().delete(marker_key("old"))  # as an older Kelp left it
+    cfg = StoreConfig(backend="redis", urls=[redis_server.url])  # layout auto: buckets on standalone
+    with build_store(cfg, [spec], "old", retry=NO_SLEEP) as new, pytest.raises(ConfigError) as err:
+        new.pull("t", np.arange(5, dtype=np.uint64))
+    assert "already has rows in the 'keys' layout" in str(err.value)

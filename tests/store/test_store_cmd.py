@@ -49,7 +49,7 @@ def test_stats_and_inspect(tmp_path, redis_url: str, capsys) -> None:  # type: i
     assert not lines[1]["stored"]
     assert main(["store", "stats", "--config", str(config)]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["backend"] == "redis" and stats["shards"][0]["keys"] == 1
+    assert stats["backend"] == "redis" and stats["shards"][0]["keys"] == 2  # the row's bucket + layout marker
     assert main(["store", "inspect", "--config", str(config), "nope", "1"]) == 2
     assert "unknown table" in capsys.readouterr().err
 
