@@ -12,7 +12,7 @@ from kafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig, SparseFeature
-from kelp.consumers import encode_columns, encode_sample
+from kelp.consumers import encode_columns, encode_sample, kafka_source
 from kelp.consumers.kafka_source import KafkaSource
 
 from .test_decode import BAD
@@ -146,3 +146,37 @@ def test_poison_pills_go_to_dead_letter_with_reason(
         assert headers["source_topic"].decode() == unique_topic
         assert stream[int(headers["source_offset"])] == value
     assert committed(tansu.bootstrap, cfg.group_id, unique_topic, 1) == [len(stream)]
+
+
+def test_commits_nobody_waits_for_land_without_further_reports(
+    tansu,
+    unique_topic: str,
+    kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reports are gathered for up to 100 ms; the last ones must still be committed while running.
+
+    The interval is stretched to 2 s here, so every report after the first arrives inside it
+    and only a later pass of the poll loop, with nothing new reported, can commit them.
+    """
+    monkeypatch.setattr(kafka_source, "_COMMIT_INTERVAL_S", 2.0)
+    tansu.create_topic(unique_topic, 1)
+    produce(tansu.bootstrap, unique_topic, columnar(0, 2000, 100))
+    cfg = kafka_config()
+    src = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
+    try:
+        got: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 2000 and time.monotonic() < deadline:
+            batch = src.poll(1.0)
+            if batch is not None:
+                got += batch.sparse["a"].values.tolist()
+                src.commit(batch)  # nobody waits: gathered with the next reports
+        assert sorted(got) == list(range(2000))
+        deadline = time.monotonic() + 10
+        while committed(tansu.bootstrap, cfg.group_id, unique_topic, 1) != [20]:
+            assert time.monotonic() < deadline, "durable offsets were never committed"
+            time.sleep(0.2)
+        assert src.committed_positions() == {(unique_topic, 0): 20}
+    finally:
+        src.close()
