@@ -40,7 +40,12 @@ class HotCacheConfig(StrictModel):
     at most that much. See kelp.store.hot_cache and docs/store.md.
     """
 
-    enabled: bool = False
+    enabled: bool | Literal["auto"] = Field(
+        "auto",
+        description="auto: on for a single trainer on a Redis backend with sparse_updates overwrite; off "
+        "for the memory backend (it is local already), for compose (updates are applied in Redis) and for "
+        "trainer groups (each rank's copy of a hot row would overwrite the others' updates).",
+    )
     capacity_rows: int = Field(
         1_000_000,
         ge=1,
@@ -160,6 +165,16 @@ class StoreConfig(StrictModel):
 
     _split = field_validator("urls", mode="before")(split_csv)
 
+    def hot_tier(self, trainers: int | None) -> bool:
+        """Whether a store gets the hot tier: ``hot_cache.enabled``, with ``auto`` resolved.
+
+        ``trainers``: the size of the trainer group the store is built for, None when it is not
+        built for training (serving, ``kelp store``, tools): ``auto`` keeps the tier for one trainer.
+        """
+        if self.hot_cache.enabled != "auto":
+            return bool(self.hot_cache.enabled)
+        return self.backend != "memory" and self.sparse_updates == "overwrite" and trainers == 1
+
     @property
     def row_layout(self) -> Literal["keys", "buckets"]:
         """``layout.kind`` with ``auto`` resolved for this backend."""
@@ -183,7 +198,7 @@ class StoreConfig(StrictModel):
             raise ValueError(
                 "sparse_updates: compose needs layout.kind: keys (its script updates string keys)"
             )
-        if self.sparse_updates == "compose" and (self.backend == "memory" or self.hot_cache.enabled):
+        if self.sparse_updates == "compose" and (self.backend == "memory" or self.hot_cache.enabled is True):
             raise ValueError(
                 "sparse_updates: compose needs backend redis or redis-cluster and hot_cache.enabled: false "
                 "(the update is applied inside Redis)"

@@ -193,7 +193,9 @@ class TrainDaemon:
                 cfg.metrics.host, port, labelled, self.liveness, self.readiness
             ).start()
         try:
-            with build_store(cfg.store, cfg.features.store_tables(), cfg.deployment, self.registry) as built:
+            tables = cfg.features.store_tables()
+            size = self.group.size
+            with build_store(cfg.store, tables, cfg.deployment, self.registry, trainers=size) as built:
                 store = built if self._wrap_store is None else self._wrap_store(built)
                 self._build_model()
                 publisher = self._build_publisher()

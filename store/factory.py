@@ -84,9 +84,13 @@ def build_store(
     tables: list[TableSpec],
     deployment: str = "kelp",
     registry: CollectorRegistry | None = None,
+    *,
+    trainers: int | None = None,
     **kwargs: Any,
 ) -> EmbeddingStore:
-    """The configured backend, wrapped in the hot-row cache when ``store_cfg.hot_cache.enabled``.
+    """The configured backend, wrapped in the hot tier when ``store_cfg.hot_tier(trainers)``
+    (``trainers``: the size of the trainer group the store is for; None: not for training, so
+    ``hot_cache.enabled: auto`` means off; the trainer daemon passes its group's size).
 
     ``kwargs`` go to the backend (``retry=RetryPolicy(...)``, ``initial_state=``, ``seed=``).
     Raises :class:`~kelp.errors.ConfigError` (one line per problem) for what
@@ -100,7 +104,7 @@ def build_store(
         store: EmbeddingStore = cls(tables, registry, **kwargs)
     else:
         store = cls(store_cfg, tables, deployment, registry, **kwargs)
-    if store_cfg.hot_cache.enabled:
+    if store_cfg.hot_tier(trainers):
         from kelp.store.hot_cache import HotRowCache
 
         store = HotRowCache(store, store_cfg.hot_cache)

@@ -41,44 +41,47 @@ Rules it keeps:
 * only admitted rows enter the tier; pulls of other ids go to the store every
   time, so admission counting still sees them.
 
-Rows live in host memory (numpy), one :class:`~kelp.store.slots.SlotTable` per
-table; on a CUDA trainer the step copies each batch's rows to the device once,
-as it does for rows from Redis. One lock serialises pulls, pushes and
-write-backs; see docs/store.md for the sizing (about 100 bytes per dim-16 row).
+Rows live in host memory (numpy): the tables of one width share one tagged
+table (:class:`~kelp.store.hot_rows.HotRows`), so each verb is a few numpy
+calls over all of a step's ids. On a CUDA trainer the step copies each batch's
+rows to the device once, as it does for rows from Redis. One lock serialises
+pulls, pushes and write-backs; see docs/store.md for the sizing (about 100
+bytes per dim-16 row).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from types import TracebackType
 
 import numpy as np
 
 from kelp.config import HotCacheConfig
 from kelp.store.base import EmbeddingStore, PullResult, StoreStats
+from kelp.store.hot_rows import HotRows, RowBatch
 from kelp.store.metrics import StoreMetrics
-from kelp.store.sketch import CountMinSketch
-from kelp.store.slots import Column, SlotTable
 from kelp.store.writeback import WritebackSchedule
 
 __all__ = ["HotRowCache"]
 
+log = logging.getLogger(__name__)
+
 _OVERFILL = 8  # a full tier takes hot-enough rows up to capacity / _OVERFILL beyond it until the next trim
 
 
-def _slot_table(dim: int, capacity: int) -> SlotTable:
-    return SlotTable(
-        {
-            "rows": Column(np.float32, width=dim),
-            "state": Column(np.float32),
-            "loaded": Column(np.float64),  # tier clock when read from the store (staleness)
-            "updated_s": Column(np.uint32),  # unix seconds of the row's last update
-            "dirty": Column(bool),
-            "since": Column(np.int64),  # the push that dirtied the row first since its last write-back
-        },
-        capacity=capacity,
-    )
+def _weights(batch: RowBatch, occurrences: Mapping[str, np.ndarray]) -> np.ndarray | int:
+    """Sketch increments of ``batch``'s ids: their occurrences in the trained samples (at least 1)."""
+    if not any(name in occurrences for name in batch.names):
+        return 1
+    lengths = np.diff(batch.bounds).tolist()
+    parts = [
+        np.asarray(occurrences[name]) if name in occurrences else np.ones(n, np.int64)
+        for name, n in zip(batch.names, lengths, strict=True)
+    ]
+    return np.maximum(np.concatenate(parts), 1)
 
 
 class HotRowCache(EmbeddingStore):
@@ -103,9 +106,11 @@ class HotRowCache(EmbeddingStore):
         self.capacity = cfg.capacity_rows
         self._clock = clock
         self.metrics = metrics or getattr(inner, "metrics", None) or StoreMetrics()
-        per_table = max(64, cfg.capacity_rows // max(1, len(self.tables)))
-        self._slots = {name: _slot_table(t.dim, min(per_table, 1 << 16)) for name, t in self.tables.items()}
-        self._sketch = {name: CountMinSketch(width=2 * per_table, depth=2, seed=name) for name in self.tables}
+        widths: dict[int, list[str]] = {}
+        for name, t in self.tables.items():
+            widths.setdefault(t.dim, []).append(name)
+        self._groups = [HotRows(names, dim, max(64, cfg.capacity_rows)) for dim, names in widths.items()]
+        self._group_of = {name: g for g in self._groups for name in g.names}
         self._threshold = 0  # a fetched row enters a full tier only above this estimate (set by trims)
         self._held = 0
         self._lock = threading.RLock()
@@ -129,18 +134,18 @@ class HotRowCache(EmbeddingStore):
         cutoff = self._schedule.due(force)
         if cutoff:
             updates = {}
-            due_slots = {}
-            for name, c in self._slots.items():
-                high = c.high
-                slots = np.flatnonzero(c["dirty"][:high] & (c["since"][:high] <= cutoff))
-                if len(slots):
-                    due_slots[name] = slots
-                    updates[name] = (c.ids[slots], c["rows"][slots], c["state"][slots])
+            due = []
+            for g in self._groups:
+                slots = g.due(cutoff)
+                due.append(slots)
+                t = g.table
+                for name, mine in g.by_table(slots).items():
+                    updates[name] = (t.ids[mine], t["rows"][mine], t["state"][mine])
             if updates:
                 self.inner.push_many(updates)
-                for name, slots in due_slots.items():
-                    self._slots[name]["dirty"][slots] = False
-                self.metrics.hot_writeback.inc(sum(len(s) for s in due_slots.values()))
+                for g, slots in zip(self._groups, due, strict=True):
+                    g.table["dirty"][slots] = False
+                self.metrics.hot_writeback.inc(sum(len(s) for s in due))
             self._schedule.written(cutoff)
         if self._held > self.capacity:
             self._trim()
@@ -149,27 +154,20 @@ class HotRowCache(EmbeddingStore):
         """Drop the clean rows with the lowest estimated frequency, over all tables at once, until the
         tier holds ``capacity`` (dirty rows leave only after their write-back)."""
         excess = self._held - self.capacity
-        names, slots, scores = [], [], []
-        for i, (name, c) in enumerate(self._slots.items()):
-            live = c.live_slots()
-            clean = live[~c["dirty"][live]]
-            names.append(np.full(len(clean), i))
-            slots.append(clean)
-            scores.append(self._sketch[name].estimate(c.ids[clean]))
-        table_of = np.concatenate(names)
-        all_slots = np.concatenate(slots)
-        all_scores = np.concatenate(scores)
-        if excess < len(all_scores):
-            victims = np.argpartition(all_scores, excess - 1)[:excess]
+        candidates = [g.clean_rows() for g in self._groups]
+        scores = np.concatenate([score for _, score in candidates])
+        if excess < len(scores):
+            victims = np.argpartition(scores, excess - 1)[:excess]
         else:
-            victims = np.arange(len(all_scores))
+            victims = np.arange(len(scores))
         if not len(victims):
             return
-        self._threshold = int(all_scores[victims].max())
-        for i, name in enumerate(self._slots):
-            mine = all_slots[victims[table_of[victims] == i]]
-            if len(mine):
-                self._slots[name].remove(mine)
+        self._threshold = int(scores[victims].max())
+        start = 0
+        for g, (slots, _) in zip(self._groups, candidates, strict=True):
+            mine = victims[(victims >= start) & (victims < start + len(slots))] - start
+            g.table.remove(slots[mine])
+            start += len(slots)
         self._held -= len(victims)
         self.metrics.hot_evictions.inc(len(victims))
 
@@ -182,136 +180,157 @@ class HotRowCache(EmbeddingStore):
         count: bool = True,
         occurrences: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, PullResult]:
+        checked = {name: self.table(name).check_ids(raw) for name, raw in ids_by_table.items()}
+        occurrences = occurrences or {}
         with self._lock:
             now = self._clock()
-            batch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+            looked: list[tuple[HotRows, RowBatch, np.ndarray]] = []
             need: dict[str, np.ndarray] = {}
             need_occ: dict[str, np.ndarray] = {}
-            for name, raw in ids_by_table.items():
-                ids = self.table(name).check_ids(raw)
-                occ = None if occurrences is None else occurrences.get(name)
+            for g in self._groups:
+                batch = g.batch(checked)
+                if batch is None:
+                    continue
                 if count:
-                    self._sketch[name].add(ids, 1 if occ is None else np.maximum(np.asarray(occ), 1))
-                c = self._slots[name]
-                slots = c.lookup(ids)
-                cached = slots >= 0
-                self._reread_stale(name, slots, cached, now)
-                batch[name] = (ids, slots, cached)
-                miss = ~cached
-                need[name] = ids[miss]
-                if occ is not None:
-                    need_occ[name] = np.asarray(occ)[miss]
-                hits = int(cached.sum())
-                self.metrics.hot_hits.labels(table=name).inc(hits)
-                self.metrics.hot_misses.labels(table=name).inc(len(ids) - hits)
-                self._lookups += len(ids)
-                self._hits += hits
-            wanted = {k: v for k, v in need.items() if len(v)}
-            fetched = (
-                self.inner.pull_many(
-                    wanted, count=count, occurrences={k: need_occ[k] for k in wanted if k in need_occ}
-                )
-                if wanted
-                else {}
-            )
-            out = {
-                name: self._merge(name, (ids, slots, cached), fetched.get(name), now)
-                for name, (ids, slots, cached) in batch.items()
-            }
+                    g.sketch.add(g.sketch_keys(batch.ids, batch.tags), _weights(batch, occurrences))
+                slots = g.lookup(batch)
+                self._reread_stale(g, slots, now)
+                looked.append((g, batch, slots))
+                miss = slots < 0
+                ids_by, miss_by = batch.split(batch.ids), batch.split(miss)
+                for name in batch.names:
+                    m = miss_by[name]
+                    if m.any():
+                        need[name] = ids_by[name][m]
+                        if name in occurrences:
+                            need_occ[name] = np.asarray(occurrences[name])[m]
+                self._count_hits(batch, miss)
+            fetched = self.inner.pull_many(need, count=count, occurrences=need_occ) if need else {}
+            out: dict[str, PullResult] = {}
+            for g, batch, slots in looked:
+                out.update(self._merge(g, batch, slots, fetched, now))
             self._update_gauges()
             return out
 
-    def _reread_stale(self, name: str, slots: np.ndarray, cached: np.ndarray, now: float) -> None:
-        """Clean rows loaded more than ``max_staleness_s`` ago leave the tier; ``cached`` is updated."""
-        c = self._slots[name]
-        hit = slots[cached]
-        stale = (now - c["loaded"][hit] > self.cfg.max_staleness_s) & ~c["dirty"][hit]
+    def _count_hits(self, batch: RowBatch, miss: np.ndarray) -> None:
+        hits = batch.counts(~miss)
+        for name, h, n in zip(batch.names, hits, np.diff(batch.bounds).tolist(), strict=True):
+            self.metrics.hot_hits.labels(table=name).inc(h)
+            self.metrics.hot_misses.labels(table=name).inc(n - h)
+        self._lookups += len(miss)
+        self._hits += sum(hits)
+
+    def _reread_stale(self, g: HotRows, slots: np.ndarray, now: float) -> None:
+        """Clean rows loaded more than ``max_staleness_s`` ago leave the tier; their ``slots`` become -1."""
+        t = g.table
+        hit = np.flatnonzero(slots >= 0)
+        at = slots[hit]
+        stale = (now - t["loaded"][at] > self.cfg.max_staleness_s) & ~t["dirty"][at]
         if stale.any():
-            c.remove(hit[stale])
+            t.remove(at[stale])
+            slots[hit[stale]] = -1
             self._held -= int(stale.sum())
-            where = np.flatnonzero(cached)[stale]
-            cached[where] = False
-            slots[where] = -1
-            self.metrics.hot_stale.inc(len(where))
+            self.metrics.hot_stale.inc(int(stale.sum()))
 
     def _merge(
         self,
-        name: str,
-        lookup: tuple[np.ndarray, np.ndarray, np.ndarray],
-        fetched: PullResult | None,
+        g: HotRows,
+        batch: RowBatch,
+        slots: np.ndarray,
+        fetched: Mapping[str, PullResult],
         now: float,
-    ) -> PullResult:
-        """The tier's hits and the store's rows, in the order asked; fetched rows may enter the tier.
-
-        ``lookup``: the ids asked, their slots in the tier and which of them are there.
-        """
-        ids, slots, cached = lookup
-        c = self._slots[name]
-        if fetched is None:  # everything was a hit
-            rows, state, updated_s = c["rows"][slots], c["state"][slots], c["updated_s"][slots]
-            n = len(ids)
-            return PullResult(rows, state, np.ones(n, bool), updated_s, np.zeros(n, bool))
-        if not cached.any():
-            self._admit(name, ids, fetched, now)
-            return fetched
-        dim = self.tables[name].dim
-        n = len(ids)
-        rows = np.empty((n, dim), dtype=np.float32)
+    ) -> dict[str, PullResult]:
+        """The tier's hits and the store's rows, in the order asked, split per table (views of one
+        array each); fetched rows may enter the tier."""
+        t = g.table
+        n = len(slots)
+        miss = slots < 0
+        hit = np.flatnonzero(~miss)
+        rows = np.empty((n, g.dim), dtype=np.float32)
         state = np.empty(n, dtype=np.float32)
-        updated_s = np.empty(n, dtype=np.uint32)
+        updated_s = np.zeros(n, dtype=np.uint32)
         admitted = np.ones(n, dtype=bool)
         admitted_now = np.zeros(n, dtype=bool)  # a row in the tier was admitted long ago
-        hs = slots[cached]
-        rows[cached], state[cached], updated_s[cached] = c["rows"][hs], c["state"][hs], c["updated_s"][hs]
-        miss = ~cached
-        rows[miss], state[miss], admitted[miss] = fetched.rows, fetched.state, fetched.admitted
-        updated_s[miss] = 0 if fetched.updated_s is None else fetched.updated_s
-        if fetched.admitted_now is not None:
-            admitted_now[miss] = fetched.admitted_now
-        self._admit(name, ids[miss], fetched, now)
-        return PullResult(rows, state, admitted, updated_s, admitted_now)
+        at = slots[hit]
+        rows[hit], state[hit], updated_s[hit] = t["rows"][at], t["state"][at], t["updated_s"][at]
+        got = [fetched[name] for name in batch.names if name in fetched]
+        if got:
+            where = np.flatnonzero(miss)
+            rows[where] = np.concatenate([f.rows for f in got])
+            state[where] = np.concatenate([f.state for f in got])
+            admitted[where] = np.concatenate([f.admitted for f in got])
+            updated_s[where] = np.concatenate(
+                [f.updated_s if f.updated_s is not None else np.zeros(len(f), np.uint32) for f in got]
+            )
+            admitted_now[where] = np.concatenate(
+                [f.admitted_now if f.admitted_now is not None else np.zeros(len(f), bool) for f in got]
+            )
+            self._admit(g, batch, where, (rows, state, updated_s, admitted), now)
+        parts = [batch.split(a) for a in (rows, state, admitted, updated_s, admitted_now)]
+        return {name: PullResult(*(p[name] for p in parts)) for name in batch.names}
 
-    def _admit(self, name: str, ids: np.ndarray, fetched: PullResult, now: float) -> None:
-        """Fetched admitted rows enter the tier while it has room; a full tier takes (up to 1/8 over
-        ``capacity``, until the next trim) only rows whose estimated frequency beats the coldest row
-        the last trim dropped."""
+    def _admit(
+        self,
+        g: HotRows,
+        batch: RowBatch,
+        where: np.ndarray,
+        values: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        now: float,
+    ) -> None:
+        """Fetched admitted rows (positions ``where`` of ``batch``) enter the tier while it has room; a
+        full tier takes (up to 1/8 over ``capacity``, until the next trim) only rows whose estimated
+        frequency beats the coldest row the last trim dropped."""
         room = self.capacity + max(1, self.capacity // _OVERFILL) - self._held
         if room <= 0:
             return
-        keep = fetched.admitted
-        if self._held >= self.capacity:
-            keep = keep & (self._sketch[name].estimate(ids) > self._threshold)
-        pick = np.flatnonzero(keep)[:room]
+        rows, state, updated_s, admitted = values
+        pick = where[admitted[where]]
+        if self._held >= self.capacity and len(pick):
+            keys = g.sketch_keys(batch.ids[pick], batch.tags[pick])
+            pick = pick[g.sketch.estimate(keys) > self._threshold]
+        pick = pick[:room]
         if not len(pick):
             return
-        updated = fetched.updated_s[pick] if fetched.updated_s is not None else np.uint32(0)
-        self._slots[name].insert(
-            ids[pick], rows=fetched.rows[pick], state=fetched.state[pick], loaded=now, updated_s=updated
+        g.table.insert(
+            batch.ids[pick],
+            batch.tags[pick],
+            rows=rows[pick],
+            state=state[pick],
+            loaded=now,
+            updated_s=updated_s[pick],
         )
         self._held += len(pick)
 
     def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         """Rows in the tier are written there; the rest go to ``inner`` at once. Then the rows that
         are due are written back (:meth:`_write_back`)."""
+        checked = {name: self.table(name).check_push(*u) for name, u in updates.items()}
         with self._lock:
             passthrough = {}
             push = self._schedule.begin_push()
             stamp = np.uint32(time.time())
-            for name, (raw_ids, raw_rows, raw_state) in updates.items():
-                ids, rows, state = self.table(name).check_push(raw_ids, raw_rows, raw_state)
-                c = self._slots[name]
-                slots = c.lookup(ids)
-                cached = slots >= 0
-                if not cached.all():
-                    miss = ~cached
-                    passthrough[name] = (ids[miss], rows[miss], state[miss])
-                    slots, rows, state = slots[cached], rows[cached], state[cached]
+            for g in self._groups:
+                batch = g.batch({name: c[0] for name, c in checked.items()})
+                if batch is None:
+                    continue
+                rows = np.concatenate([checked[n][1] for n in batch.names])
+                state = np.concatenate([checked[n][2] for n in batch.names])
+                slots = g.lookup(batch)
+                miss = slots < 0
+                if miss.any():
+                    for name, m in batch.split(miss).items():
+                        if m.any():
+                            ids, r, st = checked[name]
+                            passthrough[name] = (ids[m], r[m], st[m])
+                    keep = ~miss
+                    slots, rows, state = slots[keep], rows[keep], state[keep]
                 if not len(slots):
                     continue
-                newly = slots[~c["dirty"][slots]]
-                c["since"][newly] = push
+                t = g.table
+                newly = slots[~t["dirty"][slots]]
+                t["since"][newly] = push
                 self._schedule.dirtied(push, len(newly))
-                c.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True)
+                t.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True)
             if passthrough:
                 self.inner.push_many(passthrough)
             self._write_back()
@@ -339,12 +358,15 @@ class HotRowCache(EmbeddingStore):
             return self._schedule.durable
 
     def dirty_rows(self) -> int:
-        return int(sum(c["dirty"][: c.high].sum() for c in self._slots.values()))
+        return int(sum(g.table["dirty"][: g.table.high].sum() for g in self._groups))
 
     def holds(self, table: str, ids: np.ndarray) -> np.ndarray:
         """bool[n]: which ``ids`` have a row in the tier now (tests, ``kelp store``)."""
         with self._lock:
-            return self._slots[table].lookup(self.table(table).check_ids(ids)) >= 0
+            g = self._group_of[self.table(table).name]
+            batch = g.batch({table: self.table(table).check_ids(ids)})
+            assert batch is not None
+            return g.lookup(batch) >= 0
 
     def rows_held(self) -> int:
         return self._held
@@ -360,13 +382,16 @@ class HotRowCache(EmbeddingStore):
     def delete(self, table: str, ids: np.ndarray) -> int:
         with self._lock:
             ids = self.table(table).check_ids(ids)
-            c = self._slots[table]
-            slots = c.lookup(ids)
+            g = self._group_of[table]
+            batch = g.batch({table: ids})
+            assert batch is not None
+            slots = g.lookup(batch)
             slots = slots[slots >= 0]
-            dirty = slots[c["dirty"][slots]]
-            self._schedule.forget(c["since"][dirty].tolist())  # their pending updates go with them
-            c["dirty"][dirty] = False
-            c.remove(slots)
+            t = g.table
+            dirty = slots[t["dirty"][slots]]
+            self._schedule.forget(t["since"][dirty].tolist())  # their pending updates go with them
+            t["dirty"][dirty] = False
+            t.remove(slots)
             self._held -= len(slots)
             return self.inner.delete(table, ids)
 
@@ -384,3 +409,23 @@ class HotRowCache(EmbeddingStore):
             self.flush()
         finally:
             self.inner.close()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Leaving a block that raised (the store is down past the outage budget), a failing final
+        write-back must not replace that error: it is logged, and nothing is lost, because the
+        offsets of rows never written back were never committed (a restart replays them)."""
+        if exc is None:
+            self.close()
+            return
+        dirty = self.dirty_rows()
+        try:
+            self.close()
+        except Exception as failed:
+            log.warning(
+                "hot tier: %d rows not written back on close (%s); their Kafka offsets were not "
+                "committed, so the next start trains them again",
+                dirty,
+                failed,
+            )

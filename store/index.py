@@ -5,10 +5,19 @@ Python dict would cost one interpreter round per id. Here every operation works
 on whole arrays: linear probing advances all unresolved ids one step per numpy
 round, and the load factor stays below 1/2 so a lookup needs few rounds.
 
+Optional *tags* (0..253, one per id) make the key the pair (tag, id), so one
+index can hold the ids of several tables (the hot tier looks up all 26 tables
+of a step in one call). The tag lives in the slot's state byte (full = 2 + tag),
+so untagged use costs nothing extra.
+
 >>> index = IdIndex()
 >>> index.insert(np.array([7, 42], np.uint64), np.array([0, 1]))
 >>> index.lookup(np.array([42, 5, 7], np.uint64)).tolist()
 [1, -1, 0]
+>>> tagged = IdIndex()
+>>> tagged.insert(np.array([7, 7], np.uint64), np.array([0, 1]), tags=np.array([0, 3]))
+>>> tagged.lookup(np.array([7, 7, 7], np.uint64), tags=np.array([3, 0, 1])).tolist()
+[1, 0, -1]
 """
 
 from __future__ import annotations
@@ -19,7 +28,20 @@ from kelp.store.hashing import splitmix64
 
 __all__ = ["IdIndex"]
 
-_EMPTY, _FULL, _TOMB = 0, 1, 2
+_EMPTY, _TOMB, _FULL = 0, 1, 2  # a full slot's state is _FULL + its tag
+MAX_TAG = 253
+_TAG_MIX = np.uint64(0xD6E8FEB86659FD93)
+
+
+def _full_state(n: int, tags: np.ndarray | None) -> np.ndarray | int:
+    if tags is None:
+        return _FULL
+    tags = np.asarray(tags)
+    if len(tags) != n:
+        raise ValueError(f"{len(tags)} tags for {n} ids")
+    if len(tags) and (tags.min() < 0 or tags.max() > MAX_TAG):
+        raise ValueError(f"tags must be in [0, {MAX_TAG}]")
+    return (tags + _FULL).astype(np.uint8)
 
 
 class IdIndex:
@@ -42,51 +64,56 @@ class IdIndex:
     def __len__(self) -> int:
         return self.size
 
-    def _start(self, ids: np.ndarray) -> np.ndarray:
+    def _start(self, ids: np.ndarray, full: np.ndarray | int) -> np.ndarray:
         """intp[n] home position of each uint64 id (intp: numpy indexes with it without converting)."""
+        if isinstance(full, np.ndarray):  # tag 0 starts where an untagged id does
+            with np.errstate(over="ignore"):
+                ids = ids ^ ((full.astype(np.uint64) - np.uint64(_FULL)) * _TAG_MIX)
         return (splitmix64(ids) & self._mask).astype(np.intp)
 
-    def _probe(self, ids: np.ndarray) -> np.ndarray:
-        """Table position of each id, or -1 (ids must be uint64).
+    def _probe(self, ids: np.ndarray, full: np.ndarray | int = _FULL) -> np.ndarray:
+        """Table position of each id, or -1 (ids must be uint64; ``full``: their full-slot states).
 
         The first round covers every id without an index array (most ids resolve
         there at load factor < 1/2); later rounds carry only the unresolved ones.
         """
         keys, state, mask = self._keys, self._state, int(self._mask)
-        pos = self._start(ids)
+        tagged = isinstance(full, np.ndarray)
+        pos = self._start(ids, full)
         st = state[pos]
-        hit = (keys[pos] == ids) & (st == _FULL)
+        hit = (keys[pos] == ids) & (st == full)
         out = np.where(hit, pos, -1)
         todo = np.flatnonzero(~hit & (st != _EMPTY))
         p = pos[todo]
         while len(todo):
             p = (p + 1) & mask
             st = state[p]
-            hit = (st == _FULL) & (keys[p] == ids[todo])
+            hit = (st == (full[todo] if tagged else full)) & (keys[p] == ids[todo])  # type: ignore[index]
             out[todo[hit]] = p[hit]
             cont = ~hit & (st != _EMPTY)
             todo, p = todo[cont], p[cont]
         return out
 
-    def lookup(self, ids: np.ndarray) -> np.ndarray:
+    def lookup(self, ids: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.uint64)
-        where = self._probe(ids)
+        where = self._probe(ids, _full_state(len(ids), tags))
         return np.where(where >= 0, self._vals[where], -1)
 
-    def insert(self, ids: np.ndarray, vals: np.ndarray) -> None:
-        """Insert unique ids that are *not* present (callers look up first)."""
+    def insert(self, ids: np.ndarray, vals: np.ndarray, tags: np.ndarray | None = None) -> None:
+        """Insert unique ids (or (tag, id) pairs) that are *not* present (callers look up first)."""
         ids = np.asarray(ids, dtype=np.uint64)
         if len(ids) == 0:
             return
+        full = _full_state(len(ids), tags)
         if (self._used + len(ids)) * 2 > len(self._keys):
             self._grow(self.size + len(ids))
         vals = np.asarray(vals, dtype=np.int64)
         mask = int(self._mask)
-        pos = self._start(ids)
+        pos = self._start(ids, full)
         todo = np.arange(len(ids))
         while len(todo):
             p = pos[todo]
-            free = self._state[p] != _FULL
+            free = self._state[p] < _FULL
             # Several pending ids may want the same free position: the first one wins.
             cand = todo[free]
             uniq, first = np.unique(p[free], return_index=True)
@@ -94,17 +121,17 @@ class IdIndex:
             self._used += int(np.count_nonzero(self._state[uniq] == _EMPTY))
             self._keys[uniq] = ids[winners]
             self._vals[uniq] = vals[winners]
-            self._state[uniq] = _FULL
+            self._state[uniq] = full[winners] if isinstance(full, np.ndarray) else full
             placed = np.zeros(len(ids), dtype=bool)
             placed[winners] = True
             todo = todo[~placed[todo]]
             pos[todo] = (pos[todo] + 1) & mask
         self.size += len(ids)
 
-    def delete(self, ids: np.ndarray) -> np.ndarray:
+    def delete(self, ids: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
         """Remove ids; returns the int64 slots they had (-1 where absent)."""
         ids = np.asarray(ids, dtype=np.uint64)
-        where = self._probe(ids)
+        where = self._probe(ids, _full_state(len(ids), tags))
         found = where >= 0
         out = np.full(len(ids), -1, dtype=np.int64)
         out[found] = self._vals[where[found]]
@@ -113,14 +140,15 @@ class IdIndex:
         return out
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        full = self._state == _FULL
+        full = self._state >= _FULL
         return self._keys[full].copy(), self._vals[full].copy()
 
     def _grow(self, need: int) -> None:
-        keys, vals = self.items()
+        full = self._state >= _FULL
+        keys, vals, states = self._keys[full], self._vals[full], self._state[full]
         size = len(self._keys)
         while need * 2 > size:
             size *= 2
         self._alloc(size)
         self.size = 0
-        self.insert(keys, vals)
+        self.insert(keys, vals, tags=states.astype(np.int64) - _FULL)

@@ -22,7 +22,7 @@ from typing import Any
 import hiredis
 import redis
 
-from kelp.store.resp import read_replies
+from kelp.store.resp import first_error, read_replies
 
 __all__ = ["PackedPipeline"]
 
@@ -66,7 +66,7 @@ class PackedPipeline:
             self._pool.release(conn)
         if raise_on_error:
             for reply, packed in zip(replies, kinds, strict=True):
-                for item in reply if packed else (reply,):
-                    if isinstance(item, redis.ResponseError):
-                        raise item
+                error = first_error(reply if packed else [reply], redis.ResponseError)
+                if error is not None:
+                    raise error
         return replies

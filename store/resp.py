@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["pack_commands", "read_replies"]
+__all__ = ["first_error", "pack_commands", "read_replies"]
 
 
 def pack_commands(words: tuple[str, ...], *columns: np.ndarray) -> bytes:
@@ -74,17 +74,33 @@ def read_replies(conn: Any, n: int) -> list[Any]:
     from redis._parsers.hiredis import NOT_ENOUGH_DATA
 
     out: list[Any] = []
-    append = out.append
     gets = reader.gets
+    step = 64  # replies asked for per round: a few wasted calls after the buffer runs dry, not n
     while len(out) < n:
-        reply = gets()
-        if reply is NOT_ENOUGH_DATA:
+        want = min(step, n - len(out))
+        got = [gets() for _ in range(want)]
+        if got[-1] is NOT_ENOUGH_DATA:
+            got = got[: got.index(NOT_ENOUGH_DATA)]
             parser.read_from_socket()
-            continue
-        if isinstance(reply, ConnectionError):
-            raise reply
-        append(reply)
+            step = 64
+        else:
+            step = min(step * 2, 4096)
+        out += got
+    error = first_error(out, ConnectionError)
+    if error is not None:
+        raise error
     return out
+
+
+_PLAIN = {bytes, int, type(None), list}
+"""Reply types that are never errors (hiredis returns an error reply as an exception instance)."""
+
+
+def first_error(replies: list[Any], kind: type[BaseException]) -> BaseException | None:
+    """The first reply that is a ``kind`` exception instance, or None (one C-level pass when none is)."""
+    if set(map(type, replies)) <= _PLAIN:
+        return None
+    return next((r for r in replies if isinstance(r, kind)), None)
 
 
 def _read_one(conn: Any) -> Any:

@@ -78,12 +78,15 @@ class _DeviceIndex:
 class SlotTable:
     """Values per uint64 id in named columns (see the module docstring); ``table["rows"]`` is a column."""
 
-    def __init__(self, columns: Mapping[str, Column], capacity: int = 1024) -> None:
+    def __init__(self, columns: Mapping[str, Column], capacity: int = 1024, tagged: bool = False) -> None:
         self.capacity = max(1, int(capacity))
         self.index = IdIndex(self.capacity)
+        self.tagged = tagged
+        """Keys are (tag, id) pairs (``tags`` arguments, 0..253): one table for several id spaces."""
         self._specs = dict(columns)
         self._columns = {name: spec.allocate(self.capacity) for name, spec in self._specs.items()}
         self.ids = np.zeros(self.capacity, dtype=np.uint64)
+        self.tags = np.zeros(self.capacity if tagged else 0, dtype=np.uint8)
         self.live = np.zeros(self.capacity, dtype=bool)
         self.high = 0
         self._free: list[np.ndarray] = []
@@ -100,11 +103,11 @@ class SlotTable:
         """How many rows fit before the columns must grow."""
         return self.capacity - self.high + self.n_free
 
-    def lookup(self, ids: np.ndarray) -> np.ndarray:
-        """int64[n] slot of each id, -1 where absent."""
-        return self.index.lookup(ids)
+    def lookup(self, ids: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
+        """int64[n] slot of each id (of each (tag, id) pair in a tagged table), -1 where absent."""
+        return self.index.lookup(ids, tags)
 
-    def insert(self, ids: np.ndarray, **values: Any) -> np.ndarray:
+    def insert(self, ids: np.ndarray, tags: np.ndarray | None = None, **values: Any) -> np.ndarray:
         """Add rows for unique ``ids`` that are not present; returns their int64[n] slots.
 
         Each keyword names a column and gives its values (an array of ``len(ids)``
@@ -116,9 +119,13 @@ class SlotTable:
         if unknown:
             raise KeyError(f"unknown column(s) {sorted(unknown)}; columns: {sorted(self._specs)}")
         ids = np.asarray(ids, dtype=np.uint64)
+        if (tags is not None) != self.tagged:
+            raise ValueError("a tagged table takes tags with every id, an untagged one none")
         slots, reused = self._alloc(len(ids))
-        self.index.insert(ids, slots)
+        self.index.insert(ids, slots, tags)
         self.ids[slots] = ids
+        if tags is not None:
+            self.tags[slots] = tags
         self.live[slots] = True
         if values:
             self.write(slots, **values)
@@ -133,7 +140,7 @@ class SlotTable:
         slots = np.asarray(slots, dtype=np.int64)
         if len(slots) == 0:
             return
-        self.index.delete(self.ids[slots])
+        self.index.delete(self.ids[slots], self.tags[slots] if self.tagged else None)
         self.live[slots] = False
         self._free.append(slots.copy())
         self.n_free += len(slots)
@@ -227,7 +234,7 @@ class SlotTable:
             new = spec.allocate(capacity)
             new[: self.capacity] = old
             self._columns[name] = new
-        for attr in ("ids", "live"):
+        for attr in ("ids", "live", *(("tags",) if self.tagged else ())):
             old = getattr(self, attr)
             new = np.zeros(capacity, dtype=old.dtype)
             new[: self.capacity] = old

@@ -82,6 +82,39 @@ def test_index_matches_dict(ops) -> None:  # type: ignore[no-untyped-def]
     assert len(index) == len(model)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["ins", "del"]),
+            st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60)), max_size=40),
+        ),
+        max_size=30,
+    )
+)
+def test_tagged_index_matches_a_dict_of_pairs(ops) -> None:  # type: ignore[no-untyped-def]
+    """(tag, id) pairs: the same id under two tags is two keys; growing keeps every tag."""
+    index, model, nxt = IdIndex(4), {}, 0
+    for op, raw in ops:
+        pairs = sorted(set(raw))
+        tags = np.array([t for t, _ in pairs], dtype=np.int64)
+        ids = np.array([i for _, i in pairs], dtype=np.uint64)
+        if op == "ins":
+            new = index.lookup(ids, tags=tags) < 0
+            index.insert(ids[new], np.arange(nxt, nxt + int(new.sum())), tags=tags[new])
+            added = zip(tags[new].tolist(), ids[new].tolist(), strict=True)
+            model.update({(t, i): nxt + k for k, (t, i) in enumerate(added)})
+            nxt += int(new.sum())
+        else:
+            index.delete(ids, tags=tags)
+            for t, i in pairs:
+                model.pop((t, i), None)
+    tags, ids = np.divmod(np.arange(4 * 61), 61)
+    got = index.lookup(ids.astype(np.uint64), tags=tags).tolist()
+    assert got == [model.get((int(t), int(i)), -1) for t, i in zip(tags, ids, strict=True)]
+    assert len(index) == len(model)
+
+
 def test_rendezvous_moves_only_the_removed_shards_ids() -> None:
     ids = np.arange(20_000, dtype=np.uint64)
     seeds = np.array([11, 22, 33, 44], dtype=np.uint64)

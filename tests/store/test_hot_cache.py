@@ -196,3 +196,18 @@ def test_staleness_bounds_and_the_age_of_unwritten_updates_are_exported() -> Non
     assert registry.get_sample_value("kelp_store_hot_cache_dirty_age_seconds") == 2.0
     cache.flush()
     assert registry.get_sample_value("kelp_store_hot_cache_dirty_age_seconds") == 0
+
+
+def test_leaving_a_failed_block_keeps_its_error_when_the_final_write_back_fails_too() -> None:
+    inner, cache, _ = _cache(every=1000)
+    ids = _ids(0, 2)
+
+    def broken(updates):  # type: ignore[no-untyped-def]
+        raise StoreUnavailableError("redis down")
+
+    with pytest.raises(RuntimeError, match="the training error"), cache:
+        cache.pull("t", ids)
+        cache.push("t", ids, *_rows(2, 2, 1.0))
+        inner.push_many = broken  # type: ignore[method-assign]
+        raise RuntimeError("the training error")
+    assert cache.dirty_rows() == 2  # not written, and never reported durable
