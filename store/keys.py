@@ -95,10 +95,10 @@ class BucketLayout:
     def __init__(self, deployment: str, table: str, buckets: int) -> None:
         self.buckets = buckets
         self.seed = name_seed("bucket-k2", deployment, table)
-        prefix = f"k2:{deployment}:{table}:h:".encode()
-        self._key = np.dtype([("p", f"S{len(prefix)}"), ("b", ">u4")])
-        self._prefix = prefix
-        self.key_width = self._key.itemsize
+        self.prefix = f"k2:{deployment}:{table}:h:".encode()
+        self.key_dtype = np.dtype([("p", f"S{len(self.prefix)}"), ("b", ">u4")])
+        """A bucket key as a record: the table's prefix, then the bucket as 4 bytes big-endian."""
+        self.key_width = self.key_dtype.itemsize
         self.pattern = f"k2:{deployment}:{table}:h:*"
         """SCAN MATCH pattern of this table's bucket hashes."""
 
@@ -108,8 +108,8 @@ class BucketLayout:
 
     def bucket_keys(self, buckets: np.ndarray) -> np.ndarray:
         """The hash key of each bucket, as a fixed-width void array."""
-        rec = np.empty(len(buckets), dtype=self._key)
-        rec["p"] = self._prefix
+        rec = np.empty(len(buckets), dtype=self.key_dtype)
+        rec["p"] = self.prefix
         rec["b"] = buckets
         return rec.view(f"V{self.key_width}")
 
