@@ -28,7 +28,8 @@ transport failures. ``client_cpu_ms_per_request`` and
 ``server_cpu_ms_per_request`` say what one request cost each side in CPU
 (Linux only for the server), which shared-machine noise barely moves.
 
-Floor, same run, same Redis, same requests: a raw pipelined ``MGET`` of the
+Floor, same run, same Redis, same requests: a raw read (``MGET`` per table, or
+per-row ``HGET`` in the default ``buckets`` layout, in one pipeline) of the
 request's unique row keys decoded with ``numpy.frombuffer``, plus the bare
 ``dlrm-small`` forward on the pooled tensors, in-process (no HTTP, no JSON, no
 validation). ``floor_p50_ms`` is its median; ``p50_ms / floor_p50_ms`` is what
@@ -66,7 +67,9 @@ from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES, criteo_feature_spec
 from kelp.harness import RedisServer, free_port
 from kelp.publish import build_publisher
 from kelp.store import build_store
-from kelp.store.keys import KeyLayout
+from kelp.store.keys import BucketLayout, KeyLayout
+from kelp.store.packed_pipeline import PackedPipeline
+from kelp.store.resp import pack_commands
 from kelp.trainer import build_model
 
 __all__ = ["run"]
@@ -315,30 +318,56 @@ def _cpu_seconds(pid: int | None) -> float | None:
 
 
 def _floor(cfg: KelpConfig, requests: list[dict[str, Any]], reps: int) -> float:
-    """p50 ms of raw MGET (frombuffer) of a request's unique rows + the bare forward, in-process."""
+    """p50 ms of a raw read of a request's unique rows (frombuffer) + the bare forward, in-process.
+
+    The raw read is the fastest plain way to the rows where the store keeps
+    them: one ``MGET`` per table in the ``keys`` layout, one packed run of
+    per-row ``HGET`` on the same buckets in the ``buckets`` layout (the
+    default). Keys and commands are built before the clock starts.
+    """
     client = redis.Redis.from_url(cfg.store.urls[0])
+    buckets = cfg.store.row_layout == "buckets"
     layouts = {t.name: KeyLayout(cfg.deployment, t.name) for t in cfg.features.tables}
+    hashes = {
+        t.name: BucketLayout(cfg.deployment, t.name, cfg.store.layout.buckets_for(t.name))
+        for t in cfg.features.tables
+    }
     model = build_model(cfg.features, cfg.trainer).eval()
     prepared = []
     for req in requests:
         ids = _unique_ids(req)
-        keys = {t: layouts[t].row_keys(a) for t, a in ids.items()}
+        if buckets:
+            reads: Any = [
+                (
+                    t,
+                    len(a),
+                    pack_commands(
+                        ("HGET",), hashes[t].bucket_keys(hashes[t].bucket_of(a)), hashes[t].fields(a)
+                    ),
+                )
+                for t, a in ids.items()
+            ]
+        else:
+            reads = [(t, len(a), layouts[t].row_keys(a)) for t, a in ids.items()]
         dense = np.log1p(np.maximum(np.array([list(req["user"]["dense"].values())], np.float32), 0))
         inverse = {
             f: np.searchsorted(ids[f], np.array([c["sparse"][f] for c in req["candidates"]], np.uint64))
             for f in ITEM_FEATURES
         }
-        prepared.append((keys, torch.from_numpy(np.repeat(dense, CANDIDATES, axis=0)), inverse))
+        prepared.append((reads, torch.from_numpy(np.repeat(dense, CANDIDATES, axis=0)), inverse))
     times = []
     for r in range(reps):
-        keys, dense, inverse = prepared[r % len(prepared)]
+        reads, dense, inverse = prepared[r % len(prepared)]
         t0 = time.perf_counter()
-        pipe = client.pipeline(transaction=False)
-        for k in keys.values():
-            pipe.execute_command("MGET", *k)
+        pipe = PackedPipeline(client)
+        for _table, n, what in reads:
+            if buckets:
+                pipe.add_packed(what, n)
+            else:
+                pipe.execute_command("MGET", *what)
         replies = pipe.execute()
         pooled = []
-        for (table, _k), values in zip(keys.items(), replies, strict=True):
+        for (table, _n, _what), values in zip(reads, replies, strict=True):
             rows = np.frombuffer(bytearray(b"".join(values)), dtype=np.float32).reshape(len(values), -1)[
                 :, 4:
             ]
