@@ -101,20 +101,40 @@ def consumer_settings(kafka: KafkaSourceConfig) -> dict[str, Any]:
 
 
 def _listener(source: KafkaSource) -> Any:
-    """A ConsumerRebalanceListener whose callbacks run inside ``consumer.poll`` (the poll thread).
+    """A rebalance listener for the installed kafka-python.
 
-    They never wait on the trainer: blocking here would stall the whole group's rebalance.
+    kafka-python 2 calls listeners inside ``consumer.poll``, on the poll thread.
+    kafka-python 3 calls them on its own IO thread, where a blocking
+    ``commit`` raises ("Cannot block on net.run() from the IO thread
+    itself"): the commit on revocation always failed there, so the new owner
+    re-read everything since the last commit. With 3 the listener is async
+    and awaits ``commit_async`` instead. Either way the poll thread is blocked
+    in ``poll`` or ``close`` while a listener runs, so the source's state has
+    one user at a time. They never wait on the trainer: blocking here would
+    stall the whole group's rebalance.
     """
-    from kafka import ConsumerRebalanceListener
+    import kafka
 
-    class _Listener(ConsumerRebalanceListener):
-        def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
-            source._revoked(list(revoked))
+    async_listener = getattr(kafka, "AsyncConsumerRebalanceListener", None)
+    if async_listener is None:
 
-        def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+        class _Listener(kafka.ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
+                source._revoked(list(revoked))
+
+            def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+                source._assigned(list(assigned))
+
+        return _Listener()
+
+    class _AsyncListener(async_listener):
+        async def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
+            await source._revoked_async(list(revoked))
+
+        async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
             source._assigned(list(assigned))
 
-    return _Listener()
+    return _AsyncListener()
 
 
 class KafkaSource(Source):
@@ -231,7 +251,9 @@ class KafkaSource(Source):
                         if not paused:
                             paused = True
                             self.metrics.paused.set(1)
-                        self._poll_once(0)  # paused: keeps the membership, serves rebalances
+                        # Paused: keeps the membership and serves rebalances. Not poll(0): kafka-python 3
+                        # gives up a group rejoin at once with no time, so a paused member never rejoined.
+                        self._poll_once(_PAUSED_POLL_S)
                         continue
                     pending = self._emit_due()  # batches cut from records already here need no poll
                     if pending is not None:
@@ -383,21 +405,31 @@ class KafkaSource(Source):
             fut.set_result(None)
 
     def _commit_now(self, only: set[tuple[str, int]] | None = None) -> None:
+        positions, offsets = self._committable(only)
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=offsets)
+        except Exception as exc:
+            self._commit_failed(positions)
+            raise translate_kafka_error(exc, "committing offsets") from exc
+        self._committed(offsets)
+
+    def _committable(self, only: set[tuple[str, int]] | None) -> tuple[dict[Any, int], dict[Any, Any]]:
+        """Positions to commit and their kafka-python offsets; flushes the dead letters first."""
         from kafka.structs import OffsetAndMetadata, TopicPartition
 
         positions = self._tracker.committable(None if only is None else lambda k: (k[0], k[1]) in only)
         offsets = {TopicPartition(k[0], k[1]): OffsetAndMetadata(pos, "", -1) for k, pos in positions.items()}
-        if not offsets:
-            return
-        if self._dead_letter is not None:
+        if offsets and self._dead_letter is not None:
             self._dead_letter.flush(30.0)
-        try:
-            self._consumer.commit(offsets=offsets)
-        except Exception as exc:
-            self.metrics.commits.labels(result="failed").inc()
-            # Let the next commit retry these partitions.
-            self._tracker.forget_reported(positions)
-            raise translate_kafka_error(exc, "committing offsets") from exc
+        return positions, offsets
+
+    def _commit_failed(self, positions: dict[Any, int]) -> None:
+        self.metrics.commits.labels(result="failed").inc()
+        self._tracker.forget_reported(positions)  # let the next commit retry these partitions
+
+    def _committed(self, offsets: dict[Any, Any]) -> None:
         self.metrics.commits.labels(result="ok").inc()
         for tp, om in offsets.items():
             self.metrics.committed.labels(topic=tp.topic, partition=str(tp.partition)).set(om.offset)
@@ -415,13 +447,33 @@ class KafkaSource(Source):
         log.info("partitions assigned", extra={"partitions": sorted(f"{t}:{p}" for t, p in self._assignment)})
 
     def _revoked(self, revoked: list[Any]) -> None:
+        """kafka-python 2: commit what is already durable (quick, no waiting on the trainer), forget."""
         keys = {(tp.topic, tp.partition) for tp in revoked}
         try:
-            self._commit_now(only=keys)  # what is already durable; quick, no waiting on the trainer
+            self._commit_now(only=keys)
         except Exception:
             log.warning(
                 "commit on revocation failed; the new owner re-reads from the last commit", exc_info=True
             )
+        self._forget_partitions(keys)
+
+    async def _revoked_async(self, revoked: list[Any]) -> None:
+        """kafka-python 3 (on its IO thread): the same, awaiting the commit instead of blocking."""
+        keys = {(tp.topic, tp.partition) for tp in revoked}
+        positions: dict[Any, int] = {}
+        try:
+            positions, offsets = self._committable(keys)
+            if offsets:
+                await self._consumer.commit_async(offsets=offsets)
+                self._committed(offsets)
+        except Exception:
+            self._commit_failed(positions)
+            log.warning(
+                "commit on revocation failed; the new owner re-reads from the last commit", exc_info=True
+            )
+        self._forget_partitions(keys)
+
+    def _forget_partitions(self, keys: set[tuple[str, int]]) -> None:
         self._tracker.forget((t, p, self._epochs.get((t, p), 0)) for t, p in keys)
         self._batcher.drop_partitions(lambda t, p: (t, p) not in keys)
         for key in keys:

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kelp.config import KafkaSourceConfig
+from kelp.consumers import kafka_source
 from kelp.consumers.kafka_source import KafkaSource
 
 from .conftest import private_tansu
@@ -69,3 +70,49 @@ def test_two_members_split_and_survivor_takes_over(
     assert taken_by_b <= taken_over  # b's uncommitted records came back to the survivor
     assert durable_by_a | taken_over == set(range(400))  # nothing lost
     assert sum(p or 0 for p in committed(tansu.bootstrap, cfg.group_id, unique_topic, 4)) == 400
+
+
+def test_revocation_commits_what_is_durable(
+    tansu,
+    unique_topic: str,
+    kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reports gathered but not yet committed are committed when a rebalance takes the partitions.
+
+    Commits are held back (interval stretched to 60 s), so only the commit on revocation can
+    bring the group's offsets up to what ``a`` reported. kafka-python 3 calls the listener on its
+    IO thread, where a blocking commit raises: that commit used to fail on every revocation.
+    """
+    monkeypatch.setattr(kafka_source, "_COMMIT_INTERVAL_S", 60.0)
+    tansu.create_topic(unique_topic, 2)
+    cfg = kafka_config()
+    produce(tansu.bootstrap, unique_topic, samples(0, 400), partitions=2)
+    a = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
+    reported: set[int] = set()
+    b = None
+    try:
+        deadline = time.monotonic() + 30
+        while len(reported) < 200 and time.monotonic() < deadline:
+            batch = a.poll(1.0)
+            if batch is not None:
+                # The first commit is waited for, so it goes out at once and starts the interval;
+                # every later one is held back by it.
+                a.commit(batch, wait=not reported)
+                reported.update(batch.sparse["a"].values.tolist())
+        assert len(reported) >= 200
+        time.sleep(0.5)  # a's poll thread takes in the last reports
+        # Sample i went to partition i % 2 at offset i // 2; a read each partition in order.
+        want = [max(i // 2 for i in reported if i % 2 == p) + 1 for p in range(2)]
+        assert committed(tansu.bootstrap, cfg.group_id, unique_topic, 2) != want  # still held back
+        b = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
+        deadline = time.monotonic() + 40
+        while not (a.assignment() and b.assignment()) and time.monotonic() < deadline:
+            a.poll(0.1)  # taken, never reported: a keeps polling (not paused) through the rebalance
+            b.poll(0.1)
+        assert a.assignment() and b.assignment()
+        assert committed(tansu.bootstrap, cfg.group_id, unique_topic, 2) == want
+    finally:
+        if b is not None:
+            b.close()
+        a.close()
