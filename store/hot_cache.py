@@ -70,6 +70,79 @@ __all__ = ["HotRowCache"]
 log = logging.getLogger(__name__)
 
 _OVERFILL = 8  # a full tier takes hot-enough rows up to capacity / _OVERFILL beyond it until the next trim
+_TRIM_SLACK = 16  # a trim leaves capacity - capacity / _TRIM_SLACK rows
+_MARGIN = 2  # a newcomer must be seen _MARGIN times as often as the hottest row the last trim dropped
+
+
+class _InFlight:
+    """Pushes that went past the tier to the store while a pull may have been reading the store.
+
+    A pull reads its misses from the store without holding the tier's lock, so a
+    push can write one of those ids straight to the store (it is not in the tier)
+    at the same time. The pull may then have read the row from before that push;
+    putting that row in the tier would hide the push from every later pull (a
+    lost update). So each such push is logged while it runs, and a pull does not
+    keep (only returns, where the trainer's update ledger patches it) the rows of
+    ids pushed past the tier between its start and its end. Callers hold the lock.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._entries: dict[int, tuple[dict[str, np.ndarray], bool]] = {}  # seq -> (ids, done)
+        self._watching: list[int] = []
+
+    def begin(self, ids: dict[str, np.ndarray]) -> int:
+        seq = self._next
+        self._next += 1
+        self._entries[seq] = (ids, False)
+        return seq
+
+    def end(self, seq: int) -> None:
+        self._entries[seq] = (self._entries[seq][0], True)
+        self._collect()
+
+    def watch(self) -> int:
+        """A pull starts reading the store: it must skip every push still running or begun from now."""
+        running = [seq for seq, (_, done) in self._entries.items() if not done]
+        start = min(running) if running else self._next
+        self._watching.append(start)
+        return start
+
+    def since(self, start: int) -> dict[str, np.ndarray]:
+        """The ids pushed past the tier from ``start`` on, per table; ends that pull's watch."""
+        self._watching.remove(start)
+        out: dict[str, list[np.ndarray]] = {}
+        for seq, (ids, _) in self._entries.items():
+            if seq >= start:
+                for name, a in ids.items():
+                    out.setdefault(name, []).append(a)
+        self._collect()
+        return {name: np.concatenate(parts) for name, parts in out.items()}
+
+    def _collect(self) -> None:
+        oldest = min(self._watching, default=self._next)
+        for seq in [s for s, (_, done) in self._entries.items() if done and s < oldest]:
+            del self._entries[seq]
+
+
+class _Gathered:
+    """A pull's result arrays for one width group, the tier's hits filled in while the lock is held."""
+
+    def __init__(self, arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
+        self.arrays = arrays  # rows, state, updated_s, admitted, admitted_now
+
+    @classmethod
+    def hits(cls, g: HotRows, slots: np.ndarray) -> _Gathered:
+        t = g.table
+        n = len(slots)
+        rows = np.empty((n, g.dim), dtype=np.float32)
+        state = np.empty(n, dtype=np.float32)
+        updated_s = np.zeros(n, dtype=np.uint32)
+        hit = np.flatnonzero(slots >= 0)
+        at = slots[hit]
+        rows[hit], state[hit], updated_s[hit] = t["rows"][at], t["state"][at], t["updated_s"][at]
+        admitted_now = np.zeros(n, dtype=bool)  # a row in the tier was admitted long ago
+        return cls((rows, state, updated_s, np.ones(n, dtype=bool), admitted_now))
 
 
 def _weights(batch: RowBatch, occurrences: Mapping[str, np.ndarray]) -> np.ndarray | int:
@@ -113,7 +186,9 @@ class HotRowCache(EmbeddingStore):
         self._group_of = {name: g for g in self._groups for name in g.names}
         self._threshold = 0  # a fetched row enters a full tier only above this estimate (set by trims)
         self._held = 0
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the tables: short sections, never held across a store call
+        self._push_lock = threading.RLock()  # pushes, write-backs, flushes and deletes, one at a time
+        self._inflight = _InFlight()
         self._schedule = WritebackSchedule(cfg.writeback_every_steps, cfg.writeback_interval_s, clock)
         self._lookups = 0
         self._hits = 0
@@ -130,30 +205,41 @@ class HotRowCache(EmbeddingStore):
 
     def _write_back(self, force: bool = False) -> None:
         """Push the rows that are due (:class:`~kelp.store.writeback.WritebackSchedule`) to ``inner``
-        in one call; they stay dirty if that raises. Then trim if the tier is over capacity."""
-        cutoff = self._schedule.due(force)
-        if cutoff:
+        in one call; they stay dirty if that raises. Then trim if the tier is over capacity.
+
+        Runs under ``_push_lock`` only while it talks to the store: pulls go on meanwhile. That is
+        safe because only this thread (the pushing one) writes, trims or clears rows, and a pull
+        only removes clean rows (stale ones), never one of these dirty ones.
+        """
+        with self._lock:
+            cutoff = self._schedule.due(force)
             updates = {}
             due = []
-            for g in self._groups:
-                slots = g.due(cutoff)
-                due.append(slots)
-                t = g.table
-                for name, mine in g.by_table(slots).items():
-                    updates[name] = (t.ids[mine], t["rows"][mine], t["state"][mine])
-            if updates:
-                self.inner.push_many(updates)
+            if cutoff:
+                for g in self._groups:
+                    slots = g.due(cutoff)
+                    due.append(slots)
+                    t = g.table
+                    for name, mine in g.by_table(slots).items():
+                        updates[name] = (t.ids[mine], t["rows"][mine], t["state"][mine])
+        if updates:
+            self.inner.push_many(updates)
+        with self._lock:
+            if cutoff:
                 for g, slots in zip(self._groups, due, strict=True):
                     g.table["dirty"][slots] = False
                 self.metrics.hot_writeback.inc(sum(len(s) for s in due))
-            self._schedule.written(cutoff)
-        if self._held > self.capacity:
-            self._trim()
+                self._schedule.written(cutoff)
+            if self._held > self.capacity:
+                self._trim()
 
     def _trim(self) -> None:
         """Drop the clean rows with the lowest estimated frequency, over all tables at once, until the
-        tier holds ``capacity`` (dirty rows leave only after their write-back)."""
-        excess = self._held - self.capacity
+        tier holds ``capacity`` less 1/16 (dirty rows leave only after their write-back).
+
+        A trim scores every clean row (~1M); trimming a sixteenth at a time, not
+        just the excess, keeps that to one trim per many steps."""
+        excess = self._held - (self.capacity - self.capacity // _TRIM_SLACK)
         candidates = [g.clean_rows() for g in self._groups]
         scores = np.concatenate([score for _, score in candidates])
         if excess < len(scores):
@@ -184,7 +270,7 @@ class HotRowCache(EmbeddingStore):
         occurrences = occurrences or {}
         with self._lock:
             now = self._clock()
-            looked: list[tuple[HotRows, RowBatch, np.ndarray]] = []
+            looked: list[tuple[HotRows, RowBatch, np.ndarray, _Gathered]] = []
             need: dict[str, np.ndarray] = {}
             need_occ: dict[str, np.ndarray] = {}
             for g in self._groups:
@@ -195,7 +281,7 @@ class HotRowCache(EmbeddingStore):
                     g.sketch.add(g.sketch_keys(batch.ids, batch.tags), _weights(batch, occurrences))
                 slots = g.lookup(batch)
                 self._reread_stale(g, slots, now)
-                looked.append((g, batch, slots))
+                looked.append((g, batch, slots, _Gathered.hits(g, slots)))  # copied now: slots may move
                 miss = slots < 0
                 ids_by, miss_by = batch.split(batch.ids), batch.split(miss)
                 for name in batch.names:
@@ -205,10 +291,16 @@ class HotRowCache(EmbeddingStore):
                         if name in occurrences:
                             need_occ[name] = np.asarray(occurrences[name])[m]
                 self._count_hits(batch, miss)
+            watch = self._inflight.watch()
+        try:
             fetched = self.inner.pull_many(need, count=count, occurrences=need_occ) if need else {}
+        finally:
+            with self._lock:
+                raced = self._inflight.since(watch)  # pushed past the tier while we read the store
+        with self._lock:
             out: dict[str, PullResult] = {}
-            for g, batch, slots in looked:
-                out.update(self._merge(g, batch, slots, fetched, now))
+            for item in looked:
+                out.update(self._merge(item, fetched, raced, now))
             self._update_gauges()
             return out
 
@@ -234,28 +326,20 @@ class HotRowCache(EmbeddingStore):
 
     def _merge(
         self,
-        g: HotRows,
-        batch: RowBatch,
-        slots: np.ndarray,
+        looked: tuple[HotRows, RowBatch, np.ndarray, _Gathered],
         fetched: Mapping[str, PullResult],
+        raced: Mapping[str, np.ndarray],
         now: float,
     ) -> dict[str, PullResult]:
         """The tier's hits and the store's rows, in the order asked, split per table (views of one
-        array each); fetched rows may enter the tier."""
-        t = g.table
-        n = len(slots)
-        miss = slots < 0
-        hit = np.flatnonzero(~miss)
-        rows = np.empty((n, g.dim), dtype=np.float32)
-        state = np.empty(n, dtype=np.float32)
-        updated_s = np.zeros(n, dtype=np.uint32)
-        admitted = np.ones(n, dtype=bool)
-        admitted_now = np.zeros(n, dtype=bool)  # a row in the tier was admitted long ago
-        at = slots[hit]
-        rows[hit], state[hit], updated_s[hit] = t["rows"][at], t["state"][at], t["updated_s"][at]
+        array each); fetched rows may enter the tier, except those ``raced`` (see :class:`_InFlight`).
+
+        ``looked``: the width group, the batch, each id's slot then (-1: fetched) and the hits."""
+        g, batch, slots, gathered = looked
+        rows, state, updated_s, admitted, admitted_now = gathered.arrays
         got = [fetched[name] for name in batch.names if name in fetched]
         if got:
-            where = np.flatnonzero(miss)
+            where = np.flatnonzero(slots < 0)
             rows[where] = np.concatenate([f.rows for f in got])
             state[where] = np.concatenate([f.state for f in got])
             admitted[where] = np.concatenate([f.admitted for f in got])
@@ -265,6 +349,15 @@ class HotRowCache(EmbeddingStore):
             admitted_now[where] = np.concatenate(
                 [f.admitted_now if f.admitted_now is not None else np.zeros(len(f), bool) for f in got]
             )
+            if raced:
+                ids_by = batch.split(batch.ids)
+                clash = np.concatenate(
+                    [
+                        np.isin(ids_by[n], raced[n]) if n in raced else np.zeros(len(ids_by[n]), bool)
+                        for n in batch.names
+                    ]
+                )
+                where = where[~clash[where]]
             self._admit(g, batch, where, (rows, state, updated_s, admitted), now)
         parts = [batch.split(a) for a in (rows, state, admitted, updated_s, admitted_now)]
         return {name: PullResult(*(p[name] for p in parts)) for name in batch.names}
@@ -279,7 +372,9 @@ class HotRowCache(EmbeddingStore):
     ) -> None:
         """Fetched admitted rows (positions ``where`` of ``batch``) enter the tier while it has room; a
         full tier takes (up to 1/8 over ``capacity``, until the next trim) only rows whose estimated
-        frequency beats the coldest row the last trim dropped."""
+        frequency is more than twice that of the hottest row the last trim dropped. Near the cut of a
+        Zipf stream rows are seen about equally rarely; without the margin they swapped places ~10k
+        rows per step, each swap a trim's worth of work for no gain in hits."""
         room = self.capacity + max(1, self.capacity // _OVERFILL) - self._held
         if room <= 0:
             return
@@ -287,7 +382,9 @@ class HotRowCache(EmbeddingStore):
         pick = where[admitted[where]]
         if self._held >= self.capacity and len(pick):
             keys = g.sketch_keys(batch.ids[pick], batch.tags[pick])
-            pick = pick[g.sketch.estimate(keys) > self._threshold]
+            pick = pick[g.sketch.estimate(keys) > _MARGIN * self._threshold]
+        if len(pick):  # another pull may have brought some of them in while this one read the store
+            pick = pick[g.table.lookup(batch.ids[pick], batch.tags[pick]) < 0]
         pick = pick[:room]
         if not len(pick):
             return
@@ -305,36 +402,46 @@ class HotRowCache(EmbeddingStore):
         """Rows in the tier are written there; the rest go to ``inner`` at once. Then the rows that
         are due are written back (:meth:`_write_back`)."""
         checked = {name: self.table(name).check_push(*u) for name, u in updates.items()}
-        with self._lock:
-            passthrough = {}
-            push = self._schedule.begin_push()
-            stamp = np.uint32(time.time())
-            for g in self._groups:
-                batch = g.batch({name: c[0] for name, c in checked.items()})
-                if batch is None:
-                    continue
-                rows = np.concatenate([checked[n][1] for n in batch.names])
-                state = np.concatenate([checked[n][2] for n in batch.names])
-                slots = g.lookup(batch)
-                miss = slots < 0
-                if miss.any():
-                    for name, m in batch.split(miss).items():
-                        if m.any():
-                            ids, r, st = checked[name]
-                            passthrough[name] = (ids[m], r[m], st[m])
-                    keep = ~miss
-                    slots, rows, state = slots[keep], rows[keep], state[keep]
-                if not len(slots):
-                    continue
-                t = g.table
-                newly = slots[~t["dirty"][slots]]
-                t["since"][newly] = push
-                self._schedule.dirtied(push, len(newly))
-                t.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True)
-            if passthrough:
-                self.inner.push_many(passthrough)
+        with self._push_lock:
+            with self._lock:
+                passthrough = {}
+                push = self._schedule.begin_push()
+                stamp = np.uint32(time.time())
+                for g in self._groups:
+                    batch = g.batch({name: c[0] for name, c in checked.items()})
+                    if batch is None:
+                        continue
+                    rows = np.concatenate([checked[n][1] for n in batch.names])
+                    state = np.concatenate([checked[n][2] for n in batch.names])
+                    slots = g.lookup(batch)
+                    miss = slots < 0
+                    if miss.any():
+                        for name, m in batch.split(miss).items():
+                            if m.any():
+                                ids, r, st = checked[name]
+                                passthrough[name] = (ids[m], r[m], st[m])
+                        keep = ~miss
+                        slots, rows, state = slots[keep], rows[keep], state[keep]
+                    if not len(slots):
+                        continue
+                    t = g.table
+                    newly = slots[~t["dirty"][slots]]
+                    t["since"][newly] = push
+                    self._schedule.dirtied(push, len(newly))
+                    t.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True)
+                entry = (
+                    self._inflight.begin({n: p[0] for n, p in passthrough.items()}) if passthrough else None
+                )
+            try:
+                if passthrough:
+                    self.inner.push_many(passthrough)
+            finally:
+                if entry is not None:
+                    with self._lock:
+                        self._inflight.end(entry)
             self._write_back()
-            self._update_gauges()
+            with self._lock:
+                self._update_gauges()
 
     def flush(self, force: bool = True) -> bool:
         """Write back what is due (``force``: every dirty row); True once no row is left dirty.
@@ -343,11 +450,12 @@ class HotRowCache(EmbeddingStore):
         asks ``inner.flush(force)``. The trainer commits offsets by
         :meth:`durable_pushes`, which stays useful while some rows are always dirty.
         """
-        with self._lock:
+        with self._push_lock:
             self._write_back(force)
-            self._update_gauges()
             inner_durable = self.inner.flush(force)
-            return inner_durable and self._schedule.all_durable
+            with self._lock:
+                self._update_gauges()
+                return inner_durable and self._schedule.all_durable
 
     def push_count(self) -> int:
         with self._lock:
@@ -380,7 +488,7 @@ class HotRowCache(EmbeddingStore):
         self.metrics.hot_rows.set(self.rows_held())
 
     def delete(self, table: str, ids: np.ndarray) -> int:
-        with self._lock:
+        with self._push_lock, self._lock:
             ids = self.table(table).check_ids(ids)
             g = self._group_of[table]
             batch = g.batch({table: ids})

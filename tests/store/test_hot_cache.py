@@ -211,3 +211,34 @@ def test_leaving_a_failed_block_keeps_its_error_when_the_final_write_back_fails_
         inner.push_many = broken  # type: ignore[method-assign]
         raise RuntimeError("the training error")
     assert cache.dirty_rows() == 2  # not written, and never reported durable
+
+
+def test_a_push_past_the_tier_during_a_pull_never_leaves_a_stale_row_in_the_tier() -> None:
+    """The pull reads the store without the tier's lock; a push of the same id straight to the store
+    (the id is not in the tier) lands meanwhile. The pull returns what it read, but must not keep it."""
+    import threading
+
+    inner, cache, _ = _cache(every=1000)
+    ids = _ids(7, 1)
+    inner.push("t", ids, *_rows(1, 2, 1.0))
+    read, release = threading.Event(), threading.Event()
+    real_pull = inner.pull_many
+
+    def slow_pull(*args, **kwargs):  # type: ignore[no-untyped-def]
+        got = real_pull(*args, **kwargs)  # reads the old row ...
+        read.set()
+        release.wait(5.0)  # ... and returns it only after the push below
+        return got
+
+    inner.pull_many = slow_pull  # type: ignore[method-assign]
+    result: list[float] = []
+    puller = threading.Thread(target=lambda: result.append(float(cache.pull("t", ids).rows[0, 0])))
+    puller.start()
+    assert read.wait(5.0)
+    cache.push("t", ids, *_rows(1, 2, 2.0))  # not in the tier: written through to the store
+    release.set()
+    puller.join(5.0)
+    inner.pull_many = real_pull  # type: ignore[method-assign]
+    assert result == [1.0]  # the racing pull saw the old row (the trainer's ledger patches that copy)
+    assert not cache.holds("t", ids).any()
+    assert cache.pull("t", ids).rows[0, 0] == 2.0  # and the next pull reads the pushed one
