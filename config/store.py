@@ -52,6 +52,13 @@ class HotCacheConfig(StrictModel):
         description="Rows the tier keeps across all tables (about 100 bytes each at dim 16, plus 1/8 "
         "slack between trims); the most frequent rows by a count-min sketch stay.",
     )
+    min_count: int = Field(
+        2,
+        ge=1,
+        description="A fetched row enters the tier only once its id was seen this often (count-min "
+        "estimate of its occurrences): ids seen once stay write-through, so the long tail costs the tier "
+        "no insert and no write-back.",
+    )
     writeback_every_steps: int = Field(
         20, ge=1, description="Write dirty rows back after this many pushes (staleness bound in steps)."
     )

@@ -370,19 +370,22 @@ class HotRowCache(EmbeddingStore):
         values: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         now: float,
     ) -> None:
-        """Fetched admitted rows (positions ``where`` of ``batch``) enter the tier while it has room; a
-        full tier takes (up to 1/8 over ``capacity``, until the next trim) only rows whose estimated
-        frequency is more than twice that of the hottest row the last trim dropped. Near the cut of a
-        Zipf stream rows are seen about equally rarely; without the margin they swapped places ~10k
-        rows per step, each swap a trim's worth of work for no gain in hits."""
+        """Fetched admitted rows (positions ``where`` of ``batch``) seen at least ``min_count`` times
+        enter the tier while it has room; a full tier takes (up to 1/8 over ``capacity``, until the
+        next trim) only rows whose estimated frequency is more than twice that of the hottest row the
+        last trim dropped. Near the cut of a Zipf stream rows are seen about equally rarely; without
+        the margin they swapped places ~10k rows per step, each swap a trim's worth of work for no
+        gain in hits."""
         room = self.capacity + max(1, self.capacity // _OVERFILL) - self._held
         if room <= 0:
             return
         rows, state, updated_s, admitted = values
         pick = where[admitted[where]]
-        if self._held >= self.capacity and len(pick):
-            keys = g.sketch_keys(batch.ids[pick], batch.tags[pick])
-            pick = pick[g.sketch.estimate(keys) > _MARGIN * self._threshold]
+        full = self._held >= self.capacity
+        if (full or self.cfg.min_count > 1) and len(pick):
+            seen = g.sketch.estimate(g.sketch_keys(batch.ids[pick], batch.tags[pick]))
+            bar = max(self.cfg.min_count - 1, _MARGIN * self._threshold if full else 0)
+            pick = pick[seen > bar]
         if len(pick):  # another pull may have brought some of them in while this one read the store
             pick = pick[g.table.lookup(batch.ids[pick], batch.tags[pick]) < 0]
         pick = pick[:room]

@@ -57,7 +57,7 @@ def test_write_through_store_commits_every_batch() -> None:
 @pytest.mark.parametrize("every", [1, 3])
 def test_hot_cache_commits_only_after_its_write_back(every: int) -> None:
     inner = MemoryStore([TableSpec(name="t", dim=2)])
-    cfg = HotCacheConfig(enabled=True, writeback_every_steps=every, writeback_interval_s=1e9)
+    cfg = HotCacheConfig(enabled=True, min_count=1, writeback_every_steps=every, writeback_interval_s=1e9)
     cache = HotRowCache(inner, cfg)
     ids = np.arange(3, dtype=np.uint64)
     cache.pull("t", ids)  # the rows are cached, so pushes stay in the cache until a write-back
@@ -83,7 +83,7 @@ def test_hot_tier_commits_each_batch_once_its_own_push_is_durable() -> None:
     every step dirties rows)."""
     inner = MemoryStore([TableSpec(name="t", dim=2)])
     cache = HotRowCache(
-        inner, HotCacheConfig(enabled=True, writeback_every_steps=2, writeback_interval_s=1e9)
+        inner, HotCacheConfig(enabled=True, min_count=1, writeback_every_steps=2, writeback_interval_s=1e9)
     )
     a, b = np.arange(3, dtype=np.uint64), np.arange(10, 13, dtype=np.uint64)
     cache.pull_many({"t": np.concatenate([a, b])})
@@ -99,7 +99,8 @@ def test_hot_tier_commits_each_batch_once_its_own_push_is_durable() -> None:
 def test_an_idle_writer_still_commits_after_the_time_bound() -> None:
     inner = MemoryStore([TableSpec(name="t", dim=2)])
     cache = HotRowCache(
-        inner, HotCacheConfig(enabled=True, writeback_every_steps=1000, writeback_interval_s=0.05)
+        inner,
+        HotCacheConfig(enabled=True, min_count=1, writeback_every_steps=1000, writeback_interval_s=0.05),
     )
     ids = np.arange(3, dtype=np.uint64)
     cache.pull("t", ids)

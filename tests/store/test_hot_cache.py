@@ -24,6 +24,7 @@ def _cache(capacity: int = 100, every: int = 3, interval: float = 1e9, staleness
     clock = Clock()
     cfg = HotCacheConfig(
         enabled=True,
+        min_count=1,  # these tests pull most ids once
         capacity_rows=capacity,
         writeback_every_steps=every,
         writeback_interval_s=interval,
@@ -242,3 +243,15 @@ def test_a_push_past_the_tier_during_a_pull_never_leaves_a_stale_row_in_the_tier
     assert result == [1.0]  # the racing pull saw the old row (the trainer's ledger patches that copy)
     assert not cache.holds("t", ids).any()
     assert cache.pull("t", ids).rows[0, 0] == 2.0  # and the next pull reads the pushed one
+
+
+def test_ids_seen_once_stay_write_through() -> None:
+    inner = MemoryStore([TableSpec(name="t", dim=2)])
+    cache = HotRowCache(inner, HotCacheConfig(enabled=True, min_count=2, writeback_interval_s=1e9))
+    once, twice = _ids(0, 3), _ids(10, 3)
+    cache.pull_many({"t": np.concatenate([once, twice])}, occurrences={"t": np.array([1, 1, 1, 2, 2, 2])})
+    assert not cache.holds("t", once).any() and cache.holds("t", twice).all()
+    cache.push("t", once, *_rows(3, 2, 4.0))  # straight to the store: durable at once
+    assert (inner.pull("t", once, count=False).rows == 4.0).all()
+    cache.pull("t", once)  # a second sighting: now they are kept
+    assert cache.holds("t", once).all()
