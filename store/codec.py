@@ -24,6 +24,7 @@ joins the values and reads them back with one ``frombuffer``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,6 +48,25 @@ class DecodedRows:
     state: np.ndarray  # float32[n]
     count: np.ndarray  # uint32[n]
     updated_s: np.ndarray  # uint32[n]
+
+    def part(self, start: int, end: int) -> DecodedRows:
+        """Rows ``start:end`` (views): one decode of several tables' values, split per table."""
+        return DecodedRows(*(getattr(self, f.name)[start:end] for f in dataclasses.fields(self)))
+
+    def in_order(self, order: list[np.ndarray]) -> DecodedRows:
+        """Rows decoded in reply order put back in id order: ``order`` holds, per command, the id
+        positions it read (replies arrive grouped by shard)."""
+        n = len(self.present)
+        if not order or (len(order) == 1 and np.array_equal(order[0], np.arange(n))):
+            return self
+        where = np.concatenate(order)
+        out = []
+        for f in dataclasses.fields(self):
+            arr = getattr(self, f.name)
+            unsorted = np.empty_like(arr)
+            unsorted[where] = arr
+            out.append(unsorted)
+        return DecodedRows(*out)
 
 
 class RowCodec:

@@ -125,24 +125,22 @@ class _InFlight:
             del self._entries[seq]
 
 
-class _Gathered:
-    """A pull's result arrays for one width group, the tier's hits filled in while the lock is held."""
+_Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""A pull's result columns for one width group: rows, state, updated_s, admitted, admitted_now."""
 
-    def __init__(self, arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
-        self.arrays = arrays  # rows, state, updated_s, admitted, admitted_now
 
-    @classmethod
-    def hits(cls, g: HotRows, slots: np.ndarray) -> _Gathered:
-        t = g.table
-        n = len(slots)
-        rows = np.empty((n, g.dim), dtype=np.float32)
-        state = np.empty(n, dtype=np.float32)
-        updated_s = np.zeros(n, dtype=np.uint32)
-        hit = np.flatnonzero(slots >= 0)
-        at = slots[hit]
-        rows[hit], state[hit], updated_s[hit] = t["rows"][at], t["state"][at], t["updated_s"][at]
-        admitted_now = np.zeros(n, dtype=bool)  # a row in the tier was admitted long ago
-        return cls((rows, state, updated_s, np.ones(n, dtype=bool), admitted_now))
+def _hit_arrays(g: HotRows, slots: np.ndarray) -> _Arrays:
+    """The result columns with the tier's hits filled in; copied while the lock is held (slots move)."""
+    t = g.table
+    n = len(slots)
+    rows = np.empty((n, g.dim), dtype=np.float32)
+    state = np.empty(n, dtype=np.float32)
+    updated_s = np.zeros(n, dtype=np.uint32)
+    hit = np.flatnonzero(slots >= 0)
+    at = slots[hit]
+    rows[hit], state[hit], updated_s[hit] = t["rows"][at], t["state"][at], t["updated_s"][at]
+    admitted_now = np.zeros(n, dtype=bool)  # a row in the tier was admitted long ago
+    return rows, state, updated_s, np.ones(n, dtype=bool), admitted_now
 
 
 def _weights(batch: RowBatch, occurrences: Mapping[str, np.ndarray]) -> np.ndarray | int:
@@ -270,7 +268,7 @@ class HotRowCache(EmbeddingStore):
         occurrences = occurrences or {}
         with self._lock:
             now = self._clock()
-            looked: list[tuple[HotRows, RowBatch, np.ndarray, _Gathered]] = []
+            looked: list[tuple[HotRows, RowBatch, np.ndarray, _Arrays]] = []
             need: dict[str, np.ndarray] = {}
             need_occ: dict[str, np.ndarray] = {}
             for g in self._groups:
@@ -281,7 +279,7 @@ class HotRowCache(EmbeddingStore):
                     g.sketch.add(g.sketch_keys(batch.ids, batch.tags), _weights(batch, occurrences))
                 slots = g.lookup(batch)
                 self._reread_stale(g, slots, now)
-                looked.append((g, batch, slots, _Gathered.hits(g, slots)))  # copied now: slots may move
+                looked.append((g, batch, slots, _hit_arrays(g, slots)))
                 miss = slots < 0
                 ids_by, miss_by = batch.split(batch.ids), batch.split(miss)
                 for name in batch.names:
@@ -294,10 +292,12 @@ class HotRowCache(EmbeddingStore):
             watch = self._inflight.watch()
         try:
             fetched = self.inner.pull_many(need, count=count, occurrences=need_occ) if need else {}
-        finally:
+        except BaseException:
             with self._lock:
-                raced = self._inflight.since(watch)  # pushed past the tier while we read the store
+                self._inflight.since(watch)
+            raise
         with self._lock:
+            raced = self._inflight.since(watch)  # pushed past the tier while we read the store
             out: dict[str, PullResult] = {}
             for item in looked:
                 out.update(self._merge(item, fetched, raced, now))
@@ -326,7 +326,7 @@ class HotRowCache(EmbeddingStore):
 
     def _merge(
         self,
-        looked: tuple[HotRows, RowBatch, np.ndarray, _Gathered],
+        looked: tuple[HotRows, RowBatch, np.ndarray, _Arrays],
         fetched: Mapping[str, PullResult],
         raced: Mapping[str, np.ndarray],
         now: float,
@@ -335,8 +335,7 @@ class HotRowCache(EmbeddingStore):
         array each); fetched rows may enter the tier, except those ``raced`` (see :class:`_InFlight`).
 
         ``looked``: the width group, the batch, each id's slot then (-1: fetched) and the hits."""
-        g, batch, slots, gathered = looked
-        rows, state, updated_s, admitted, admitted_now = gathered.arrays
+        g, batch, slots, (rows, state, updated_s, admitted, admitted_now) = looked
         got = [fetched[name] for name in batch.names if name in fetched]
         if got:
             where = np.flatnonzero(slots < 0)

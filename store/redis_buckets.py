@@ -173,11 +173,8 @@ class RedisBucketStore(RedisStore):
             keys = np.empty(len(ids), dtype=layouts[0].key_dtype)
             keys["p"] = np.array([lay.prefix for lay in layouts])[table]
             keys["b"] = bucket
-            if len(self._clients) > 1:
-                table_seeds = np.array([self._table_seeds[n] for n in names], dtype=np.uint64)[table]
-                shard = rendezvous(bucket.astype(np.uint64) ^ table_seeds, self._seeds)
-            else:
-                shard = np.zeros(len(ids), dtype=np.int64)
+            table_seeds = np.array([self._table_seeds[n] for n in names], dtype=np.uint64)[table]
+            shard = rendezvous(bucket.astype(np.uint64) ^ table_seeds, self._seeds)
             bounds = np.concatenate([[0], np.cumsum(lengths)])
             out.append(
                 _Fused(names, bounds, keys.view(f"V{layouts[0].key_width}"), BucketLayout.fields(ids), shard)
@@ -209,24 +206,11 @@ class RedisBucketStore(RedisStore):
         self._runner.run(plan, "pull", readonly=not touch)
         stored: dict[str, StoredRows] = {}
         for fused, gathered in reads:
-            t = self.tables[fused.names[0]]
-            decoded = t.codec.decode(gathered.values())
-            where = np.concatenate(gathered.order) if gathered.order else np.zeros(0, np.int64)
-            for field_name in ("present", "rows", "state", "updated_s"):
-                arr = getattr(decoded, field_name)
-                unsorted = np.empty_like(arr)
-                unsorted[where] = arr
-                setattr(decoded, field_name, unsorted)
+            t = self.tables[fused.names[0]]  # every table of a fused group shares the row format
+            decoded = t.codec.decode(gathered.values()).in_order(gathered.order)
             b = fused.bounds.tolist()
             for i, name in enumerate(fused.names):
-                piece = slice(b[i], b[i + 1])
-                rows = StoredRows(
-                    decoded.present[piece],
-                    decoded.rows[piece],
-                    decoded.state[piece],
-                    decoded.updated_s[piece],
-                )
-                self.metrics.bytes_received.labels(table=name).inc(int(rows.present.sum()) * t.codec.nbytes)
+                rows = self._stored(self.tables[name], decoded.part(b[i], b[i + 1]))
                 self._hide_expired(self.tables[name], rows, now)
                 stored[name] = rows
         return stored
@@ -275,14 +259,12 @@ class RedisBucketStore(RedisStore):
         cutoff: int,
         on_reply: Callable[[Any], None] | None = None,
     ) -> None:
-        layout = self.buckets[name]
-        keys = layout.bucket_keys(layout.bucket_of(ids))
-        fields = layout.fields(ids)
-        for g in self.groups(name, ids):
-            for pos in chunks(g.pos, self.chunk):
-                rows = [values[i] for i in pos.tolist()]
-                args = set_rows_if_args(keys[pos].tolist(), fields[pos].tolist(), rows, only_live, cutoff)
-                plan.add(g.shard, args, on_reply)
+        (fused,) = self._fuse({name: ids})
+        for shard, pos in fused.per_shard():
+            for part in chunks(pos, self.chunk):
+                rows = [values[i] for i in part.tolist()]
+                keys, fields = fused.keys[part].tolist(), fused.fields[part].tolist()
+                plan.add(shard, set_rows_if_args(keys, fields, rows, only_live, cutoff), on_reply)
 
     def _write_rows(self, writes: Mapping[str, RowWrite], now: float) -> dict[str, int]:
         """``HSET`` per row, packed; ``create=False`` (admission) only over live rows, by script.
