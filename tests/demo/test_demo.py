@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from kelp.demo import default_config_path, run_demo
 
 pytestmark = pytest.mark.integration
 
-SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "criteo-kaggle-8k" / "train.tsv"
 
-
-@pytest.mark.skipif(not SAMPLE.exists(), reason="needs ../shared/data beside the checkout")
 def test_demo_trains_from_tansu_into_redis_and_dead_letters_bad_records() -> None:
     lines: list[str] = []
     report = run_demo(default_config_path(), out=lines.append, limit=1500)
