@@ -86,8 +86,8 @@ def _profile(cfg: KelpConfig, out: Printer) -> DemoReport:
         raise UserError("the demo config must use a criteo_tsv file source")
     if not source.path.is_file():
         raise UserError(
-            f"Criteo sample not found at {source.path} (expected ../shared/data beside the checkout; "
-            "elsewhere set KELP_SOURCE__PATH=/path/to/train.tsv)"
+            f"Criteo sample not found at {source.path} (Kelp ships it in examples/data; "
+            "or set KELP_SOURCE__PATH=/path/to/train.tsv)"
         )
     samples, positive_rate, per_table = _id_counts(cfg)
     counts = np.concatenate(list(per_table.values())) if per_table else np.zeros(0, dtype=np.int64)
