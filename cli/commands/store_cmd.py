@@ -1,10 +1,12 @@
-"""``kelp store stats --config F`` and ``kelp store inspect --config F TABLE ID...``."""
+"""``kelp store stats --config F``, ``kelp store inspect --config F TABLE ID...`` and
+``kelp store acl --deployment D --role trainer|serving`` (the Redis ACL users, see kelp.store.acl)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -31,6 +33,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("table")
     inspect.add_argument("ids", nargs="+", help="uint64 ids")
     inspect.set_defaults(handler=_inspect)
+
+    acl = verbs.add_parser(
+        "acl", help="print the ACL SETUSER line of a least-privilege Redis user (trainer or serving)"
+    )
+    acl.add_argument("--deployment", required=True, help="the config's deployment name")
+    acl.add_argument("--role", required=True, choices=["trainer", "serving"])
+    acl.add_argument("--user", default=None, help="user name (default kelp-<deployment>-<role>)")
+    acl.add_argument(
+        "--password-file",
+        default=None,
+        help="file holding the password; the line carries only its SHA-256 (default: a placeholder)",
+    )
+    acl.set_defaults(handler=_acl)
 
 
 def _open(path: str):  # type: ignore[no-untyped-def]
@@ -59,6 +74,26 @@ def _stats(args: argparse.Namespace) -> int:
             doc["rows"] = {table: c["rows"] for table, c in counts.items()}
             doc["admission_counters"] = {table: c["counters"] for table, c in counts.items()}
         print(json.dumps(doc, indent=2, default=str))
+    return 0
+
+
+def _acl(args: argparse.Namespace) -> int:
+    from kelp.config.root import KelpConfig
+    from kelp.store.acl import setuser_line
+
+    try:  # the same rule as the config's deployment field, so the patterns match its keys
+        KelpConfig._deployment(args.deployment)
+    except ValueError as exc:
+        raise UserError(f"--deployment {args.deployment!r}: {exc}") from None
+    password = None
+    if args.password_file is not None:
+        try:
+            password = Path(args.password_file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise UserError(f"--password-file: cannot read {args.password_file}: {exc.strerror}") from None
+        if not password:
+            raise UserError(f"--password-file: {args.password_file} is empty")
+    print(setuser_line(args.deployment, args.role, args.user, password))
     return 0
 
 
