@@ -15,6 +15,7 @@ from kelp.harness.binaries import find_binary
 from kelp.harness.ports import free_port
 from kelp.harness.redis_cluster import RedisCluster
 from kelp.harness.redis_server import RedisServer
+from kelp.harness.s3 import S3Server
 from kelp.harness.tansu import TansuBroker
 
-__all__ = ["RedisCluster", "RedisServer", "TansuBroker", "find_binary", "free_port"]
+__all__ = ["RedisCluster", "RedisServer", "S3Server", "TansuBroker", "find_binary", "free_port"]

@@ -16,10 +16,20 @@ log = logging.getLogger(__name__)
 
 
 class ManagedProcess:
-    """Runs ``argv`` with output captured to a log file, for post-mortems in failed tests."""
+    """Runs ``argv`` with output captured to a log file, for post-mortems in failed tests.
 
-    def __init__(self, argv: list[str], name: str, workdir: Path | None = None) -> None:
+    ``env``: the child's whole environment (None: this process's).
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        name: str,
+        workdir: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.argv = argv
+        self.env = env
         self.name = name
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"kelp-{name}-"))
         self.log_path = self.workdir / f"{name}.log"
@@ -34,6 +44,7 @@ class ManagedProcess:
             stdout=log_fh,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=self.env,
             start_new_session=True,  # our Ctrl-C does not hit it; we stop it ourselves
         )
 

