@@ -22,9 +22,12 @@ Translation, in this order (redis-py's ``AuthenticationError`` subclasses its
     AuthenticationError, AuthorizationError, NOPERM,      RedisAuthError (a UserError),     no
       NOAUTH/WRONGPASS replies, cluster start-up            the same class in every room
       failing on auth
+    TLS: the server's certificate not trusted, or a       RedisAuthError, naming store.tls  no
+      plain-text server behind a TLS client
     ConnectionError, TimeoutError, socket errors,         room.unavailable(where, reason)   yes
-      CLUSTERDOWN/TRYAGAIN/MOVED/ASK/LOADING/MASTERDOWN,
-      cluster start-up failing otherwise
+      CLUSTERDOWN/TRYAGAIN/MOVED/ASK/LOADING/MASTERDOWN,    (a TLS session the server closed,
+      cluster start-up failing otherwise                   a refused client certificate: with
+                                                           a hint naming store.tls.cert_file)
     any other error reply (OOM, WRONGTYPE...)             room.refused(message)             no
     any other redis-py error                              room.failed(message)              no
 
@@ -70,6 +73,16 @@ _AUTH_ERRORS = (
     redis.exceptions.AuthorizationError,
     redis.exceptions.AuthenticationWrongNumberOfArgsError,
 )
+_TLS_UNTRUSTED = ("CERTIFICATE_VERIFY_FAILED", "WRONG_VERSION_NUMBER")
+"""TLS failures that never heal on retry: the server's certificate is untrusted, or it speaks no TLS."""
+_TLS_CLOSED = (
+    "EOF occurred in violation of protocol",
+    "ALERT_UNKNOWN_CA",
+    "ALERT_CERTIFICATE_REQUIRED",
+    "ALERT_BAD_CERTIFICATE",
+)
+"""What a client sees when the server drops its TLS session, usually over the client's certificate. Left
+retriable: a server that dies mid-handshake looks the same."""
 _UNAVAILABLE_ERRORS = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -137,7 +150,19 @@ def translate_redis_errors(where: str, room: ErrorRoom = STORE_ERRORS) -> Iterat
             raise _auth_error(room, where, exc.__cause__) from None
         raise room.unavailable(where, f"{type(exc).__name__}: {_one_line(exc)}") from exc
     except _UNAVAILABLE_ERRORS as exc:
-        raise room.unavailable(where, f"{type(exc).__name__}: {exc}") from exc
+        reason = f"{type(exc).__name__}: {_one_line(exc)}"
+        if any(marker in reason for marker in _TLS_UNTRUSTED):
+            raise RedisAuthError(
+                f"{room.what} {where}: TLS: this client does not trust the server's certificate ({reason}); "
+                "check store.tls.ca_file (the CA that signed the server's certificate) and "
+                "store.tls.check_hostname (the certificate must name the host in the URL)"
+            ) from None
+        if any(marker in reason for marker in _TLS_CLOSED):
+            reason += (
+                " (the server closed the TLS connection: it may refuse this client's certificate, or want "
+                "one; check store.tls.cert_file / store.tls.key_file and the server's tls-ca-cert-file)"
+            )
+        raise room.unavailable(where, reason) from exc
     except redis.exceptions.RedisError as exc:
         raise (room.failed or room.refused)(f"{room.what} {where}: {type(exc).__name__}: {exc}") from exc
 
@@ -188,8 +213,15 @@ def connection_options(
 
 
 def connect_node(url: str, options: Mapping[str, Any]) -> redis.Redis:
-    """A client of one standalone node or read replica; it connects on its first command."""
-    return redis.Redis.from_url(url, **options)
+    """A client of one standalone node or read replica; it connects on its first command.
+
+    ``ssl`` (``store.tls.enabled``) picks redis-py's TLS connection class: ``from_url`` hands
+    its keywords to the connection itself, which takes the ``ssl_*`` files but not ``ssl``.
+    """
+    kw = dict(options)
+    if kw.pop("ssl", False) and not url.startswith("unix://"):
+        kw["connection_class"] = redis.SSLConnection
+    return redis.Redis.from_url(url, **kw)
 
 
 def connect_cluster(
