@@ -37,6 +37,7 @@ from kelp.consumers.errors import SourceClosedError, SourceUserError
 from kelp.consumers.metrics import ConsumerMetrics
 from kelp.consumers.offsets import OffsetTracker
 from kelp.consumers.textfiles import open_binary, open_text
+from kelp.progress import bar
 
 __all__ = ["FileSource", "iter_criteo_tsv", "iter_msgpack_log"]
 
@@ -121,6 +122,10 @@ class FileSource(Source):
         self._samples = 0
         self._next_offset = 0
         self._total = _estimated_records(Path(cfg.path), cfg)
+        # Rows read, on stderr when it is a terminal (kelp.progress); cleared when the file ends.
+        self._bar = bar(
+            total=self._total, desc=Path(cfg.path).name, unit="rows", unit_scale=True, leave=False
+        )
         self.committed: int = 0
         """Records (rows or messages) of the file known durable: the next record to replay from."""
 
@@ -143,9 +148,11 @@ class FileSource(Source):
             offset += 1
             if len(records) >= _RUN:
                 break
+        self._bar.update(offset - self._next_offset)
         self._next_offset = offset
         if not records:
             self._exhausted = True
+            self._bar.close()
             return
         chunk = self._decoder.decode(records)
         for rejection in chunk.rejections:
@@ -155,6 +162,7 @@ class FileSource(Source):
             keep = limit - self._samples
             chunk = _truncate(chunk, keep)
             self._exhausted = True
+            self._bar.close()
         self._samples += chunk.size
         self.metrics.records.labels(topic="file").inc(chunk.last_offset - chunk.first_offset + 1)
         self.metrics.samples.labels(topic="file").inc(chunk.size)
@@ -189,6 +197,7 @@ class FileSource(Source):
 
     def close(self) -> None:
         self._closed = True
+        self._bar.close()
 
     def expected_samples(self) -> int | None:
         """The file's records (its lines; the limit when smaller), one sample each; None when unknown."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,10 +12,13 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from kelp import progress
 from kelp.consumers.errors import SourceUserError, translate_kafka_error
 from kelp.errors import KelpError
 
 __all__ = ["ProduceSummary", "file_messages", "produce"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -92,10 +95,16 @@ def produce(
     messages: Iterator[tuple[bytes, int]],
     *,
     rate: float | None = None,
-    progress_every_s: float = 1.0,
+    total: int | None = None,
+    progress_every_s: float = 10.0,
     quiet: bool = False,
 ) -> ProduceSummary:
-    """Send messages, throttled to ``rate`` samples/s when given; progress on stderr."""
+    """Send messages, throttled to ``rate`` samples/s when given.
+
+    Progress goes to stderr unless ``quiet``: a bar over ``total`` samples (a
+    counter when None) on a terminal (:mod:`kelp.progress` decides), else a
+    log line every ``progress_every_s``.
+    """
     from kafka import KafkaProducer
 
     try:
@@ -106,25 +115,30 @@ def produce(
         raise translate_kafka_error(exc, "creating the producer") from exc
     start = last = time.monotonic()
     records = msgs = nbytes = 0
+    shown = progress.bar(
+        total=total, desc=f"produce {topic}", unit="samples", unit_scale=True, wanted=not quiet
+    )
+    log_lines = not quiet and shown.disabled
     try:
         for value, n in messages:
             producer.send(topic, value)
             records += n
             msgs += 1
             nbytes += len(value)
+            shown.update(n)
             if rate:
                 ahead = records / rate - (time.monotonic() - start)
                 if ahead > 0:
                     time.sleep(ahead)
             now = time.monotonic()
-            if not quiet and now - last >= progress_every_s:
+            if log_lines and now - last >= progress_every_s:
                 last = now
-                print(
-                    f"\rproduced {records:,} samples, {msgs:,} messages, {nbytes / 1e6:,.1f} MB, "
-                    f"{records / (now - start):,.0f} samples/s",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
+                log.info(
+                    "produced %s samples, %s messages, %.1f MB, %.0f samples/s",
+                    f"{records:,}",
+                    f"{msgs:,}",
+                    nbytes / 1e6,
+                    records / (now - start),
                 )
         producer.flush()
     except KelpError:
@@ -132,7 +146,6 @@ def produce(
     except Exception as exc:
         raise translate_kafka_error(exc, f"producing to {topic}") from exc
     finally:
+        shown.close()
         producer.close()
-    if not quiet:
-        print(file=sys.stderr)
     return ProduceSummary(records, msgs, nbytes, time.monotonic() - start)

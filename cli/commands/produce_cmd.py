@@ -12,7 +12,12 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("produce", help="replay a file or criteo-synth into a Kafka topic")
+    p = sub.add_parser(
+        "produce",
+        help="replay a file or criteo-synth into a Kafka topic",
+        description="Replay a file or criteo-synth into a Kafka topic. A progress bar is drawn on stderr "
+        "when it is a terminal and --log-format is text; otherwise a log line every 10 s.",
+    )
     p.add_argument(
         "--config",
         help="config file: a kafka source gives bootstrap, first topic and security; a file source gives "
@@ -52,8 +57,10 @@ def _produce(args: argparse.Namespace) -> int:
         raise UserError("no topic: pass --topic or a --config with a kafka source (source.topics)")
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
+    total = None  # a file's sample count is not known before it is read: the bar counts up
     if args.synth:
         messages = synth_messages(args.samples, args.batch_size, args.seed)
+        total = args.samples
     elif args.file or file_cfg is not None:
         path = args.file or file_cfg.path  # type: ignore[union-attr]
         fmt = args.format if args.file else file_cfg.format  # type: ignore[union-attr]
@@ -63,7 +70,7 @@ def _produce(args: argparse.Namespace) -> int:
         messages = file_messages(Path(path), fmt, args.batch_size, file_cfg, label)
     else:
         raise UserError("nothing to produce: pass --file, --synth criteo, or a --config with a file source")
-    summary = produce(producer_cfg, topic, messages, rate=args.rate)
+    summary = produce(producer_cfg, topic, messages, rate=args.rate, total=total)
     print(
         json.dumps(
             {
