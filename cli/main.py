@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kelp.cli.commands.store_cmd",
     "kelp.cli.commands.bench_cmd",
     "kelp.cli.commands.report_cmd",
+    "kelp.cli.commands.dashboard_cmd",
 )
 
 EXIT_USER_ERROR = 2
