@@ -38,6 +38,25 @@ class ServingConfig(StrictModel):
         0, ge=0, description="Serving-side row cache; 0 = off. Hazard: rows can be this much staler."
     )
     poll_interval_s: float = Field(5.0, gt=0, description="Fallback poll for new model versions.")
+    startup_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="At start-up, the store and the snapshot channel's Redis must answer within this long, "
+        "else `kelp serve` exits with one line naming the endpoint (after start-up, an outage only "
+        "makes /readyz answer 503).",
+    )
+    body_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A score request's body must arrive within this many seconds of its headers, else 408 "
+        "(a slow-body client holds one connection, never a scoring thread).",
+    )
+    auth_token_file: Path | None = Field(
+        None,
+        description="File holding a bearer token the score endpoints require (Authorization: Bearer "
+        "<token>); None (default): no auth. /healthz, /readyz and /metrics stay open. Read once at start, "
+        "so the token never appears in the config; mount it from a Secret.",
+    )
 
 
 class MetricsConfig(StrictModel):

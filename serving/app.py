@@ -12,7 +12,10 @@ Endpoints (the contract; see docs/serving.md for examples):
   store reachable, else 503 with a reason), ``GET /metrics`` (Prometheus text
   of this process's registry), ``GET /v1/model``, ``GET /openapi.json``.
 
-Errors are ``{"error": <reason>, "detail": ...}``: 413 for a body above
+Errors are ``{"error": <reason>, "detail": ...}``: 401 on the score
+endpoints without the bearer token when ``serving.auth_token_file`` is set
+(:mod:`kelp.serving.auth`), 408 for a body slower than
+``serving.body_timeout_s``, 413 for a body above
 ``max_body_bytes`` or more samples than ``max_samples_per_request``, 422 for
 anything else the input gets wrong (the reason names it: ``too_many_ids``,
 ``unknown_feature``, ``bad_dense``...), 503 when there is no model yet or the
@@ -50,6 +53,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from kelp.errors import KelpError
+from kelp.serving.auth import BearerAuth, load_token
 from kelp.serving.body import MSGPACK
 from kelp.serving.dispatch import Parse, ScoreRoutes
 from kelp.serving.errors import error_answer
@@ -72,6 +76,12 @@ ENDPOINTS = (
 )
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {
+        "model": ErrorResponse,
+        "description": "serving.auth_token_file is set and the bearer token is "
+        "missing (`missing_token`) or wrong (`wrong_token`)",
+    },
+    408: {"model": ErrorResponse, "description": "the body took longer than serving.body_timeout_s"},
     413: {"model": ErrorResponse, "description": "body or sample count over the configured limits"},
     422: {"model": ErrorResponse, "description": "invalid input; `error` names the reason"},
     503: {"model": ErrorResponse, "description": "no model loaded yet, or the store is unreachable"},
@@ -137,6 +147,11 @@ class ServingApp(FastAPI):
 
 async def _through_fastapi(routes: ScoreRoutes, request: Request, parse: Parse) -> Response:
     """The score routes when FastAPI's stack does answer them (a request under a ``root_path``)."""
+    if routes.auth is not None:
+        header = request.headers.get("authorization")
+        refusal = routes.auth.refusal(None if header is None else header.encode("latin-1"))
+        if refusal is not None:
+            return JSONResponse(refusal, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="kelp"'})
     raw = await request.body()
     headers = request.headers
     content, media_type = await run_in_threadpool(
@@ -149,6 +164,7 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
     """The FastAPI app for ``replica``; with ``manage_lifecycle`` the app starts and closes it."""
     models = replica.models
     serving = replica.cfg.serving
+    token = load_token(serving.auth_token_file)  # a missing or empty file: UserError before serving
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -166,6 +182,8 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
         {"/v1/score": replica.parser.samples, "/v1/score/candidates": replica.parser.candidates},
         RequestRecorder(replica.metrics, ENDPOINTS),
         serving.max_body_bytes,
+        body_timeout_s=serving.body_timeout_s,
+        auth=None if token is None else BearerAuth(token),
     )
 
     app = ServingApp(

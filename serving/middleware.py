@@ -141,13 +141,23 @@ class BodyLimitMiddleware:
         await self.app(scope, limited, send)
 
 
-async def send_response(send: Send, status: int, body: bytes, media_type: bytes) -> None:
-    """A complete response (``Content-Type`` and ``Content-Length``) in two ASGI messages."""
+async def send_response(
+    send: Send,
+    status: int,
+    body: bytes,
+    media_type: bytes,
+    extra_headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """A complete response (``Content-Type``, ``Content-Length``, ``extra_headers``) in two ASGI messages."""
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", media_type), (b"content-length", str(len(body)).encode())],
+            "headers": [
+                (b"content-type", media_type),
+                (b"content-length", str(len(body)).encode()),
+                *extra_headers,
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
