@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from kelp import progress as bars
 from kelp.errors import UserError
 
 __all__ = ["SUITES", "machine_info", "progress", "run_suite"]
@@ -27,9 +28,24 @@ SUITES: dict[str, str] = {
 """Only suites that exist: a test keeps this equal to the ``kelp.bench.<suite>`` modules."""
 
 
+_SUITE_BAR: list[tuple[str, bars.Bar]] = []
+"""The running suite's name and bar (at most one): :func:`progress` names the phase on it."""
+
+
 def progress(message: str) -> None:
-    """Benchmarks talk to humans on stderr; stdout's last line is the JSON result."""
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    """Benchmarks talk to humans on stderr; stdout's last line is the JSON result.
+
+    Inside :func:`run_suite` the line goes above the suite's bar, and the bar
+    shows the message as the current phase.
+    """
+    line = f"[bench {time.strftime('%H:%M:%S')}] {message}"
+    if not _SUITE_BAR:
+        print(line, file=sys.stderr, flush=True)
+        return
+    name, suite_bar = _SUITE_BAR[-1]
+    suite_bar.write(line)
+    suite_bar.update(1)
+    suite_bar.describe(f"bench {name}: {message.strip()[:60]}")
 
 
 def machine_info() -> dict[str, Any]:
@@ -72,7 +88,16 @@ def run_suite(name: str, quick: bool, **options: Any) -> dict[str, Any]:
         flags = ", ".join("--" + k.removesuffix("_dir").replace("_", "-") for k in unknown)
         raise UserError(f"kelp bench {name} takes no {flags}")
     started = time.perf_counter()
-    result = dict(module.run(quick=quick, **given))
+    # Suites report phases, not fractions: the bar counts phases and keeps the elapsed time moving.
+    suite_bar = bars.bar(
+        total=None, desc=f"bench {name}", bar_format="{desc} | {elapsed} | phase {n_fmt}", tick_s=1.0
+    )
+    _SUITE_BAR.append((name, suite_bar))
+    try:
+        result = dict(module.run(quick=quick, **given))
+    finally:
+        _SUITE_BAR.remove((name, suite_bar))
+        suite_bar.close()
     result.setdefault("suite", name)
     result["quick"] = quick
     result["wall_s"] = round(time.perf_counter() - started, 3)
