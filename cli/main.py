@@ -15,12 +15,14 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
 
-from kelp import __version__
+from kelp import __version__, progress
 from kelp.errors import KelpError, UserError
 from kelp.logs import configure_logging
 
-__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "build_parser", "main", "version_report"]
 
 # Order is the order in `kelp --help`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -41,12 +43,53 @@ EXIT_RUNTIME_ERROR = 1
 log = logging.getLogger("kelp")
 
 
+def version_report() -> str:
+    """Kelp's version, the versions of the libraries a bug report needs, and the device training would use.
+
+    Library versions come from package metadata (no import); torch is imported
+    only to ask for CUDA, so ``kelp --version`` costs about one torch import.
+    """
+    lines = [f"kelp {__version__}"]
+    for label, dist in (("torch", "torch"), ("redis-py", "redis"), ("kafka-python", "kafka-python")):
+        try:
+            lines.append(f"{label} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            lines.append(f"{label} not installed")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            device = f"cuda ({torch.cuda.get_device_name(0)}, {count} device{'s' if count > 1 else ''})"
+        else:
+            device = "cpu (no CUDA device)"
+    except ImportError:
+        device = "unknown (torch not importable)"
+    lines.append(f"device {device}")
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_report` and exit 0 (argparse's own action takes a fixed string)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(version_report())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kelp",
         description="Kelp: streaming online learning for recommendation models.",
     )
-    parser.add_argument("--version", action="version", version=f"kelp {__version__}")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="show Kelp, torch, redis-py and kafka-python versions and the device",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
         "--log-format", default="text", choices=["text", "json"], help="json: one object per line"
@@ -68,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    progress.configure(args.log_format)
     try:
         return int(args.handler(args) or 0)
     except UserError as exc:
