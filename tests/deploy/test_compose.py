@@ -32,7 +32,7 @@ from kelp.cli.main import main as kelp_main
 
 DEPLOY = ROOT / "deploy"
 COMPOSE_FILE = DEPLOY / "compose.yaml"
-KELP_IMAGE = "kelp:${KELP_VERSION:-latest}"
+KELP_IMAGE = "${KELP_IMAGE:-kelp:cpu}"  # what `make image` (scripts/image/build.sh) tags by default
 # The role `kelp config validate --for` checks, per Kelp sub-command a service runs.
 ROLE_OF_COMMAND = {"train": "train", "produce": "train", "serve": "serve"}
 
