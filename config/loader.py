@@ -45,6 +45,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: config file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} cannot be decoded)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

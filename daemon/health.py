@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from kelp.daemon.listen import listen_error
 from kelp.metrics import LabelledRegistry
 
 __all__ = ["HealthServer", "Probe"]
@@ -44,7 +45,10 @@ class HealthServer:
         readiness: Probe,
     ) -> None:
         handler = _handler(registry, liveness, readiness)
-        self._server = ThreadingHTTPServer((host, port), handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:  # a port in use, a foreign host: the operator's to fix (exit 2)
+            raise listen_error(exc, host, port, "metrics") from None
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="kelp-health", daemon=True)
 

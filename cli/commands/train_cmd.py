@@ -98,6 +98,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         print("kelp: error: --nproc must be >= 1", file=sys.stderr)
         return 2
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
     if args.nproc > 1:
         return _launch_group(args)
 
