@@ -61,8 +61,9 @@ class Bar:
 
     ``total`` None draws a counter with a rate (an endless stream, a suite of
     unknown length). ``wanted`` False makes it silent whatever the policy
-    (a caller's ``quiet``). ``tick_s`` redraws on a timer, for work that reports
-    rarely (a benchmark phase of 30 s), so the elapsed time keeps moving.
+    (a caller's ``quiet``); ``bar_format`` is tqdm's. ``tick_s`` redraws on a
+    timer, for work that reports rarely (a benchmark phase of 30 s), so the
+    elapsed time keeps moving.
     Close it (or use it as a context manager) to restore the log handlers.
     """
 
@@ -77,6 +78,7 @@ class Bar:
         leave: bool = True,
         tick_s: float | None = None,
         wanted: bool = True,
+        bar_format: str | None = None,
     ) -> None:
         stream = sys.stderr if stream is None else stream
         self.disabled = not (wanted and enabled(stream))
@@ -88,6 +90,7 @@ class Bar:
             file=stream,
             leave=leave,
             dynamic_ncols=True,
+            bar_format=bar_format,
             disable=self.disabled,
         )
         self._stream = stream
@@ -188,6 +191,7 @@ def bar(
     leave: bool = True,
     tick_s: float | None = None,
     wanted: bool = True,
+    bar_format: str | None = None,
 ) -> Bar:
     """A :class:`Bar` on ``stream`` (default stderr), drawn only where :func:`enabled` says so.
 
@@ -202,4 +206,5 @@ def bar(
         leave=leave,
         tick_s=tick_s,
         wanted=wanted,
+        bar_format=bar_format,
     )
