@@ -1,27 +1,77 @@
 # Kelp image: multi-stage, non-root, CPU PyTorch by default.
 #
+#   make image                      # picks docker, else podman/buildah (scripts/image/build.sh)
 #   docker build -t kelp:cpu .
 #   docker build -t kelp:cuda --build-arg TORCH_VARIANT=cu126 .
 #
+# Build arguments:
+#   PYTHON_IMAGE     base of both stages: any Debian-based image with Python 3.11,
+#                    `python` on PATH and venv (the official python:3.11-slim, or
+#                    the local debootstrap base that scripts/image/build-base.sh makes)
+#   TORCH_VERSION    the torch release to install (2.13.0)
+#   TORCH_VARIANT    cpu, or a CUDA variant such as cu126 (picks TORCH_INDEX_URL's default)
+#   TORCH_INDEX_URL  where torch comes from when no local wheel is given
+#   TORCH_WHEELS     a folder in the build context; a torch-${TORCH_VERSION}+${TORCH_VARIANT}
+#                    wheel there is installed instead of the index (build.sh puts
+#                    the machine's local torch file there)
+# pip reaches PyPI for the other dependencies; a CA bundle for a TLS-inspecting
+# proxy is passed as the build secret `pip_cert` (never stored in a layer).
+#
 # The CUDA variant installs PyTorch's CUDA wheels, which carry the CUDA runtime
-# libraries; the node needs only the NVIDIA driver and container toolkit. To
-# use a CUDA base image instead, also pass --build-arg PYTHON_IMAGE=<image with
-# Python 3.11>. The entrypoint is `kelp`: `docker run kelp:cpu train --config ...`.
-# The image holds no Kafka broker and no redis-server (those are test and demo
-# tools); it talks to the cluster's Kafka and Redis. helm/kelp deploys it.
+# libraries; the node needs only the NVIDIA driver and container toolkit. The
+# entrypoint is `kelp`: `docker run kelp:cpu train --config ...`. The image
+# holds no Kafka broker and no redis-server (those are test and demo tools); it
+# talks to the cluster's Kafka and Redis, and `kelp demo` in it runs the
+# embedded path (file source, in-memory store). helm/kelp deploys it.
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_VARIANT=cpu
 ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_VARIANT}
+ARG TORCH_WHEELS=scripts/image/wheels
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/kelp/bin:$PATH
 WORKDIR /src
-RUN python -m venv /opt/kelp \
-    && pip install --no-cache-dir --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" "torch==${TORCH_VERSION}"
-COPY pyproject.toml README.md ./
+
+# torch first, in its own layer: it is most of the image and changes least.
+# What the runtime never loads goes in the same step: torch's C++ headers,
+# CMake files, C++ test binaries and test libraries (about 200 MB), and the
+# symbol tables of its two big libraries (about 90 MB; `strip --strip-unneeded`
+# keeps the dynamic symbols that loading needs). binutils stays in this stage.
+COPY ${TORCH_WHEELS}/ /wheels/
+# DL3013: "$wheel" is a file whose name pins torch-${TORCH_VERSION}+${TORCH_VARIANT}.
+# DL3008: binutils is used once here and never reaches the runtime stage.
+# hadolint ignore=DL3008,DL3013
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends binutils \
+    && rm -rf /var/lib/apt/lists/* \
+    && python -m venv /opt/kelp \
+    && wheel="$(find /wheels -maxdepth 1 -name "torch-${TORCH_VERSION}+${TORCH_VARIANT}-*.whl" -print -quit)" \
+    && if [ -n "$wheel" ]; then \
+         pip install --no-cache-dir --no-index --no-deps "$wheel"; \
+       else \
+         pip install --no-cache-dir --no-deps --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; \
+       fi \
+    && rm -rf /wheels \
+    && torch="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch" \
+    && rm -rf "$torch/include" "$torch/share" "$torch/test" \
+    && find "$torch/bin" -mindepth 1 ! -name torch_shm_manager -exec rm -rf {} + \
+    && rm -f "$torch"/lib/libaoti_custom_ops.so "$torch"/lib/libbackend_with_compiler.so \
+             "$torch"/lib/libjitbackend_test.so "$torch"/lib/libtorchbind_test.so \
+    && strip --strip-unneeded "$torch/lib/libtorch_cpu.so" "$torch/lib/libtorch_python.so"
+
+# Kelp's and torch's dependencies from PyPI, keyed on pyproject.toml only, so
+# a change to Kelp's code does not download them again.
+COPY pyproject.toml ./
+RUN --mount=type=secret,id=pip_cert \
+    if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+    && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >/tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt "torch==${TORCH_VERSION}"
+
+COPY README.md ./
 COPY kelp/ kelp/
 COPY config/ config/
 COPY consumers/ consumers/
@@ -36,7 +86,12 @@ COPY bench/ bench/
 COPY plots/ plots/
 COPY publish/ publish/
 COPY serving/ serving/
-RUN pip install --no-cache-dir . \
+# Kelp itself; pip, setuptools and wheel leave the venv once it is installed.
+RUN --mount=type=secret,id=pip_cert \
+    if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+    && pip install --no-cache-dir --no-deps . \
+    && pip check \
+    && pip uninstall --yes --quiet setuptools wheel pip \
     && kelp --version
 
 FROM ${PYTHON_IMAGE} AS runtime
