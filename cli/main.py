@@ -21,6 +21,7 @@ from typing import Any
 from kelp import __version__, progress
 from kelp.errors import KelpError, UserError
 from kelp.logs import configure_logging
+from kelp.redaction import redact_text
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main", "version_report"]
 
@@ -115,13 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except UserError as exc:
-        print(f"kelp: error: {exc}", file=sys.stderr)
+        print(f"kelp: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KelpError as exc:
         # Operational failures (broker or store unreachable after retries) are explained, not traced;
         # --log-level debug logs the traceback for whoever needs it.
         log.debug("command failed", exc_info=True)
-        print(f"kelp: error: {exc}", file=sys.stderr)
+        print(f"kelp: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_RUNTIME_ERROR
     except KeyboardInterrupt:
         print("kelp: interrupted", file=sys.stderr)

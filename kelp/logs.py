@@ -3,6 +3,8 @@
 Call :func:`configure_logging` once, at process start (the CLI does). Modules
 log through ``logging.getLogger(__name__)``; structured fields go in
 ``extra={...}`` and appear as keys in JSON output and as ``k=v`` in text.
+Both formatters hide URL passwords (:func:`kelp.redaction.redact_text`) in the
+finished line, whatever module or library logged it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import sys
 import time
 from typing import Literal, TextIO
+
+from kelp.redaction import redact_text
 
 __all__ = ["LogFormat", "configure_logging"]
 
@@ -39,7 +43,7 @@ class JsonLineFormatter(logging.Formatter):
         doc.update(_extra_fields(record))
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
+        return redact_text(json.dumps(doc, default=str))
 
 
 class TextFormatter(logging.Formatter):
@@ -53,7 +57,7 @@ class TextFormatter(logging.Formatter):
             line = f"{line} {fields}"
         if record.exc_info:
             line = f"{line}\n{self.formatException(record.exc_info)}"
-        return line
+        return redact_text(line)
 
 
 class _RankField(logging.Filter):
