@@ -97,7 +97,17 @@ class TrainerConfig(StrictModel):
         "prefetching (the prefetch and push threads need a core), else all.",
     )
     max_store_outage_s: float = Field(
-        60.0, gt=0, description="A store outage is retried this long, then the trainer exits non-zero."
+        60.0,
+        gt=0,
+        description="A store outage during the run is retried this long, then the trainer exits non-zero "
+        "(at start-up, startup_timeout_s applies instead).",
+    )
+    startup_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="At start-up, the store, the snapshot channel's Redis and the Kafka bootstrap servers "
+        "must answer within this long, else `kelp train` exits with one line naming the endpoint. "
+        "Hazard: too short where Redis or Kafka start together with the trainer (Kubernetes restarts it).",
     )
     eval_window_batches: int = Field(50, ge=1, description="Window of the windowed progressive AUC.")
     log_every_s: float = Field(

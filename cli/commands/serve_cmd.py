@@ -29,6 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from kelp.daemon.listen import check_listen
     from kelp.daemon.preflight import preflight
+    from kelp.daemon.startup import check_endpoints
     from kelp.serving.app import CONFIG_ENV, create_app
     from kelp.serving.process import tune_process
     from kelp.serving.replica import ServingReplica
@@ -36,6 +37,7 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     preflight(cfg, args.config, role="serve")
     check_listen(cfg.serving.host, cfg.serving.port, "serving")  # a port in use: one line, exit 2
+    check_endpoints(cfg, "serve")  # a wrong address fails within serving.startup_timeout_s
     # uvicorn re-raises the signal it caught once it has shut down; a no-op handler turns SIGTERM's
     # default (death by signal, status 143) into a normal return, so the command exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)

@@ -93,6 +93,8 @@ def _launch_group(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from kelp.daemon.preflight import preflight
+    from kelp.daemon.startup import check_endpoints
     from kelp.daemon.train import PEER_STOPPED, TrainDaemon
 
     if args.nproc < 1:
@@ -106,6 +108,8 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     if args.max_steps is not None:
         cfg.trainer.max_steps = args.max_steps
+    preflight(cfg, args.config, role="train")  # config mistakes first, then the endpoints
+    check_endpoints(cfg, "train")  # a wrong address fails within trainer.startup_timeout_s
     daemon = TrainDaemon(cfg, origin=args.config)
     signals_seen: list[int] = []
 
