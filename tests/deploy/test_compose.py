@@ -17,8 +17,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -258,9 +260,19 @@ def test_every_stack_config_is_checked() -> None:
     assert used == {p.resolve() for p in (DEPLOY / "compose").glob("*.yaml")}
 
 
+@pytest.fixture
+def _root_logging() -> Iterator[None]:
+    """The CLI installs its own root handler; give the test run's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers, root.level = handlers, level
+
+
 @pytest.mark.parametrize(
     ("service", "role", "config"), _kelp_configs(), ids=[f"{s}-{r}" for s, r, _ in _kelp_configs()]
 )
+@pytest.mark.usefixtures("_root_logging")
 def test_kelp_config_validate(
     service: str, role: str, config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
