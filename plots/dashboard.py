@@ -42,7 +42,8 @@ KEY_PANELS: dict[str, str] = {
     "Kafka commits and dead letters": "dead letters",
     "Serving errors": "serving errors",
     "Serving load": "readiness",
-    "Model versions": "model freshness",
+    "Model versions": "published and served model versions",
+    "Model age": "model freshness",
     "Store hit ratio": "store hits",
 }
 """Title in the dashboard -> what it answers; drawn in dashboard order."""
