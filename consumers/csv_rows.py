@@ -17,7 +17,12 @@ Values become sample fields by fixed rules (written down in the README):
   with xxh3_64 like string ids in events;
 * an empty value is a missing feature (dense: the feature's default; sparse: no id);
 * numbers parse as int, then float; anything else is left as text and the decoder
-  rejects the row (``bad_label`` / ``bad_dense`` / ``bad_type``) with the reason.
+  rejects the row as ``bad_type`` (``label is str``, ``dense 'price' is str``); a
+  number that is no valid label (not 0/1 for a binary label, NaN) is ``bad_label``,
+  a NaN or infinite dense value ``bad_dense``.
+
+:func:`iter_csv_numbered` also yields each row's 1-based line number in the file
+(the header is line 1), so a rejected row is reported as ``FILE:LINE``.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from kelp.config import CsvJoin, CsvMapping, FlagColumns
 from kelp.consumers.errors import SourceUserError
 from kelp.consumers.textfiles import open_text
 
-__all__ = ["csv_columns", "iter_csv", "parse_id", "parse_number"]
+__all__ = ["csv_columns", "iter_csv", "iter_csv_numbered", "parse_id", "parse_number"]
 
 
 def parse_number(value: str) -> float | int | str:
@@ -66,16 +71,21 @@ def _header(path: Path, delimiter: str, columns: Sequence[str] | None, encoding:
         raise SourceUserError(f"{path}: not {encoding} text ({exc.reason}); set its encoding") from None
 
 
-def _rows(path: Path, delimiter: str, columns: Sequence[str] | None, encoding: str) -> Iterator[list[str]]:
-    """Data rows (the header row skipped when the file has one), padded to the header's width."""
+def _rows(
+    path: Path, delimiter: str, columns: Sequence[str] | None, encoding: str
+) -> Iterator[tuple[int, list[str]]]:
+    """``(line, row)`` per data row (the header row skipped when the file has one), padded to the header's
+    width; ``line`` is the 1-based line the row starts on (a quoted field may span several lines)."""
     width = len(_header(path, delimiter, columns, encoding))
     try:
         with open_text(path, encoding) as fh:
             reader = csv.reader(fh, delimiter=delimiter)
             if columns is None:
                 next(reader, None)
+            before = reader.line_num
             for row in reader:
-                yield row + [""] * (width - len(row)) if len(row) < width else row
+                yield before + 1, row + [""] * (width - len(row)) if len(row) < width else row
+                before = reader.line_num
     except UnicodeDecodeError as exc:
         raise SourceUserError(f"{path}: not {encoding} text ({exc.reason}); set its encoding") from None
 
@@ -106,7 +116,7 @@ class _JoinedColumns:
         self.columns = [header[i] for i in keep]
         self.missing = [""] * len(keep)
         self.rows: dict[str, list[str]] = {}
-        for row in _rows(join.path, join.delimiter, join.columns, join.encoding):
+        for _line, row in _rows(join.path, join.delimiter, join.columns, join.encoding):
             self.rows.setdefault(row[key_at], [row[i] for i in keep])  # the first row of a key wins
 
     def lookup(self, key: str) -> list[str]:
@@ -134,6 +144,11 @@ def _flags(values: list[str], at: list[int], names: list[str], spec: FlagColumns
 
 def iter_csv(path: Path, mapping: CsvMapping, label: str = "label") -> Iterator[bytes]:
     """Schema-v1 messages, one per data row of ``path``, columns (joined ones too) mapped by ``mapping``."""
+    return (message for _line, message in iter_csv_numbered(path, mapping, label))
+
+
+def iter_csv_numbered(path: Path, mapping: CsvMapping, label: str = "label") -> Iterator[tuple[int, bytes]]:
+    """``(line, message)``: :func:`iter_csv`'s messages with the 1-based line each row starts on."""
     header = _header(path, mapping.delimiter, mapping.columns, mapping.encoding)
     joins = [(header.index(j.column) if j.column in header else -1, _JoinedColumns(j)) for j in mapping.joins]
     names = header + [c for _at, j in joins for c in j.columns]
@@ -154,13 +169,13 @@ def iter_csv(path: Path, mapping: CsvMapping, label: str = "label") -> Iterator[
     dense = [(name, at(col)) for name, col in mapping.dense_columns.items()]
     sparse = [(name, at(col)) for name, col in mapping.sparse_columns.items()]
     flags = [(name, [at(c) for c in f.columns], f.columns, f) for name, f in mapping.flag_columns.items()]
-    rows: Iterator[list[str]] = _rows(path, mapping.delimiter, mapping.columns, mapping.encoding)
+    rows: Iterator[tuple[int, list[str]]] = _rows(path, mapping.delimiter, mapping.columns, mapping.encoding)
     if mapping.sort_by:
         key = at(mapping.sort_by)
         if key >= len(header):
             raise SourceUserError(f"{path}: sort_by must name a column of the file itself, not a joined one")
-        rows = iter(sorted(rows, key=lambda r: _sort_key(r[key])))
-    for row in rows:
+        rows = iter(sorted(rows, key=lambda r: _sort_key(r[1][key])))
+    for line, row in rows:
         values = row + [v for on, join in joins for v in join.lookup(row[on])] if joins else row
         sample: dict[str, Any] = {"v": 1}
         raw_label = values[label_at]
@@ -178,4 +193,4 @@ def iter_csv(path: Path, mapping: CsvMapping, label: str = "label") -> Iterator[
             if got is not None:
                 ids[name] = got
         sample["sparse"] = ids
-        yield msgpack.packb(sample, use_bin_type=True)
+        yield line, msgpack.packb(sample, use_bin_type=True)

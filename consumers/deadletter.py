@@ -68,9 +68,13 @@ class LogDeadLetter(DeadLetterSink):
                 extra={
                     "reason": rejection.reason,
                     "error": rejection.detail,
-                    "source": f"{rejection.topic}:{rejection.partition}:{rejection.offset}",
+                    "source": self.where(rejection),
                 },
             )
+
+    def where(self, rejection: Rejection) -> str:
+        """Where the record came from, for the log: ``topic:partition:offset`` (file sources: their line)."""
+        return f"{rejection.topic}:{rejection.partition}:{rejection.offset}"
 
 
 def headers_of(rejection: Rejection) -> list[tuple[str, bytes]]:

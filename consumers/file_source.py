@@ -3,7 +3,9 @@
 All three go through the same :class:`~kelp.consumers.decode.Decoder` as
 Kafka (rows become schema-v1 samples), so validation, transforms and the
 ``kelp_records_rejected_total`` counter behave identically; rejected rows are
-counted and logged (there is no dead-letter topic for files). Batches carry
+counted and logged (there is no dead-letter topic for files) with the place a
+person can open: ``source=FILE:LINE`` (1-based; a CSV header is line 1) for
+text formats, ``source=FILE record N`` (1-based) for a msgpack log. Batches carry
 ``SourceRange(topic=<file path>, partition=0, offsets=row or message index)``
 and ``commit`` only advances :attr:`FileSource.committed`.
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from kelp.consumers.base import Source, ranges_of
 from kelp.consumers.batch import MicroBatch, SourceRange
 from kelp.consumers.batcher import Batcher
 from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES
-from kelp.consumers.csv_rows import iter_csv, parse_number
+from kelp.consumers.csv_rows import iter_csv_numbered, parse_number
 from kelp.consumers.deadletter import LogDeadLetter
 from kelp.consumers.decode import Decoder, Rec
 from kelp.consumers.errors import SourceClosedError, SourceUserError
@@ -109,8 +111,10 @@ class FileSource(Source):
         self.spec = spec
         self.batching = batching or BatchingConfig()
         self.metrics = ConsumerMetrics(registry)
-        self.dead_letter = LogDeadLetter(self.metrics)
+        self.dead_letter = _FileDeadLetter(self.metrics, self._where)
         self.topic = str(cfg.path)
+        self._run_lines: list[int] = []  # the line (or record number) of each record of the run in hand
+        self._run_first = 0  # the record offset of the run's first record
         if not Path(cfg.path).exists():
             raise SourceUserError(f"{cfg.path}: no such file")
         self._decoder = Decoder(spec)
@@ -129,26 +133,36 @@ class FileSource(Source):
         self.committed: int = 0
         """Records (rows or messages) of the file known durable: the next record to replay from."""
 
-    def _iter_messages(self) -> Iterator[bytes]:
+    def _iter_messages(self) -> Iterator[tuple[int, bytes]]:
+        """``(line or record number, message)``, both 1-based (CSV: the line its row starts on)."""
         path = Path(self.cfg.path)
         if self.cfg.format == "criteo_tsv":
-            return iter_criteo_tsv(path, self.spec.label.name)
+            return enumerate(iter_criteo_tsv(path, self.spec.label.name), 1)
         if self.cfg.format == "csv":
             if self.cfg.csv is None:
                 raise SourceUserError(f"{path}: format csv needs a csv mapping")
-            return iter_csv(path, self.cfg.csv, self.spec.label.name)
-        return iter_msgpack_log(path)
+            return iter_csv_numbered(path, self.cfg.csv, self.spec.label.name)
+        return enumerate(iter_msgpack_log(path), 1)
+
+    def _where(self, rejection: Any) -> str:
+        """``FILE:LINE`` (text formats) or ``FILE record N`` (msgpack) of a rejected record of this run."""
+        at = rejection.offset - self._run_first
+        number = self._run_lines[at] if 0 <= at < len(self._run_lines) else rejection.offset + 1
+        return f"{self.topic} record {number}" if self.cfg.format == "msgpack" else f"{self.topic}:{number}"
 
     def _fill(self) -> None:
         """Decode the next run of records into the batcher (sets ``_exhausted`` at the end or the limit)."""
         records: list[Rec] = []
+        lines: list[int] = []
         offset = self._next_offset
-        for value in self._messages:
+        for line, value in self._messages:
             records.append(Rec(self.topic, 0, offset, value))
+            lines.append(line)
             offset += 1
             if len(records) >= _RUN:
                 break
         self._bar.update(offset - self._next_offset)
+        self._run_first, self._run_lines = self._next_offset, lines
         self._next_offset = offset
         if not records:
             self._exhausted = True
@@ -202,6 +216,17 @@ class FileSource(Source):
     def expected_samples(self) -> int | None:
         """The file's records (its lines; the limit when smaller), one sample each; None when unknown."""
         return self._total or None
+
+
+class _FileDeadLetter(LogDeadLetter):
+    """The log sink, naming a rejected record by its line (or record number) in the file."""
+
+    def __init__(self, metrics: ConsumerMetrics, locate: Callable[[Any], str]) -> None:
+        super().__init__(metrics)
+        self._locate = locate
+
+    def where(self, rejection: Any) -> str:
+        return self._locate(rejection)
 
 
 _COUNT_LINES_UP_TO = 1 << 30  # bytes on disk; bigger files report no progress rather than read twice
