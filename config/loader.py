@@ -20,6 +20,7 @@ expected.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -33,12 +34,33 @@ from kelp.config.root import CONFIG_VERSION, KelpConfig
 from kelp.config.sources import FileSourceConfig
 from kelp.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "apply_env_overrides", "format_validation_error", "load_config", "parse_config"]
+__all__ = [
+    "DEPRECATED_KEYS",
+    "ENV_PREFIX",
+    "apply_deprecated_keys",
+    "apply_env_overrides",
+    "format_validation_error",
+    "load_config",
+    "parse_config",
+]
 
 ENV_PREFIX = "KELP_"
+log = logging.getLogger("kelp.config")
+
+DEPRECATED_KEYS: dict[str, str] = {}
+"""Renamed settings: old dotted key -> new dotted key (sections only, no list indexes).
+
+A config that still uses an old key (in the file or as ``KELP_...``) loads: the
+value moves to the new key and one hint line on stderr names both. When a field
+is renamed, add its entry here and a CHANGELOG line; drop the entry one minor
+release later, after which the old key is an "unknown field" like any typo.
+Empty today: no key has been renamed since layout 2 (layout-1 keys are refused
+with a hint instead, see :func:`_moved_fields`).
+"""
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> dict[str, Any] | None:
+    """The file's top-level mapping; None when it holds nothing (only whitespace or comments)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -55,7 +77,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}:{where}: invalid YAML: {problem}") from None
     if data is None:
-        return {}
+        return None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
@@ -279,11 +301,56 @@ def _moved_fields(data: Mapping[str, Any], origin: str) -> list[str]:
     return lines
 
 
+def apply_deprecated_keys(
+    data: dict[str, Any], origin: str, table: Mapping[str, str] | None = None
+) -> list[str]:
+    """Move every deprecated key of ``data`` (in place) to its new name; one hint line per key moved.
+
+    ``table`` defaults to :data:`DEPRECATED_KEYS`. When both the old and the new
+    key are set, the new one wins and the hint says the old one was ignored.
+    """
+    hints = []
+    for old, new in (DEPRECATED_KEYS if table is None else table).items():
+        *old_parents, old_key = old.split(".")
+        holder = _section(data, old_parents, create=False)
+        if holder is None or old_key not in holder:
+            continue
+        value = holder.pop(old_key)
+        *new_parents, new_key = new.split(".")
+        target = _section(data, new_parents, create=True)
+        if target is None:
+            hints.append(f"{origin}: {old} is deprecated: use {new} (not applied: a parent of it is a value)")
+        elif new_key in target:
+            hints.append(f"{origin}: {old} is deprecated and was ignored: {new} is set too; remove {old}")
+        else:
+            target[new_key] = value
+            hints.append(f"{origin}: {old} is deprecated: rename it to {new} (its value was applied there)")
+    return hints
+
+
+def _section(data: dict[str, Any], path: list[str], *, create: bool) -> dict[str, Any] | None:
+    """The mapping at ``path`` inside ``data`` (made when ``create``); None when it is absent or a value."""
+    node: Any = data
+    for part in path:
+        if not isinstance(node, dict):
+            return None
+        if node.get(part) is None and create:
+            node[part] = {}
+        node = node.get(part)
+    return node if isinstance(node, dict) else None
+
+
 def parse_config(
     data: Mapping[str, Any], origin: str = "<config>", environ: Mapping[str, str] | None = None
 ) -> KelpConfig:
-    """Validate a mapping (already read from YAML) with optional env overrides."""
+    """Validate a mapping (already read from YAML) with optional env overrides.
+
+    Deprecated keys (:data:`DEPRECATED_KEYS`) are renamed first, each with a
+    one-line warning (stderr, through logging).
+    """
     merged, sources = apply_env_overrides(dict(data), environ if environ is not None else {})
+    for hint in apply_deprecated_keys(merged, origin):
+        log.warning("%s", hint)
     moved = _moved_fields(merged, origin)
     if moved:
         raise ConfigError("\n".join(moved))
@@ -300,8 +367,17 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> K
     against the file's directory, so a config works from any working directory.
     """
     path = Path(path)
+    environ = os.environ if environ is None else environ
     data = _read_yaml(path)
-    cfg = parse_config(data, str(path), os.environ if environ is None else environ)
+    if data is None:
+        if not any(name.startswith(f"{ENV_PREFIX}SOURCE__") for name in environ):
+            # Say so, rather than "source: required field is missing" about a file that has no fields.
+            raise ConfigError(
+                f"{path}: the config file is empty (nothing but whitespace or comments); a config needs at "
+                "least a source: section, see examples/criteo-kaggle.yaml"
+            )
+        data = {}  # everything comes from KELP_... variables
+    cfg = parse_config(data, str(path), environ)
     return _resolve_paths(cfg, path.parent.resolve())
 
 
