@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.kelp-setup-stamp
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test lint fmt bench clean
+.PHONY: setup system-deps system-deps-test demo test lint fmt bench clean
 
 setup: system-deps $(STAMP)
 
@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml requirements/broker.txt
 system-deps:
 	@bash scripts/install-system-deps.sh
 
+# Test-only system tools (promtool, from Debian's `prometheus`): `make test` only, never `make demo`.
+system-deps-test:
+	@bash scripts/install-system-deps.sh --with-test-tools
+
 demo: setup
 	$(VENV)/bin/kelp demo
 
@@ -34,12 +38,32 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	PY=$(PY) bash scripts/lint-imports.sh
 
-test: setup lint
+test: setup system-deps-test lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 fmt: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# Container image (scripts/image/): docker when its daemon answers, else
+# podman/buildah; with those, a local debootstrap base stands in for
+# python:3.11-slim when PYTHON_IMAGE is unset. Not part of `make test`: a cold
+# build takes minutes. See docs/deploy.md, "Container image".
+IMAGE           ?= kelp:cpu
+PYTHON_IMAGE    ?=
+TORCH_VARIANT   ?= cpu
+TORCH_INDEX_URL ?=
+TORCH_WHEELS    ?=
+IMAGE_ENV = KELP_IMAGE=$(IMAGE) PYTHON_IMAGE=$(PYTHON_IMAGE) PYTHON=$(PYTHON) \
+	TORCH_VERSION=$(TORCH_VERSION) TORCH_VARIANT=$(TORCH_VARIANT) \
+	TORCH_INDEX_URL=$(TORCH_INDEX_URL) TORCH_WHEELS=$(TORCH_WHEELS)
+
+.PHONY: image image-test
+image:
+	$(IMAGE_ENV) bash scripts/image/build.sh
+
+image-test:
+	$(IMAGE_ENV) bash scripts/image/image-test.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,21 +1,44 @@
 #!/usr/bin/env bash
-# Installs the system packages Kelp's tests and demo need, only when missing:
-# redis-server and redis-cli (Debian packages `redis-server`, `redis-tools`) and
-# promtool (Debian package `prometheus`; the deploy tests check the alert rules
-# and the dashboard's PromQL with it).
+# Installs the system packages Kelp needs, only when missing.
+#
+#   scripts/install-system-deps.sh                    redis-server and redis-cli (Debian packages
+#                                                     `redis-server`, `redis-tools`): what the demo and
+#                                                     every Redis-backed run need (`make demo`, `make setup`)
+#   scripts/install-system-deps.sh --with-test-tools  also promtool (Debian package `prometheus`): a
+#                                                     test-only tool, the deploy tests check the alert
+#                                                     rules and the dashboard's PromQL with it (`make test`)
+#   ... --dry-run                                     print what would be installed, install nothing
 set -euo pipefail
+
+with_test_tools=0
+dry_run=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-test-tools) with_test_tools=1 ;;
+    --dry-run) dry_run=1 ;;
+    *) echo "kelp: install-system-deps.sh: unknown argument $arg (expected --with-test-tools, --dry-run)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
-command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ "$with_test_tools" -eq 1 ]; then
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+fi
 
 if [ ${#missing[@]} -eq 0 ]; then
+  [ "$dry_run" -eq 1 ] && echo "kelp: nothing to install" >&2
+  exit 0
+fi
+
+if [ "$dry_run" -eq 1 ]; then
+  echo "kelp: would install ${missing[*]} with apt-get" >&2
   exit 0
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-  echo "kelp: ${missing[*]} missing and apt-get is not available; install Redis 7 (redis-server, redis-cli) and promtool (Prometheus) yourself" >&2
+  echo "kelp: ${missing[*]} missing and apt-get is not available; install Redis 7 (redis-server, redis-cli) yourself, and promtool (Prometheus) for the tests" >&2
   exit 1
 fi
 
@@ -26,5 +49,5 @@ fi
 echo "kelp: installing ${missing[*]} with apt-get" >&2
 "${sudo_cmd[@]}" apt-get update -qq
 # The `prometheus` package also ships the server (its service may be enabled);
-# Kelp only uses promtool from it.
+# Kelp only uses promtool from it, and only in tests.
 "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

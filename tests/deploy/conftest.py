@@ -52,7 +52,7 @@ def promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
         pytest.skip(
-            "promtool not found: run `bash scripts/install-system-deps.sh` (Debian package prometheus); "
-            "`make test` does this"
+            "promtool not found: run `bash scripts/install-system-deps.sh --with-test-tools` "
+            "(Debian package prometheus); `make test` does this"
         )
     return found
