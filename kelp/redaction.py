@@ -30,9 +30,9 @@ __all__ = ["REDACTED", "redact_text", "redact_url"]
 
 REDACTED = "**redacted**"
 
-# scheme://userinfo@ : the user-info part stops at the first '/', whitespace or quote; the last '@'
-# before the host ends it (a password may itself contain '@' only percent-encoded, per RFC 3986).
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s@'\"<>]+)@")
+# scheme://userinfo@ : the authority stops at the first '/', whitespace or quote, and its *last* '@'
+# ends the user-info, as urllib.parse.urlsplit reads it (so an unencoded '@' in a password stays hidden).
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s'\"<>]+)@")
 
 
 def _hide(match: re.Match[str]) -> str:
