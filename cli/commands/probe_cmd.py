@@ -17,6 +17,7 @@ import urllib.request
 from typing import Any
 
 from kelp.config import FeatureSpec, load_config
+from kelp.redaction import redact_url
 
 __all__ = ["probe_sample", "register"]
 
@@ -55,23 +56,24 @@ def _call(url: str, timeout: float, body: dict[str, Any] | None = None) -> tuple
 def _probe(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     base = args.url.rstrip("/")
+    shown = redact_url(base)  # what is printed: a password in the URL stays hidden
     started = time.perf_counter()
     try:
         status, body = _call(f"{base}/readyz", args.timeout)
         if status != 200:
             reason = body.get("reason") if isinstance(body, dict) else body
-            print(f"probe failed: {base}/readyz answered {status}: {reason}")
+            print(f"probe failed: {shown}/readyz answered {status}: {reason}")
             return 1
         status, body = _call(f"{base}/v1/score", args.timeout, {"samples": [probe_sample(cfg.features)]})
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"probe failed: {base}: {exc}")
+        print(f"probe failed: {shown}: {exc}")
         return 1
     if status != 200 or not isinstance(body, dict) or len(body.get("scores") or []) != 1:
-        print(f"probe failed: {base}/v1/score answered {status}: {body}")
+        print(f"probe failed: {shown}/v1/score answered {status}: {body}")
         return 1
     elapsed_ms = (time.perf_counter() - started) * 1000
     print(
-        f"probe ok: {base} model v{body['model_version']} score {body['scores'][0]:.4f} "
+        f"probe ok: {shown} model v{body['model_version']} score {body['scores'][0]:.4f} "
         f"default_row_rate {body['default_row_rate']:.2f} ({elapsed_ms:.0f} ms)"
     )
     return 0

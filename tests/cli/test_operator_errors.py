@@ -385,3 +385,12 @@ def test_a_deprecated_key_loads_with_one_hint_line(
     hints = err.strip().splitlines()
     assert len(hints) == 1, hints
     assert "trainer.outage_budget_s is deprecated: rename it to trainer.max_store_outage_s" in hints[0]
+
+
+def test_kelp_probe_hides_a_password_in_the_replica_url(tmp_path: Path) -> None:
+    config = _csv_config(tmp_path, ["user"], {"user": "user"})
+    url = f"http://ops:{SECRET}@127.0.0.1:{free_port()}"
+    result = _kelp("probe", "--config", str(config), "--url", url, "--timeout", "2")
+    assert result.returncode == 1, result.stderr
+    assert f"probe failed: http://ops:{REDACTED}@127.0.0.1:" in result.stdout, result.stdout
+    assert SECRET not in result.stdout + result.stderr
