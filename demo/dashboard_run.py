@@ -201,8 +201,10 @@ def record_deployment(
 
     base = load_config(config_path)
     source = base.source
-    if not isinstance(source, FileSourceConfig) or not source.path.is_file():
-        raise UserError(f"{config_path}: the preview needs a file source with its data present")
+    if not isinstance(source, FileSourceConfig) or source.format != "criteo_tsv":
+        raise UserError(f"{config_path}: the preview replays a criteo_tsv file source (like kelp demo)")
+    if not source.path.is_file():
+        raise UserError(f"{config_path}: the sample {source.path} is missing")
     workdir = Path(tempfile.mkdtemp(prefix="kelp-dashboard-"))
     samples = _samples(source.path, 40)
     with RedisServer() as redis_srv, TansuBroker() as broker:
@@ -245,8 +247,9 @@ def record_deployment(
             client.stop.set()
             serving.stop(timeout_s=30)
             trainer.stop(timeout_s=60)
-            producer.join(timeout=30)
-            client.join(timeout=10)
+            for thread, wait_s in ((producer, 30), (client, 10)):
+                if thread.is_alive():
+                    thread.join(timeout=wait_s)
     out(
         f"  {len(scrapes)} scrapes, {scraper.failures} failed; requests {dict(sorted(client.counts.items()))}"
     )

@@ -11,6 +11,7 @@ which the dashboard groups by.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import threading
 import time
@@ -24,7 +25,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kelp.errors import UserError
 
-__all__ = ["Sample", "Scrape", "Scraper", "Target", "load_scrapes", "samples", "save_scrapes", "trim"]
+__all__ = [
+    "Sample",
+    "Scrape",
+    "Scraper",
+    "Target",
+    "load_scrapes",
+    "samples",
+    "save_scrapes",
+    "scrape_interval",
+    "trim",
+]
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,17 @@ def trim(scrape: Scrape, names: Iterable[str]) -> Scrape:
         if line and not line.startswith("#") and line.split("{", 1)[0].split(" ", 1)[0] in keep
     ]
     return Scrape(scrape.job, scrape.instance, scrape.at, "\n".join(lines) + "\n")
+
+
+def scrape_interval(scrapes: Iterable[Scrape]) -> float:
+    """The interval a recording was taken at: the median gap between one target's scrapes, to 0.1 s."""
+    by_target: dict[tuple[str, str], list[float]] = {}
+    for s in scrapes:
+        by_target.setdefault((s.job, s.instance), []).append(s.at)
+    gaps = sorted(b - a for times in map(sorted, by_target.values()) for a, b in itertools.pairwise(times))
+    if not gaps:
+        raise UserError("a recording needs at least two scrapes of one target")
+    return max(0.1, round(gaps[len(gaps) // 2], 1))
 
 
 def save_scrapes(scrapes: Iterable[Scrape], path: Path) -> Path:

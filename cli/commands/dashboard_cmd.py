@@ -42,7 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Kelp config with a file source (default: criteo-kaggle.yaml)",
     )
     preview.add_argument("--seconds", type=float, default=30.0, help="how long to scrape (default 30)")
-    preview.add_argument("--interval", type=float, default=1.0, help="scrape interval in seconds (default 1)")
+    preview.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        help="scrape interval in seconds (default 1; with --from-scrapes, the recording's)",
+    )
     preview.add_argument("--dashboard", type=Path, default=None, help="dashboard JSON (default: the chart's)")
     preview.add_argument(
         "--save-scrapes", type=Path, default=None, help="also save the scrapes (.jsonl[.gz])"
@@ -59,10 +64,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _check(args: argparse.Namespace) -> None:
     if args.seconds < 5 or args.seconds > 600:
         raise UserError(f"--seconds {args.seconds:g}: choose 5 to 600")
-    if not 0.1 <= args.interval <= args.seconds / 3:
-        raise UserError(f"--interval {args.interval:g}: choose 0.1 s to a third of --seconds")
-    if round(args.interval * 1000) != args.interval * 1000:
-        raise UserError(f"--interval {args.interval:g}: whole milliseconds only")
+    if args.interval is not None:
+        if not 0.1 <= args.interval <= args.seconds / 3:
+            raise UserError(f"--interval {args.interval:g}: choose 0.1 s to a third of --seconds")
+        if args.seconds / args.interval > 600:
+            raise UserError(
+                f"--seconds {args.seconds:g} / --interval {args.interval:g}: at most 600 scrapes a target"
+            )
+        if round(args.interval * 1000) != args.interval * 1000:
+            raise UserError(f"--interval {args.interval:g}: whole milliseconds only")
     if args.out.suffix.lower() != ".png":
         raise UserError(f"--out {args.out}: the preview is a .png")
 
@@ -71,13 +81,15 @@ def _preview(args: argparse.Namespace) -> int:
     from kelp.plots.dashboard_figure import draw_dashboard
     from kelp.plots.dashboard_preview import preview
     from kelp.plots.promql_eval import find_promtool
-    from kelp.plots.scrape import load_scrapes, save_scrapes
+    from kelp.plots.scrape import load_scrapes, save_scrapes, scrape_interval
 
+    if args.from_scrapes is None and args.interval is None:
+        args.interval = 1.0
     _check(args)
     promtool = find_promtool()  # before minutes of training, not after
     if args.from_scrapes is not None:
         scrapes = load_scrapes(args.from_scrapes)
-        interval = args.interval
+        interval = args.interval or scrape_interval(scrapes)
         origin = f"recording {args.from_scrapes.name}"
     else:
         from kelp.demo.dashboard_run import record_deployment

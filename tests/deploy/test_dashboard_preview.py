@@ -16,16 +16,17 @@ import os
 from pathlib import Path
 
 import pytest
-from chartkit import DASHBOARD
+from chartkit import DASHBOARD, ROOT
 
 from kelp.cli.main import main
 from kelp.errors import UserError
 from kelp.plots.dashboard import KEY_PANELS, grafana_to_promql, key_panels, load_dashboard, metric_names
 from kelp.plots.dashboard_preview import Preview, preview
 from kelp.plots.promql_eval import Grid, _parse_vector, evaluate, parse_failures
-from kelp.plots.scrape import Scrape, load_scrapes, samples, trim
+from kelp.plots.scrape import Scrape, load_scrapes, samples, scrape_interval, trim
 
 RECORDING = Path(__file__).parent / "data" / "dashboard-scrapes.jsonl.gz"
+SYNTH = ROOT / "examples" / "criteo-synth.yaml"  # a config whose source the preview cannot replay
 STEP_S = 1.0
 
 
@@ -165,6 +166,12 @@ def test_promtool_parse_error_is_reported(promtool: str, scrapes: list[Scrape]) 
         evaluate(["sum(rate(kelp_trainer_samples_total[4s])"], scrapes, grid, promtool)
 
 
+def test_a_recording_knows_its_scrape_interval(scrapes: list[Scrape]) -> None:
+    assert scrape_interval(scrapes) == STEP_S
+    with pytest.raises(UserError, match="at least two scrapes"):
+        scrape_interval(scrapes[:1])
+
+
 def test_trim_keeps_only_the_named_series(scrapes: list[Scrape]) -> None:
     kept = trim(scrapes[0], {"kelp_trainer_ready"})
     assert {s.name for s in samples(kept)} <= {"kelp_trainer_ready"}
@@ -218,6 +225,14 @@ def test_cli_exits_1_naming_a_panel_whose_query_matches_nothing(
         (["--seconds", "1"], "--seconds 1: choose 5 to 600"),
         (["--interval", "20"], "--interval 20: choose 0.1 s to a third of --seconds"),
         (["--out", "x.svg"], "--out x.svg: the preview is a .png"),
+        (
+            ["--seconds", "300", "--interval", "0.2"],
+            "--seconds 300 / --interval 0.2: at most 600 scrapes a target",
+        ),
+        (
+            ["--config", str(SYNTH)],
+            f"{SYNTH}: the preview replays a criteo_tsv file source (like kelp demo)",
+        ),
         (["--from-scrapes", "/nonexistent.jsonl"], "no scrape recording at /nonexistent.jsonl"),
     ],
 )
