@@ -38,11 +38,15 @@ def probe_sample(spec: FeatureSpec) -> dict[str, Any]:
     }
 
 
-def _call(url: str, timeout: float, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def _call(
+    url: str, timeout: float, body: dict[str, Any] | None = None, token: bytes | None = None
+) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
     if data is not None:
         request.add_header("Content-Type", "application/json")
+    if token is not None:  # serving.auth_token_file: the score endpoints want the bearer token
+        request.add_header("Authorization", "Bearer " + token.decode("ascii"))
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read() or b"null")
@@ -54,7 +58,10 @@ def _call(url: str, timeout: float, body: dict[str, Any] | None = None) -> tuple
 
 
 def _probe(args: argparse.Namespace) -> int:
+    from kelp.serving.auth import load_token
+
     cfg = load_config(args.config)
+    token = load_token(cfg.serving.auth_token_file)
     base = args.url.rstrip("/")
     shown = redact_url(base)  # what is printed: a password in the URL stays hidden
     started = time.perf_counter()
@@ -64,7 +71,8 @@ def _probe(args: argparse.Namespace) -> int:
             reason = body.get("reason") if isinstance(body, dict) else body
             print(f"probe failed: {shown}/readyz answered {status}: {reason}")
             return 1
-        status, body = _call(f"{base}/v1/score", args.timeout, {"samples": [probe_sample(cfg.features)]})
+        sample = {"samples": [probe_sample(cfg.features)]}
+        status, body = _call(f"{base}/v1/score", args.timeout, sample, token)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"probe failed: {shown}: {exc}")
         return 1

@@ -126,6 +126,12 @@ def test_values_schema_config_part_is_generated_from_kelp_config() -> None:
         ({"trainer": {"distributed": {"nnodes": 3}}}, "additional properties 'nnodes'"),
         ({"trainer": {"podDisruptionBudget": {"minAvailable": 3}}}, "additional properties 'minAvailable'"),
         ({"serving": {"replica": 3}}, "at '/serving': additional properties 'replica'"),
+        ({"networkPolicy": {"enable": True}}, "at '/networkPolicy': additional properties 'enable'"),
+        ({"networkPolicy": {"enabled": True, "serving": {"fromNamespaces": "shop"}}}, "fromNamespaces"),
+        (
+            {"secrets": {"store": {"trainerAuth": {"existingSecret": "x", "key": "password"}}}},
+            "at '/secrets/store/trainerAuth'",
+        ),
         (
             {"monitoring": {"serviceMonitor": {"interval": "30 seconds"}}},
             "at '/monitoring/serviceMonitor/interval'",
@@ -211,6 +217,8 @@ def test_default_and_production_render_the_expected_objects(
     if value_set[0] in {"production", "group"}:
         expected += [
             "HorizontalPodAutoscaler/kelp-serving",
+            "NetworkPolicy/kelp-serving",
+            "NetworkPolicy/kelp-trainer",
             "PrometheusRule/kelp",
             "ServiceMonitor/kelp",
         ]
@@ -517,10 +525,13 @@ def test_pods_run_non_root_with_read_only_root_filesystem(manifests: list[Manife
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["runAsUser"] == 10001
         assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         sc = container["securityContext"]
         assert sc["readOnlyRootFilesystem"] is True
         assert sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"]["drop"] == ["ALL"]
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"} and sc["runAsNonRoot"] is True
+        assert not sc.get("privileged") and "add" not in sc["capabilities"]
         writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
         assert "/tmp" in writable, f"{doc['metadata']['name']}: no writable /tmp"
 
@@ -610,3 +621,113 @@ def test_packaged_chart_renders_the_same(tmp_path: Path, production_manifests: l
             load_values(PRODUCTION_VALUES), name="kelp", namespace=NAMESPACE, is_install=True
         )
     assert parse_rendered(rendered) == production_manifests
+
+
+# ------------------------------------------------------------------ least privilege
+
+
+def _env_refs(container: dict[str, Any]) -> dict[str, dict[str, str]]:
+    names = [var["name"] for var in container["env"]]
+    assert len(names) == len(set(names)), f"duplicate env vars: {names}"
+    return {var["name"]: var["valueFrom"]["secretKeyRef"] for var in container["env"] if "valueFrom" in var}
+
+
+def test_trainer_and_serving_log_in_as_their_own_redis_users(render: Render) -> None:
+    """secrets.store.trainerAuth / servingAuth: each workload gets its ACL user's name and password."""
+    values = load_values(PRODUCTION_VALUES)
+    values["secrets"]["store"]["trainerAuth"] = {
+        "existingSecret": "redis-trainer", "usernameKey": "user", "passwordKey": "pass",
+    }  # fmt: skip
+    values["secrets"]["store"]["servingAuth"] = {
+        "existingSecret": "redis-serving", "usernameKey": "username", "passwordKey": "password",
+    }  # fmt: skip
+    docs = render(values)
+    data = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    expected = {
+        "StatefulSet": ("redis-trainer", "user", "pass"),
+        "Deployment": ("redis-serving", "username", "password"),
+    }
+    for doc, container in _kelp_containers(docs):
+        refs = _env_refs(container)
+        if doc["kind"] == "Pod":  # the helm test probe talks HTTP only: the shared settings
+            assert (
+                "KELP_STORE__USERNAME" not in refs
+                and refs["KELP_STORE__PASSWORD"]["name"] == "kelp-redis-auth"
+            )
+            continue
+        secret, user_key, password_key = expected[doc["kind"]]
+        assert refs["KELP_STORE__USERNAME"] == {"name": secret, "key": user_key}
+        assert refs["KELP_STORE__PASSWORD"] == {"name": secret, "key": password_key}
+        cfg = parse_config(data, doc["metadata"]["name"], _fake_secret_env(container))
+        assert cfg.store.username == f"secret:{secret}/{user_key}"  # the env wins over config.store.username
+        assert cfg.store.password is not None
+        assert cfg.store.password.get_secret_value() == f"secret:{secret}/{password_key}"
+
+
+def test_without_acl_users_every_pod_shares_the_store_password(production_manifests: list[Manifest]) -> None:
+    for _doc, container in _kelp_containers(production_manifests):
+        refs = _env_refs(container)
+        assert (
+            "KELP_STORE__USERNAME" not in refs and refs["KELP_STORE__PASSWORD"]["name"] == "kelp-redis-auth"
+        )
+
+
+def test_serving_bearer_token_is_a_mounted_secret(production_manifests: list[Manifest]) -> None:
+    cfg = yaml.safe_load(find(production_manifests, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    token_file = Path(cfg["serving"]["auth_token_file"])
+    secret = load_values(PRODUCTION_VALUES)["secrets"]["serving"]["authToken"]
+    for suffix, kind in (("-serving", "Deployment"), ("-probe", "Pod")):
+        spec = pod_spec(find(production_manifests, kind, suffix))
+        (container,) = spec["containers"]
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(token_file.parent))
+        assert mount["readOnly"] is True
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert volume["secret"]["secretName"] == secret["existingSecret"]
+        assert volume["secret"]["items"] == [{"key": secret["key"], "path": token_file.name}]
+    trainer = pod_spec(find(production_manifests, "StatefulSet", "-trainer"))
+    assert all(m["mountPath"] != str(token_file.parent) for m in trainer["containers"][0]["volumeMounts"])
+
+
+def _peers(rule: dict[str, Any]) -> list[dict[str, Any]]:
+    return rule.get("from", [])
+
+
+def test_network_policies_admit_only_the_release_prometheus_and_clients(
+    production_manifests: list[Manifest],
+) -> None:
+    release = {"app.kubernetes.io/name": "kelp", "app.kubernetes.io/instance": RELEASE}
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    trainer_pod = pod_spec(find(production_manifests, "StatefulSet", "-trainer"))
+    trainer_ports = {p["name"] for p in trainer_pod["containers"][0]["ports"]}
+    serving_pod = pod_spec(find(production_manifests, "Deployment", "-serving"))
+    serving_ports = {p["name"] for p in serving_pod["containers"][0]["ports"]}
+
+    trainer = find(production_manifests, "NetworkPolicy", "-trainer")["spec"]
+    assert trainer["policyTypes"] == ["Ingress"]
+    assert trainer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "trainer"
+    own, scrape = trainer["ingress"]
+    assert (
+        _peers(own) == [{"podSelector": {"matchLabels": release}}] and "ports" not in own
+    )  # rendezvous, ranks
+    assert _peers(scrape) == [prometheus] and [p["port"] for p in scrape["ports"]] == ["metrics"]
+    assert "metrics" in trainer_ports
+
+    serving = find(production_manifests, "NetworkPolicy", "-serving")["spec"]
+    assert serving["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "serving"
+    (rule,) = serving["ingress"]  # storefront is configured: no open rule
+    assert _peers(rule) == [
+        {"podSelector": {"matchLabels": release}},
+        prometheus,
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "storefront"}}},
+    ]
+    assert [p["port"] for p in rule["ports"]] == ["http"] and "http" in serving_ports
+
+
+def test_network_policy_off_by_default_and_open_serving_without_client_namespaces(render: Render) -> None:
+    assert not [d for d in render({}) if d["kind"] == "NetworkPolicy"]
+    docs = render({"networkPolicy": {"enabled": True}})
+    serving = find(docs, "NetworkPolicy", "-serving")["spec"]
+    assert serving["ingress"][-1] == {"ports": [{"port": "http", "protocol": "TCP"}]}
+    for doc in docs:
+        if doc["kind"] == "NetworkPolicy":
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)

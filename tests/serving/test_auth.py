@@ -217,3 +217,21 @@ def test_huge_id_counts_are_4xx(live: Live) -> None:
     r = live.client.post("/v1/score", content=packed, headers={**AUTH, "Content-Type": "application/msgpack"})
     assert r.status_code in (413, 422), r.text
     _score_ok(live)
+
+
+def test_kelp_probe_sends_the_token(live: Live, tmp_path: Path) -> None:
+    """The helm test hook's ``kelp probe`` reads serving.auth_token_file like the replica does."""
+    import yaml
+
+    doc = live.cfg.model_dump(mode="json", exclude_none=True)
+    with_token, without = tmp_path / "with.yaml", tmp_path / "without.yaml"
+    with_token.write_text(yaml.safe_dump(doc))
+    doc["serving"].pop("auth_token_file")
+    without.write_text(yaml.safe_dump(doc))
+    for path, code, words in ((with_token, 0, "probe ok"), (without, 1, "answered 401")):
+        done = subprocess.run(
+            [sys.executable, "-m", "kelp.cli", "probe", "--config", str(path), "--url", live.server.url],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == code and words in done.stdout, (done.stdout, done.stderr)
+        assert TOKEN not in done.stdout + done.stderr

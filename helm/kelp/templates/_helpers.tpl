@@ -70,6 +70,7 @@ Image reference. Call with (dict "root" $ "override" .Values.trainer.image).
 {{- define "kelp.configPath" -}}/etc/kelp/kelp.yaml{{- end }}
 {{- define "kelp.storeTlsDir" -}}/etc/kelp/tls/store{{- end }}
 {{- define "kelp.kafkaTlsDir" -}}/etc/kelp/tls/kafka{{- end }}
+{{- define "kelp.authDir" -}}/etc/kelp/auth{{- end }}
 
 {{- define "kelp.servingPort" -}}
 {{- (.Values.config.serving | default dict).port | default 8080 }}
@@ -179,21 +180,48 @@ that must match the mounts below).
 {{- $_ := set $cfg.source.security "ssl_keyfile" (printf "%s/tls.key" (include "kelp.kafkaTlsDir" .)) }}
 {{- end }}
 {{- end }}
+{{- if .Values.secrets.serving.authToken.existingSecret }}
+{{- if not $cfg.serving }}{{- $_ := set $cfg "serving" dict }}{{- end }}
+{{- $_ := set $cfg.serving "auth_token_file" (printf "%s/token" (include "kelp.authDir" .)) }}
+{{- end }}
 {{- toYaml $cfg }}
 {{- end }}
 
 {{/*
 Secrets as KELP_... config overrides (config/loader.py). Every process loads
 the whole config, and KafkaSecurity requires the SASL password whenever a
-PLAIN/SCRAM mechanism is configured, so every Kelp container gets the same set.
+PLAIN/SCRAM mechanism is configured, so every Kelp container gets the Kafka
+set. The Redis credentials depend on the workload: with
+secrets.store.trainerAuth / servingAuth set, the trainer / serving pods log in
+as their own ACL user (KELP_STORE__USERNAME and KELP_STORE__PASSWORD from that
+Secret); otherwise every pod uses secrets.store.password.
+Call with (dict "root" . "role" "trainer"|"serving"|"probe").
 */}}
 {{- define "kelp.env" -}}
+{{- $root := .root }}
+{{- $auth := dict }}
+{{- if eq .role "trainer" }}{{ $auth = $root.Values.secrets.store.trainerAuth }}{{ end }}
+{{- if eq .role "serving" }}{{ $auth = $root.Values.secrets.store.servingAuth }}{{ end }}
 - name: XDG_CACHE_HOME
   value: /tmp/.cache
+{{- if $auth.existingSecret }}
+- name: KELP_STORE__USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ $auth.existingSecret | quote }}
+      key: {{ $auth.usernameKey | quote }}
+- name: KELP_STORE__PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $auth.existingSecret | quote }}
+      key: {{ $auth.passwordKey | quote }}
+{{- end }}
 {{- $refs := list
-  (list "KELP_STORE__PASSWORD" .Values.secrets.store.password)
-  (list "KELP_SOURCE__SECURITY__SASL_PASSWORD" .Values.secrets.kafka.saslPassword)
-  (list "KELP_SOURCE__SECURITY__SSL_PASSWORD" .Values.secrets.kafka.sslKeyPassword) }}
+  (list "KELP_SOURCE__SECURITY__SASL_PASSWORD" $root.Values.secrets.kafka.saslPassword)
+  (list "KELP_SOURCE__SECURITY__SSL_PASSWORD" $root.Values.secrets.kafka.sslKeyPassword) }}
+{{- if not $auth.existingSecret }}
+{{- $refs = prepend $refs (list "KELP_STORE__PASSWORD" $root.Values.secrets.store.password) }}
+{{- end }}
 {{- range $refs }}
 {{- $ref := index . 1 }}
 {{- if $ref.existingSecret }}
@@ -230,6 +258,29 @@ Call with (dict "tls" .Values.secrets.store.tls "name" "store-tls").
 
 {{- define "kelp.hasStoreTls" -}}
 {{- if or .Values.secrets.store.tls.ca.existingSecret .Values.secrets.store.tls.cert.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/*
+The serving bearer token (secrets.serving.authToken) as a volume, and its mount.
+*/}}
+{{- define "kelp.authVolume" -}}
+{{- with .Values.secrets.serving.authToken }}{{ if .existingSecret -}}
+- name: serving-auth
+  secret:
+    secretName: {{ .existingSecret | quote }}
+    defaultMode: 0440
+    items:
+      - key: {{ .key | quote }}
+        path: token
+{{- end }}{{ end }}
+{{- end }}
+
+{{- define "kelp.authMount" -}}
+{{- if .Values.secrets.serving.authToken.existingSecret -}}
+- name: serving-auth
+  mountPath: {{ include "kelp.authDir" . }}
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{- define "kelp.hasKafkaTls" -}}
