@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kelp.plots.dashboard_preview import PanelData, Preview
+from kelp.plots.dashboard_preview import Line, PanelData, Preview
 from kelp.plots.figures import _pyplot, _save
 
 __all__ = ["draw_dashboard", "format_value"]
@@ -78,6 +78,10 @@ def _draw_stat(ax: Any, data: PanelData) -> None:
     ax.text(0.5, 0.42, text, color=colour, fontsize=20, ha="center", va="center", transform=ax.transAxes)
 
 
+def _peak(line: Line) -> float:
+    return max((v for v in line.values if math.isfinite(v)), default=-math.inf)
+
+
 def _draw_series(ax: Any, data: PanelData, window: tuple[float, float], mdates: Any, ticker: Any) -> None:
     _style(ax)
     ax.set_title(data.panel.title, color=_TEXT, fontsize=9, loc="left")
@@ -88,10 +92,14 @@ def _draw_series(ax: Any, data: PanelData, window: tuple[float, float], mdates: 
         ax.set_xticks([])
         ax.set_yticks([])
         return
-    for i, line in enumerate(data.lines):
+    # With more series than the legend holds, the legend names the highest ones (what a person looks
+    # for on a latency or lag panel) in distinct colours; the rest are drawn faint and unnamed.
+    ranked = sorted(data.lines, key=_peak, reverse=True) if len(data.lines) > _MAX_LEGEND else data.lines
+    for i, line in enumerate(ranked):
         times = [datetime.fromtimestamp(t, tz=UTC) for t in line.times]
-        label = line.label if i < _MAX_LEGEND else None
-        ax.plot(times, line.values, color=_PALETTE[i % len(_PALETTE)], linewidth=1.2, label=label)
+        named = i < _MAX_LEGEND
+        style = {"linewidth": 1.2, "label": line.label} if named else {"linewidth": 0.7, "alpha": 0.4}
+        ax.plot(times, line.values, color=_PALETTE[i % len(_PALETTE)], **style)
     ax.set_xlim(*(datetime.fromtimestamp(t, tz=UTC) for t in window))  # one time range, as in Grafana
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=UTC))
     ax.xaxis.set_major_locator(ticker.MaxNLocator(5))
@@ -104,7 +112,7 @@ def _draw_series(ax: Any, data: PanelData, window: tuple[float, float], mdates: 
               framealpha=0.85)  # fmt: skip
     extra = len(data.lines) - _MAX_LEGEND
     if extra > 0:
-        note = f"{len(data.lines)} series, {extra} not in the legend"
+        note = f"{len(data.lines)} series; the {_MAX_LEGEND} highest named"
         ax.text(1.0, 1.02, note, color=_DIM, fontsize=7, ha="right", va="bottom", transform=ax.transAxes)
 
 
