@@ -1,4 +1,7 @@
-"""PNG figures for people: learning curves of a run (``kelp report``) and ``kelp bench accuracy``.
+"""PNG figures for people: learning curves of a run (``kelp report``), ``kelp bench accuracy`` and
+the Grafana dashboard's preview (``kelp dashboard preview``: :mod:`.scrape` records ``/metrics``,
+:mod:`.dashboard` reads the dashboard JSON, :mod:`.promql_eval` evaluates its queries with
+promtool, :mod:`.dashboard_preview` pairs panels with results, :mod:`.dashboard_figure` draws).
 
 matplotlib is an optional dependency (``pip install 'kelp[plots]'``, part of
 ``.[dev]``): the trainer and serving never import this room, so a production
