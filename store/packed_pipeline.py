@@ -66,7 +66,9 @@ class PackedPipeline:
             self._pool.release(conn)
         if raise_on_error:
             for reply, packed in zip(replies, kinds, strict=True):
-                error = first_error(reply if packed else [reply], redis.ResponseError)
+                # RedisError, not ResponseError: a restarted Redis answers LOADING (BusyLoadingError, a
+                # redis-py ConnectionError) inline, and decoding it as a row crashed the trainer.
+                error = first_error(reply if packed else [reply], redis.RedisError)
                 if error is not None:
                     raise error
         return replies
