@@ -26,7 +26,7 @@
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
-FROM ${PYTHON_IMAGE} AS build
+FROM ${PYTHON_IMAGE} AS deps
 ARG TORCH_VARIANT=cpu
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_VARIANT}
@@ -64,13 +64,21 @@ RUN apt-get update \
     && strip --strip-unneeded "$torch/lib/libtorch_cpu.so" "$torch/lib/libtorch_python.so"
 
 # Kelp's and torch's dependencies from PyPI, keyed on pyproject.toml only, so
-# a change to Kelp's code does not download them again.
+# a change to Kelp's code does not download them again. pip then leaves the
+# venv: the runtime installs nothing. (setuptools stays: torch requires it.)
 COPY pyproject.toml ./
 RUN --mount=type=secret,id=pip_cert \
     if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
     && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >/tmp/requirements.txt \
-    && pip install --no-cache-dir -r /tmp/requirements.txt "torch==${TORCH_VERSION}"
+    && pip install --no-cache-dir -r /tmp/requirements.txt "torch==${TORCH_VERSION}" \
+    && pip uninstall --yes --quiet pip
 
+# Kelp itself, installed into the venv by a throwaway pip (`pip --python`), and
+# its files (the RECORD's list, read with -I so that /src's kelp.egg-info is not
+# the one found) gathered under /app. The runtime stage copies
+# the dependency venv and /app as two layers, so a change to Kelp's code ships
+# as a layer of a few MB instead of the whole venv again.
+FROM deps AS build
 COPY README.md ./
 COPY kelp/ kelp/
 COPY config/ config/
@@ -86,13 +94,17 @@ COPY bench/ bench/
 COPY plots/ plots/
 COPY publish/ publish/
 COPY serving/ serving/
-# Kelp itself; pip, setuptools and wheel leave the venv once it is installed.
 RUN --mount=type=secret,id=pip_cert \
     if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
-    && pip install --no-cache-dir --no-deps . \
-    && pip check \
-    && pip uninstall --yes --quiet setuptools wheel pip \
-    && kelp --version
+    && python -m venv /opt/pip \
+    && /opt/pip/bin/pip --python /opt/kelp/bin/python install --no-cache-dir --no-deps . \
+    && /opt/pip/bin/pip --python /opt/kelp/bin/python check \
+    && kelp --version \
+    && python -I -c "import importlib.metadata as m, os; print('\n'.join(os.path.normpath(f.locate()).lstrip('/') for f in m.distribution('kelp').files))" >/tmp/kelp-files \
+    && grep -qx opt/kelp/bin/kelp /tmp/kelp-files \
+    && tar -C / -cf /tmp/kelp.tar -T /tmp/kelp-files \
+    && mkdir /app \
+    && tar -C /app -xf /tmp/kelp.tar
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="kelp" \
@@ -100,7 +112,8 @@ LABEL org.opencontainers.image.title="kelp" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --system --gid 10001 kelp \
     && useradd --system --uid 10001 --gid kelp --home-dir /var/lib/kelp --create-home --shell /usr/sbin/nologin kelp
-COPY --from=build /opt/kelp /opt/kelp
+COPY --from=deps /opt/kelp /opt/kelp
+COPY --from=build /app/ /
 COPY examples/ /etc/kelp/examples/
 ENV PATH=/opt/kelp/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2034  # the variables are for the scripts that source this file
 # Picks the container engine for `make image` and `make image-test`, and the
 # flags it needs, so every script under scripts/image agrees.
 #

@@ -59,6 +59,7 @@ with tempfile.NamedTemporaryFile(dir="/tmp") as f:
 PY
 
 step "runtime stage carries no compiler, pip or caches"
+# shellcheck disable=SC2016  # the script runs inside the container
 run_ro --entrypoint sh "$image" -c '
   for tool in gcc cc g++ make pip pip3; do
     if command -v "$tool" >/dev/null 2>&1; then echo "found $tool: $(command -v "$tool")"; exit 1; fi
@@ -67,6 +68,15 @@ run_ro --entrypoint sh "$image" -c '
     if [ -e "$dir" ]; then echo "found $dir"; exit 1; fi
   done
   echo "no gcc, cc, g++, make or pip; no pip cache; no torch headers"' || fail "runtime stage is not trimmed"
+
+step "compiled bytecode is current (a read-only root cannot cache it)"
+# shellcheck disable=SC2016  # the script runs inside the container
+run_ro --entrypoint sh "$image" -c '
+  log="$(python -v -c "import kelp.cli.main, kelp.daemon.train, kelp.serving, torch" 2>&1)"
+  stale="$(printf "%s\n" "$log" | grep -c "bytecode is stale" || true)"
+  cached="$(printf "%s\n" "$log" | grep -c "code object from .*\.pyc" || true)"
+  echo "$cached modules loaded from .pyc, $stale stale"
+  [ "$stale" -eq 0 ] && [ "$cached" -gt 100 ]' || fail "stale or missing bytecode"
 
 step "kelp config validate on every shipped example"
 # criteo-kaggle's sample ships in the image; criteo-attribution and MovieLens
@@ -88,6 +98,7 @@ if [ -d "$data" ]; then
 else
   echo "(no data folder at $data: examples whose data is not in the image get --for serve)"
 fi
+# shellcheck disable=SC2016  # the script runs inside the container
 run_ro "${mount[@]}" --entrypoint sh "$image" -c '
   for f in "$@"; do
     if ! kelp config validate "$f" 2>/tmp/err; then

@@ -68,7 +68,8 @@ def test_torchrun_is_on_the_image_path() -> None:
     assert "python -m venv /opt/kelp" in build
     assert "PATH=/opt/kelp/bin:$PATH" in build  # pip below is the venv's, so torch's scripts land in it
     assert '"torch==${TORCH_VERSION}"' in build
-    assert "COPY --from=build /opt/kelp /opt/kelp" in final
+    assert "COPY --from=deps /opt/kelp /opt/kelp" in final
+    assert "COPY --from=build /app/ /" in final  # kelp's own files, the `kelp` script among them
     assert "PATH=/opt/kelp/bin:$PATH" in final
 
 
@@ -86,7 +87,8 @@ def test_base_image_and_torch_source_are_build_arguments() -> None:
     instructions = _instructions(text)
     assert instructions[0].startswith("ARG PYTHON_IMAGE="), "the base image is the first build argument"
     assert [i for i in instructions if i.startswith("FROM ")] == [
-        "FROM ${PYTHON_IMAGE} AS build",
+        "FROM ${PYTHON_IMAGE} AS deps",
+        "FROM deps AS build",
         "FROM ${PYTHON_IMAGE} AS runtime",
     ]
     args = {i.split()[1].split("=")[0] for i in instructions if i.startswith("ARG ")}
