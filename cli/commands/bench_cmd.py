@@ -37,12 +37,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out", type=Path, default=None, help="where figures go (accuracy; default ./bench-results)"
     )
+    parser.add_argument(
+        "--soak-minutes",
+        type=float,
+        default=None,
+        metavar="M",
+        help="chaos: M minutes at a steady rate, no faults; RSS, fds, threads, p99 at start and end",
+    )
     parser.set_defaults(handler=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
     exit_cleanly_on_sigterm()  # a stopped benchmark still stops the services it started
-    result = run_suite(args.suite, quick=args.quick, data_dir=args.data, out_dir=args.out)
+    result = run_suite(
+        args.suite, quick=args.quick, data_dir=args.data, out_dir=args.out, soak_minutes=args.soak_minutes
+    )
     # Always one JSON line, last on stdout (the benchmark contract); --json is accepted for it.
     print(json.dumps(result, sort_keys=True))
     return 0

@@ -1,0 +1,225 @@
+"""``kelp bench chaos``: faults injected into real processes under a steady load; the invariants after.
+
+The rig (:mod:`kelp.bench.chaos_rig`): Tansu on durable ``s3://`` storage
+(moto's S3 server: this Tansu build has no postgres or sqlite engine), a
+redis-server with ``appendonly yes`` + ``appendfsync always``, ``kelp train``
+and ``kelp serve`` as child processes, a steady criteo-synth producer and a
+light scoring client. The faults (:mod:`kelp.bench.chaos_faults`), one after
+another, each followed by its recovery:
+
+* ``--quick``: 3 trainer kill -9s, a Redis restart, a Redis stall, a broker
+  restart and the replica's store going away (7 faults, about 90 s on 2
+  shared cores: the contract's 60 s is not met, each trainer restart costs a
+  Python start, a torch import and a consumer-group join);
+* the full run: 10 trainer kill -9s and each other fault twice (18 faults).
+
+Invariants reported (each must be 0):
+
+* ``lost_records``: records the broker acknowledged to the producer that the
+  broker no longer has, or that the group never committed past at the end
+  (:func:`~kelp.bench.chaos_checks.account_records`);
+* ``offset_regressions``: reads of the group's committed offsets lower than an
+  earlier read, polled every 0.5 s through every fault;
+* ``serve_5xx_other_than_503``: replica answers 5xx other than 503, plus
+  client timeouts (``CLIENT_TIMEOUT_S``, a hang) and refused connections,
+  which count as failures too (broken down in ``serve_answers``);
+* ``trainer_crash_loops``: restarted trainers that never reached readiness;
+* ``acked_updates_lost_fsync_always``: row updates Redis acknowledged before
+  its SIGKILL and did not have after the restart.
+
+``--soak-minutes M`` runs the rig M minutes without faults instead
+(:mod:`kelp.bench.chaos_soak`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kelp.bench.chaos_checks import account_records, committed_offsets
+from kelp.bench.chaos_faults import Health, inject
+from kelp.bench.chaos_rig import CLIENT_TIMEOUT_S, PARTITIONS, Rig
+from kelp.bench.chaos_soak import soak
+from kelp.bench.runner import progress
+from kelp.errors import UserError
+
+__all__ = ["run", "schedule"]
+
+PRODUCE_RATE = 1000.0  # samples/s: steady, under the trainer's speed on 2 busy cores (1-4k samples/s)
+SCORE_RATE = 10.0  # requests/s: light load
+SETTLE_TIMEOUT_S = 120.0
+
+
+def schedule(quick: bool) -> list[str]:
+    """The faults in order: trainer kills spread between the others.
+
+    >>> schedule(quick=True)  # doctest: +NORMALIZE_WHITESPACE
+    ['trainer_kill9', 'redis_restart', 'trainer_kill9', 'redis_stall', 'broker_restart',
+     'trainer_kill9', 'replica_store_away']
+    """
+    others = ["redis_restart", "redis_stall", "broker_restart", "replica_store_away"]
+    if quick:
+        return [
+            "trainer_kill9",
+            others[0],
+            "trainer_kill9",
+            others[1],
+            others[2],
+            "trainer_kill9",
+            others[3],
+        ]
+    out: list[str] = []
+    extra = others * 2
+    for i in range(10):
+        out.append("trainer_kill9")
+        if i < len(extra):
+            out.append(extra[i])
+    return out + extra[10:]
+
+
+def run(quick: bool, soak_minutes: float | None = None) -> dict[str, Any]:
+    if soak_minutes is not None and soak_minutes <= 0:
+        raise UserError("--soak-minutes must be > 0")
+    keep = os.environ.get("KELP_CHAOS_WORKDIR")  # keep the processes' logs there, for a post-mortem
+    workdir = contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory(prefix="kelp-chaos-")
+    with workdir as tmp, Rig(Path(tmp), PRODUCE_RATE, SCORE_RATE) as rig:
+        if soak_minutes is not None:
+            return {"mode": "soak", **_describe(rig), **soak(rig, soak_minutes)}
+        return {"mode": "faults", **_describe(rig), **_faults(rig, quick)}
+
+
+def _describe(rig: Rig) -> dict[str, Any]:
+    return {
+        "workload": "criteo-synth (synthetic), dlrm-small, batch 1024",
+        "broker_storage": f"tansu {rig.broker.storage} on moto_server (S3, a separate process)",
+        "redis_persistence": "appendonly yes, appendfsync always",
+        "produce_rate": rig.produce_rate,
+        "score_rate": rig.score_rate,
+        "client_timeout_s": CLIENT_TIMEOUT_S,
+    }
+
+
+def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
+    rng = random.Random(15)
+    health = Health()
+    faults = []
+    for kind in schedule(quick):
+        record = inject(rig, health, kind, rng)
+        record["offset_regressions_so_far"] = len(rig.watcher.regressions())
+        faults.append(record)
+        progress(f"  {kind}: {_brief(record)}")
+    settle = _settle(rig, health)
+    final = _stop(rig)
+    books = account_records(rig.broker.bootstrap, rig.topic, rig.producer.acked, final["committed"])
+    answers = rig.client.counts()
+    bad_5xx = sum(n for status, n in answers.items() if status >= 500 and status != 503)
+    failures = bad_5xx + answers[rig.client.HANG] + answers[rig.client.TRANSPORT]
+    regressions = rig.watcher.regressions()
+    probes = [f["acked_updates_lost"] for f in faults if f["fault"] == "redis_restart"]
+    out: dict[str, Any] = {
+        "faults_injected": len(faults),
+        "lost_records": books.lost,
+        "offset_regressions": len(regressions),
+        "serve_5xx_other_than_503": failures,
+        "trainer_crash_loops": health.crash_loops,
+        "acked_updates_lost_fsync_always": sum(probes),
+        "faults_by_kind": {
+            k: sum(1 for f in faults if f["fault"] == k) for k in dict.fromkeys(schedule(quick))
+        },
+        "records_acked": books.acked,
+        "records_committed": sum(max(c, 0) for c in books.committed),
+        "records_missing_from_broker": books.missing_from_broker,
+        "records_not_committed": books.not_committed,
+        "producer_failed_sends": rig.producer.failed,
+        "offset_reads": rig.watcher.reads,
+        "offset_reads_failed": rig.watcher.failed_reads,
+        "offset_regression_details": regressions[:10],
+        "serve_answers": {_status_name(k): v for k, v in sorted(answers.items())},
+        "serve_hangs": answers[rig.client.HANG],
+        "serve_transport_errors": answers[rig.client.TRANSPORT],
+        "serve_strict_5xx_other_than_503": bad_5xx,
+        "trainer_unexpected_exits": health.unexpected_exits,
+        "trainer_incarnations": rig.trainer.incarnations,
+        "acked_rows_probed": sum(f["acked_rows"] for f in faults if f["fault"] == "redis_restart"),
+        **settle,
+        **final["summary"],
+        "faults": faults,
+    }
+    out["invariants_ok"] = out["faults_injected"] >= (6 if quick else 14) and all(
+        out[k] == 0
+        for k in (
+            "lost_records",
+            "offset_regressions",
+            "serve_5xx_other_than_503",
+            "trainer_crash_loops",
+            "acked_updates_lost_fsync_always",
+        )
+    )
+    progress(
+        f"faults {out['faults_injected']}, lost {out['lost_records']}, "
+        f"regressions {out['offset_regressions']}, "
+        f"bad serve answers {failures}, crash loops {health.crash_loops}, "
+        f"acked updates lost {out['acked_updates_lost_fsync_always']}"
+    )
+    return out
+
+
+def _status_name(status: int) -> str:
+    return {-1: "hang", 0: "transport_error"}.get(status, str(status))
+
+
+def _brief(record: dict[str, Any]) -> str:
+    keys = ("restart_ready_s", "acked_updates_lost", "stall_s", "away_s", "commits_advanced_after_s")
+    parts = [f"{k}={record[k]}" for k in keys if k in record]
+    parts.append(f"serve during {record['serve_answers_during']}")
+    parts.append(
+        f"trainer again {record['trainer_training_again_s']}s, serve 200 again {record['serve_200_again_s']}s"
+    )
+    return ", ".join(parts)
+
+
+def _settle(rig: Rig, health: Health) -> dict[str, Any]:
+    """Stop producing; wait until the group committed every acknowledged record (or the timeout)."""
+    progress("stopping the producer; waiting for the trainer to commit every acknowledged record")
+    rig.producer.finish()
+    if rig.producer.error is not None:
+        raise RuntimeError(f"the producer failed: {rig.producer.error}")
+    ends = rig.producer.acked_end()
+    started = time.monotonic()
+    while time.monotonic() - started < SETTLE_TIMEOUT_S:
+        health.check_trainer(rig)
+        if all(c >= e for c, e in zip(rig.watcher.latest(), ends, strict=True)):
+            break
+        time.sleep(0.5)
+    settled = all(c >= e for c, e in zip(rig.watcher.latest(), ends, strict=True))
+    if not settled:
+        progress(f"the group had not committed every acknowledged record after {SETTLE_TIMEOUT_S:.0f}s")
+    return {"settle_s": round(time.monotonic() - started, 2), "settled": settled, "acked_end_offsets": ends}
+
+
+def _stop(rig: Rig) -> dict[str, Any]:
+    """SIGTERM the trainer (it drains and prints its summary), stop the rest; the final committed offsets."""
+    from kafka import KafkaAdminClient
+
+    rig.watcher.finish()
+    rig.client.finish()
+    code = rig.trainer.stop(60)
+    rig.serve.stop(10)
+    admin = KafkaAdminClient(bootstrap_servers=rig.broker.bootstrap, request_timeout_ms=10_000)
+    try:
+        committed = committed_offsets(admin, rig.cfg.source.group_id, rig.topic, PARTITIONS)
+    finally:
+        admin.close()
+    summary: dict[str, Any] = {"trainer_exit_code": code}
+    for line in (rig.trainer.log_tail(200_000) or "").splitlines():
+        if '"train_summary"' in line:
+            s = json.loads(line[line.index("{") :])
+            summary["final_trainer_samples"] = s.get("samples")
+            summary["final_trainer_auc"] = s.get("auc")
+    return {"committed": committed, "summary": summary}

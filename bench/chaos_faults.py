@@ -1,0 +1,219 @@
+"""The chaos bench's fault injectors, and the recovery each fault is followed by.
+
+Every injector takes the running :class:`~kelp.bench.chaos_rig.Rig`, does one
+thing to one real process, and returns what it saw. :func:`inject` wraps it:
+the trainer's and the replica's metrics before and after (store errors and
+retries, trainer retries, readiness, commits, 503s), the scoring client's
+answers during the fault, and the recovery: the trainer ready and training
+again, the replica answering 200 again, by themselves.
+
+* ``trainer_kill9``: SIGKILL of ``kelp train`` at a random point, then a
+  restart (as Kubernetes would); a restart that never gets ready counts as a
+  crash loop;
+* ``redis_restart``: SIGKILL of redis-server while a writer pushes rows
+  through Kelp's store, then a start on the same data directory
+  (``acked_updates_lost`` from :mod:`kelp.bench.chaos_durability`);
+* ``redis_stall``: SIGSTOP for longer than the store's socket timeout, then SIGCONT;
+* ``broker_restart``: SIGKILL of Tansu, then a start on the same S3 storage;
+* ``replica_store_away``: redis-server down for a few seconds while the
+  replica answers (it must answer 503, never hang), then back.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from kelp.bench.chaos_durability import probe_acked_updates
+from kelp.bench.chaos_procs import Metrics, total
+from kelp.bench.chaos_rig import STORE_SOCKET_TIMEOUT_S, Rig
+from kelp.bench.runner import progress
+
+__all__ = ["FAULTS", "Health", "inject"]
+
+READY_TIMEOUT_S = 90.0
+RECOVERY_TIMEOUT_S = 90.0
+RESTART_ATTEMPTS = 3
+
+
+class Health:
+    """Counts across the run: trainer restarts that never got ready, exits nobody asked for."""
+
+    def __init__(self) -> None:
+        self.crash_loops = 0
+        self.unexpected_exits = 0
+        self.kill_points_s: list[float] = []
+
+    def restart_trainer(self, rig: Rig) -> float | None:
+        """Start ``kelp train`` until one incarnation is ready; seconds to ready, None if none was."""
+        for _ in range(RESTART_ATTEMPTS):
+            rig.trainer.start()
+            took = rig.trainer.wait_ready(READY_TIMEOUT_S)
+            if took is not None:
+                return took
+            self.crash_loops += 1
+            progress(f"trainer restart {rig.trainer.incarnations} not ready:\n{rig.trainer.log_tail(800)}")
+            rig.trainer.kill9()
+        return None
+
+    def check_trainer(self, rig: Rig) -> None:
+        """A trainer that exited by itself is restarted (and counted)."""
+        if not rig.trainer.alive():
+            self.unexpected_exits += 1
+            progress(f"trainer exited by itself ({rig.trainer.exit_code()}):\n{rig.trainer.log_tail(800)}")
+            self.restart_trainer(rig)
+
+
+def trainer_view(m: Metrics) -> dict[str, float]:
+    """The trainer's counters that show a fault (this incarnation's: a restart starts them at 0)."""
+    return {
+        "ready": total(m, "kelp_trainer_ready"),
+        "steps": total(m, "kelp_trainer_steps_total"),
+        "errors_retried": total(m, "kelp_trainer_errors_total", kind="retried"),
+        "errors_fatal": total(m, "kelp_trainer_errors_total", kind="fatal"),
+        "store_retries": total(m, "kelp_store_retries_total"),
+        "store_errors": total(m, "kelp_store_errors_total"),
+        "commits_ok": total(m, "kelp_consumer_commits_total", result="ok"),
+        "commits_failed": total(m, "kelp_consumer_commits_total", result="failed"),
+    }
+
+
+def serve_view(m: Metrics) -> dict[str, float]:
+    """The replica's counters that show a fault."""
+    return {
+        "ready": total(m, "kelp_serving_ready"),
+        "answered_200": total(m, "kelp_serving_requests_total", status="200"),
+        "answered_503": total(m, "kelp_serving_requests_total", status="503"),
+        "store_retries": total(m, "kelp_store_retries_total"),
+        "store_errors": total(m, "kelp_store_errors_total"),
+    }
+
+
+def _views(rig: Rig) -> dict[str, dict[str, float]]:
+    """Both processes' counters, and whether each one's /readyz answers 200 now (the ``ready``
+    gauges only change when something probes /readyz)."""
+    return {
+        "trainer": {**trainer_view(rig.trainer.metrics()), "readyz_200": float(rig.trainer.ready())},
+        "serve": {**serve_view(rig.serve.metrics()), "readyz_200": float(rig.serve.ready())},
+    }
+
+
+def _delta(after: Counter[int], before: Counter[int]) -> dict[str, int]:
+    names = {200: "200", 503: "503", 0: "transport_error", -1: "hang"}
+    return {names.get(k, str(k)): after[k] - before[k] for k in after if after[k] - before[k]}
+
+
+def _recover(rig: Rig, health: Health, ok_before: int) -> dict[str, Any]:
+    """Wait for the trainer to train and the replica to answer 200 again; how long each took."""
+    started = time.monotonic()
+    health.check_trainer(rig)
+    steps_at = trainer_view(rig.trainer.metrics())["steps"]
+    trainer_s = serve_s = None
+    while time.monotonic() - started < RECOVERY_TIMEOUT_S and (trainer_s is None or serve_s is None):
+        if trainer_s is None:
+            health.check_trainer(rig)
+            view = trainer_view(rig.trainer.metrics())
+            if view["ready"] == 1 and view["steps"] > steps_at:
+                trainer_s = round(time.monotonic() - started, 2)
+        if serve_s is None and rig.client.counts()[200] > ok_before:
+            serve_s = round(time.monotonic() - started, 2)
+        time.sleep(0.2)
+    return {"trainer_training_again_s": trainer_s, "serve_200_again_s": serve_s}
+
+
+def inject(rig: Rig, health: Health, kind: str, rng: random.Random) -> dict[str, Any]:
+    """Run fault ``kind`` (a key of :data:`FAULTS`) with its evidence and recovery."""
+    before = _views(rig)
+    answers = rig.client.counts()
+    at = rig.clock()
+    progress(f"fault {kind} at {at:.1f}s")
+    seen = FAULTS[kind](rig, health, rng)
+    during = _delta(rig.client.counts(), answers)
+    recovery = _recover(rig, health, rig.client.counts()[200])
+    return {
+        "fault": kind,
+        "at_s": at,
+        **seen,
+        "serve_answers_during": during,
+        **recovery,
+        "metrics_before": before,
+        "metrics_after": _views(rig),
+    }
+
+
+def trainer_kill9(rig: Rig, health: Health, rng: random.Random) -> dict[str, Any]:
+    time.sleep(rng.uniform(0.5, 4.0))  # a random point of the stream: mid-step, mid-push, mid-commit
+    steps = trainer_view(rig.trainer.metrics())["steps"]
+    health.kill_points_s.append(rig.clock())
+    rig.trainer.kill9()
+    ready_s = health.restart_trainer(rig)
+    return {"killed_after_steps": steps, "restart_ready_s": None if ready_s is None else round(ready_s, 2)}
+
+
+def redis_restart(rig: Rig, health: Health, rng: random.Random) -> dict[str, Any]:
+    probe = probe_acked_updates(rig.redis, seed=rng.randrange(1 << 30))
+    d = probe.durability[0] if probe.durability else None
+    return {
+        "acked_pushes": probe.pushes_acked,
+        "acked_rows": probe.acked_rows,
+        "acked_updates_lost": probe.lost,
+        "appendonly": d.appendonly if d else None,
+        "appendfsync": d.appendfsync if d else None,
+    }
+
+
+def redis_stall(rig: Rig, health: Health, rng: random.Random) -> dict[str, Any]:
+    stall_s = round(3 * STORE_SOCKET_TIMEOUT_S + rng.uniform(0.0, 1.0), 2)
+    rig.redis.pause()
+    try:
+        time.sleep(stall_s)
+        replica_ready = rig.serve.ready()
+    finally:
+        rig.redis.resume()
+    return {"stall_s": stall_s, "replica_ready_while_stalled": replica_ready}
+
+
+def broker_restart(rig: Rig, health: Health, rng: random.Random) -> dict[str, Any]:
+    committed = rig.watcher.latest()
+    rig.broker.kill()
+    down_s = round(rng.uniform(1.0, 3.0), 2)
+    time.sleep(down_s)
+    started = time.monotonic()
+    rig.broker.start()
+    restart_s = time.monotonic() - started
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while time.monotonic() < deadline and not _advanced(rig.watcher.latest(), committed):
+        time.sleep(0.2)
+    advanced = _advanced(rig.watcher.latest(), committed)
+    return {
+        "storage": rig.broker.storage,
+        "down_s": down_s,
+        "broker_restart_s": round(restart_s, 2),
+        "committed_before": committed,
+        "commits_advanced_after_s": round(time.monotonic() - started, 2) if advanced else None,
+    }
+
+
+def _advanced(now: list[int], before: list[int]) -> bool:
+    return any(n > b for n, b in zip(now, before, strict=True))
+
+
+def replica_store_away(rig: Rig, health: Health, rng: random.Random) -> dict[str, Any]:
+    away_s = round(rng.uniform(3.0, 5.0), 2)
+    rig.redis.kill()
+    time.sleep(away_s)
+    readyz_while_away = rig.serve.ready()
+    rig.redis.start()  # same port, same append-only file
+    return {"away_s": away_s, "replica_ready_while_away": readyz_while_away}
+
+
+FAULTS: dict[str, Callable[[Rig, Health, random.Random], dict[str, Any]]] = {
+    "trainer_kill9": trainer_kill9,
+    "redis_restart": redis_restart,
+    "redis_stall": redis_stall,
+    "broker_restart": broker_restart,
+    "replica_store_away": replica_store_away,
+}
