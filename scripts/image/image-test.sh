@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # `make image-test`: builds Kelp's image (layer cache makes a rebuild cheap)
 # and checks it the way an operator runs it: non-root, read-only root
-# filesystem with a tmpfs on /tmp, no network needed. Inside the image it runs
-# `kelp --version`, `kelp config validate` on every shipped example and
-# `kelp demo`. The image carries no redis-server and no Kafka broker, so the
-# demo takes its embedded path (file source, in-memory store, the same trainer
-# daemon); the test requires that path to finish and to report an AUC.
-# Prints the image's size and its largest layers. Exits 1 on the first failure.
+# filesystem with a tmpfs on /tmp, no network unless a step needs Redis.
+# Inside the image it runs `kelp --version`, `kelp config validate` on every
+# shipped example and `kelp demo`. The image carries no redis-server and no
+# Kafka broker, so the demo takes its embedded path (file source, in-memory
+# store, the same trainer daemon); the test requires that path to finish and
+# to report an AUC. Then the production path: `kelp train` from the image
+# pushes to the host's redis-server and publishes, and `kelp serve` from the
+# image loads that model and scores (skipped, and said so, without
+# redis-server on the host). Prints the image's size and its largest layers.
+# Exits 1 on the first failure.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,7 +27,9 @@ fi
 
 engine() { "$kelp_run_engine" "${KELP_ENGINE_FLAGS[@]}" "$@"; }
 # How an operator (and helm/kelp) runs it: read-only root, writable /tmp only.
-run_ro() { engine run "${KELP_RUN_FLAGS[@]}" --rm --read-only --tmpfs /tmp:rw,size=512m --network none "$@"; }
+# --network none unless a step sets net=host to reach a redis-server on loopback.
+net=none
+run_ro() { engine run "${KELP_RUN_FLAGS[@]}" --rm --read-only --tmpfs /tmp:rw,size=512m --network "$net" "$@"; }
 fail() {
   echo "FAIL: $*" >&2
   exit 1
@@ -118,6 +124,58 @@ run_ro "$image" demo 2>&1 | tee "$demo_log" || fail "kelp demo exited non-zero"
 grep -q "falling back to the embedded path" "$demo_log" || fail "the demo did not take the embedded path"
 grep -q "progressive AUC 0\.[0-9]" "$demo_log" || fail "the demo reported no AUC"
 grep -q "^demo finished\.$" "$demo_log" || fail "the demo did not finish"
+
+step "kelp train, then kelp serve, from the image on a real redis-server"
+# The production path, as the chart runs it: the trainer pushes rows and
+# publishes a snapshot to Redis, a serving replica loads it and scores. The
+# redis-server is the host's (the image carries none), on a free loopback port;
+# the containers share the host's network to reach it.
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "SKIPPED: no redis-server on this host (make system-deps installs it); the demo above ran without one"
+else
+  free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+  redis_port="$(free_port)" metrics_port="$(free_port)" serve_port="$(free_port)"
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --loglevel warning >/dev/null 2>&1 &
+  redis_pid=$!
+  serve_name="kelp-image-test-serve-$$"
+  trap 'rm -f "$demo_log"; kill "$redis_pid" 2>/dev/null || true; engine rm -f "$serve_name" >/dev/null 2>&1 || true' EXIT
+  kelp_env=(
+    -e KELP_DEPLOYMENT=image-test -e "KELP_STORE__BACKEND=redis" -e "KELP_STORE__URLS=redis://127.0.0.1:$redis_port"
+    -e KELP_PUBLISHER__CHANNEL=redis -e KELP_TRAINER__CHECKPOINT_DIR=/tmp/checkpoints
+    -e KELP_METRICS__HOST=127.0.0.1 -e "KELP_METRICS__PORT=$metrics_port"
+    -e KELP_SERVING__HOST=127.0.0.1 -e "KELP_SERVING__PORT=$serve_port"
+  )
+  config=/etc/kelp/examples/criteo-kaggle.yaml
+  net=host
+  run_ro "${kelp_env[@]}" "$image" train --config "$config" --max-steps 8 || fail "kelp train on Redis"
+  engine run "${KELP_RUN_FLAGS[@]}" -d --name "$serve_name" --read-only --tmpfs /tmp:rw,size=64m --network host \
+    "${kelp_env[@]}" "$image" serve --config "$config" >/dev/null || fail "kelp serve did not start"
+  net=none
+  python3 - "$serve_port" <<'PY' || { engine logs "$serve_name" 2>&1 | tail -20; fail "kelp serve"; }
+import json, sys, time, urllib.error, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(60):
+    try:
+        with urllib.request.urlopen(f"{base}/readyz", timeout=2) as reply:
+            if reply.status == 200:
+                break
+    except (urllib.error.URLError, ConnectionError):
+        pass
+    time.sleep(1)
+else:
+    raise SystemExit("kelp serve never became ready in 60 s")
+sample = {"dense": {"I1": 1.0, "I2": 3.0}, "sparse": {"C1": [68], "C2": [1287]}}
+request = urllib.request.Request(
+    f"{base}/v1/score", json.dumps({"samples": [sample]}).encode(), {"content-type": "application/json"}
+)
+with urllib.request.urlopen(request, timeout=10) as reply:
+    body = json.load(reply)
+score, version = body["scores"][0], body["model_version"]
+assert 0.0 < score < 1.0 and version >= 1, body
+print(f"kelp serve ready; POST /v1/score -> {score:.4f} from model v{version} published by the trainer")
+PY
+  engine rm -f "$serve_name" >/dev/null
+fi
 
 step "image size"
 bytes="$(engine image inspect --format '{{.Size}}' "$image")"
