@@ -7,7 +7,8 @@ server must refuse. Keys are P-256 (fast to make); everything lives two days.
 
 :class:`TlsRedisServer` listens on TLS only (``--port 0 --tls-port P``) and,
 with ``auth_clients``, demands a client certificate from the CA
-(``--tls-auth-clients yes``).
+(``--tls-auth-clients yes``). :class:`TlsRedisCluster` is three of them in a
+Redis Cluster whose bus is TLS too.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster as RedisClusterClient
 
 from kelp.harness.binaries import find_binary
+from kelp.harness.redis_cluster import RedisCluster
 from kelp.harness.redis_server import RedisServer
 
-__all__ = ["TestPki", "TlsRedisServer", "make_test_pki"]
+__all__ = ["TestPki", "TlsRedisCluster", "TlsRedisServer", "make_test_pki"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ def make_test_pki(folder: Path) -> TestPki:
         "server",
         "/CN=localhost",
         "ca",
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
     )
     _signed(folder, "client", "/CN=kelp-client", "ca", "extendedKeyUsage=clientAuth\n")
     _self_signed(folder, "other-ca", "/CN=someone-else-ca")
@@ -119,3 +122,63 @@ class TlsRedisServer(RedisServer):
             ssl_keyfile=str(self.pki.client_key),
             **kwargs,  # type: ignore[arg-type]
         )
+
+
+class TlsRedisCluster(RedisCluster):
+    """A Redis Cluster whose nodes speak TLS only, among themselves too (``--tls-cluster yes``).
+
+    On the cluster bus each node presents its server certificate as a client
+    certificate, which is why :func:`make_test_pki` gives it both key usages.
+    """
+
+    def __init__(self, pki: TestPki, nodes: int = 3, start_timeout_s: float = 30.0) -> None:
+        super().__init__(nodes, start_timeout_s)
+        self.pki = pki
+        self.servers = [
+            TlsRedisServer(pki, cluster=True, extra_args=["--tls-cluster", "yes"]) for _ in range(nodes)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def client(self, **kwargs: object) -> RedisClusterClient:
+        return RedisClusterClient(
+            startup_nodes=self.startup_nodes,
+            ssl=True,
+            ssl_ca_certs=str(self.pki.ca),
+            ssl_certfile=str(self.pki.client_cert),
+            ssl_keyfile=str(self.pki.client_key),
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def start(self) -> TlsRedisCluster:
+        tls = ["--tls", "--cacert", str(self.pki.ca), "--cert", str(self.pki.client_cert)]
+        tls += ["--key", str(self.pki.client_key)]
+        try:
+            for server in self.servers:
+                server.start()
+            addresses = [f"{s.host}:{s.port}" for s in self.servers]
+            result = subprocess.run(
+                [
+                    self._cli,
+                    *tls,
+                    "--cluster",
+                    "create",
+                    *addresses,
+                    "--cluster-replicas",
+                    "0",
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=self.start_timeout_s,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed:\n{result.stdout}\n{result.stderr}")
+            self._wait_ok()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self

@@ -4,7 +4,10 @@ Throwaway certificates come from the ``openssl`` CLI (:mod:`kelp.harness.redis_t
 a CA, the server's certificate for 127.0.0.1, a client certificate from the
 same CA, and a stranger's from another CA. Over that server:
 
-* the store contract suite (every check of :mod:`kelp.store.checks`, default layout);
+* the store contract suite (every check of :mod:`kelp.store.checks`, default layout),
+  on one node and on a 3-node TLS Redis Cluster (``--tls-cluster yes``);
+* the ACL users of ``kelp store acl`` on that cluster (their cluster set-up
+  commands: the serving user reads, its write is refused);
 * one train-then-serve pass, with ``store.tls`` as the only Redis settings;
 * refusals, each one line naming the setting to check: no client certificate,
   the stranger's certificate (retriable, with a hint at ``store.tls.cert_file``),
@@ -28,7 +31,7 @@ from secure_flow import flow_config, serve_and_score, train_and_publish
 
 from kelp.config import StoreConfig, TableSpec
 from kelp.errors import RedisAuthError
-from kelp.harness.redis_tls import TestPki, TlsRedisServer, make_test_pki
+from kelp.harness.redis_tls import TestPki, TlsRedisCluster, TlsRedisServer, make_test_pki
 from kelp.retry import RetryPolicy
 from kelp.store import build_store
 from kelp.store.checks import ALL_CHECKS, MakeStore
@@ -62,9 +65,20 @@ def _tls(pki: TestPki, cert: str = "client", ca: bool = True) -> dict[str, Any]:
     return tls
 
 
-@pytest.fixture
-def make_tls_store(tls_server: TlsRedisServer, pki: TestPki) -> Iterator[MakeStore]:
-    cfg = StoreConfig(backend="redis", urls=[tls_server.url], tls=_tls(pki))
+@pytest.fixture(scope="module")
+def tls_cluster(pki: TestPki) -> Iterator[TlsRedisCluster]:
+    with TlsRedisCluster(pki) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def make_tls_store(request: pytest.FixtureRequest, pki: TestPki) -> Iterator[MakeStore]:
+    if request.param == "standalone":
+        urls = [request.getfixturevalue("tls_server").url]
+        cfg = StoreConfig(backend="redis", urls=urls, tls=_tls(pki))
+    else:
+        urls = request.getfixturevalue("tls_cluster").urls
+        cfg = StoreConfig(backend="redis-cluster", urls=urls, tls=_tls(pki))
     made = []
 
     def factory(tables: list[TableSpec]):  # type: ignore[no-untyped-def]
@@ -138,3 +152,29 @@ def test_cli_reports_a_refused_certificate_in_one_line(
         done.stderr
     )
     assert "Traceback" not in done.stderr
+
+
+def test_acl_users_on_a_tls_cluster(tls_cluster: TlsRedisCluster, pki: TestPki) -> None:
+    """The ACL lines cover redis-py's cluster start-up (slot map, COMMAND, READONLY) too."""
+    from kelp.errors import RedisAuthError
+    from kelp.store.acl import setuser_line
+
+    for server in tls_cluster.servers:  # ACL users are per node
+        for role, password in (("trainer", "tr-pw"), ("serving", "sv-pw")):
+            server.client().execute_command(*setuser_line("tlsacl", role, password=password).split())
+    tables = [TableSpec(name="t", dim=4)]
+    ids = np.arange(50, dtype=np.uint64)
+
+    def cfg(role: str, password: str) -> StoreConfig:
+        return StoreConfig(
+            backend="redis-cluster", urls=tls_cluster.urls, tls=_tls(pki), username=f"kelp-tlsacl-{role}",
+            password=password, layout={"kind": "keys"},
+        )  # fmt: skip
+
+    with build_store(cfg("trainer", "tr-pw"), tables, "tlsacl", retry=ONCE) as trainer:
+        trainer.push("t", ids, np.ones((50, 4), np.float32), np.zeros(50, np.float32))
+    with build_store(cfg("serving", "sv-pw"), tables, "tlsacl", retry=ONCE) as serving:
+        got = serving.pull_many({"t": ids}, count=False)["t"]
+        assert got.admitted.all() and float(got.rows.sum()) == 200.0
+        with pytest.raises(RedisAuthError, match="lacks a permission"):
+            serving.push("t", ids, np.zeros((50, 4), np.float32), np.zeros(50, np.float32))
