@@ -171,6 +171,7 @@ def test_make_image_passes_the_build_arguments_through() -> None:
         [
             make,
             "-n",
+            "--no-print-directory",  # under `make test` the sub-make would say where it enters
             "image",
             "PYTHON_IMAGE=example/python:3.11",
             "TORCH_INDEX_URL=https://mirror.example/whl",
