@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry
 from kelp.bench.reference import ReferenceOptions, train_reference
 from kelp.bench.runner import progress
 from kelp.bench.store import bytes_per_counter, bytes_per_row
-from kelp.bench.streams import CRITEO_ATTRIBUTION, MOVIELENS, Stream, load_stream
+from kelp.bench.streams import CRITEO_ATTRIBUTION, MOVIELENS, Stream, load_stream, stream_folder
 from kelp.config import KelpConfig, parse_config
 from kelp.consumers import build_source
 from kelp.daemon.pipeline import training_pull
@@ -102,9 +102,10 @@ def kelp_config(stream: str, data_dir: Path, work: Path, limit: int | None, **ch
     """
     data = yaml.safe_load(example_path(EXAMPLES[stream]).read_text(encoding="utf-8"))
     source = data["source"]
-    source["path"] = str(data_dir / stream / Path(source["path"]).name)
+    folder = stream_folder(stream, data_dir)
+    source["path"] = str(folder / Path(source["path"]).name)
     for join in source.get("csv", {}).get("joins", []):
-        join["path"] = str(data_dir / stream / Path(join["path"]).name)
+        join["path"] = str(folder / Path(join["path"]).name)
     if limit is not None:
         source["limit"] = limit
     defaults = data["features"]["table_defaults"]

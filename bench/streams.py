@@ -23,10 +23,12 @@ import numpy as np
 
 from kelp.errors import UserError
 
-__all__ = ["CRITEO_ATTRIBUTION", "MOVIELENS", "Stream", "load_stream"]
+__all__ = ["CRITEO_ATTRIBUTION", "MOVIELENS", "SHIPPED_DATA", "Stream", "load_stream", "stream_folder"]
 
 CRITEO_ATTRIBUTION = "criteo-attribution"
 MOVIELENS = "movielens-100k"
+SHIPPED_DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
+"""The samples Kelp ships (criteo-attribution's train split among them; MovieLens is not redistributed)."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,20 @@ def _movielens(folder: Path) -> Stream:
 _LOADERS = {CRITEO_ATTRIBUTION: _criteo_attribution, MOVIELENS: _movielens}
 
 
-def load_stream(name: str, data_dir: Path) -> Stream:
-    """The stream ``name`` from ``data_dir/<name>/``; a one-line error where the files are missing."""
+def stream_folder(name: str, data_dir: Path) -> Path:
+    """``data_dir/<name>/`` where it exists, else the copy shipped in ``examples/data`` when there is one.
+
+    So ``--data DIR`` holding only MovieLens (which Kelp may not redistribute)
+    still finds the shipped criteo-attribution sample.
+    """
     folder = data_dir / name
+    shipped = SHIPPED_DATA / name
+    return shipped if not folder.is_dir() and shipped.is_dir() else folder
+
+
+def load_stream(name: str, data_dir: Path) -> Stream:
+    """The stream ``name`` from :func:`stream_folder`; a one-line error where the files are missing."""
+    folder = stream_folder(name, data_dir)
     if not folder.is_dir():
         hint = (
             " (MovieLens is not redistributed: download ml-100k from grouplens.org)"

@@ -6,7 +6,7 @@ The YAML files sit next to this module and travel as package data, so
     >>> example_path("criteo-synth.yaml").name
     'criteo-synth.yaml'
 
-Relative paths inside an example (the Criteo sample under ``../shared/data``)
+Relative paths inside an example (the Criteo samples under ``data/``)
 are relative to the file; in an installed wheel point them elsewhere with an
 env override, for example ``KELP_SOURCE__PATH=/data/train.tsv``.
 """

@@ -51,6 +51,7 @@ def test_plain_wheel_contains_each_room_under_kelp(tmp_path: Path) -> None:
         "kelp/demo/run.py",
         "kelp/examples/criteo-kaggle.yaml",
         "kelp/examples/data/criteo-kaggle-8k/train.tsv.gz",  # the demo's data: no ../shared needed
+        "kelp/examples/data/criteo-attribution/train.csv.gz",  # criteo-attribution.yaml's data
         "kelp/examples/data/README.md",
         "kelp/examples/criteo-synth.yaml",
         "kelp/harness/redis_server.py",
