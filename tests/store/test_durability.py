@@ -10,6 +10,7 @@ it on the same directory (``kelp.bench.chaos_durability``, also run by
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,11 @@ from prometheus_client import CollectorRegistry
 from kelp.bench.chaos_durability import probe_acked_updates
 from kelp.config import StoreConfig, TableSpec
 from kelp.harness import RedisServer
+from kelp.harness.process import ManagedProcess
+from kelp.retry import RetryPolicy
 from kelp.store import build_store
 from kelp.store.durability import Durability
+from kelp.store.errors import ShardUnavailableError
 
 pytestmark = pytest.mark.integration
 
@@ -84,3 +88,52 @@ def test_refused_config_get_reports_unknown_and_the_store_still_works(tmp_path: 
     assert math.isnan(registry.get_sample_value("kelp_store_acked_loss_bound_seconds", {"shard": shard}))
     labels = {"shard": shard, "appendonly": "unknown", "appendfsync": "unknown"}
     assert registry.get_sample_value("kelp_store_durability_info", labels) == 1.0
+
+
+def test_a_read_while_redis_replays_its_append_only_file_is_a_retriable_outage(tmp_path: Path) -> None:
+    """After a restart Redis answers LOADING until its AOF is replayed: the store must say "unavailable,
+    retry" (the trainer rides it out, serving answers 503), not decode the error reply as a row.
+
+    ``key-load-delay`` (µs per key) makes the replay of 4,096 keys last ~8 s, so the reads land in it.
+    """
+    server = RedisServer(persistence=True, data_dir=tmp_path).start()
+    loading: ManagedProcess | None = None
+    cfg = StoreConfig(backend="redis", urls=[server.url])
+    spec = TableSpec(name="t", dim=4)
+    ids = np.arange(1, 9, dtype=np.uint64)
+    try:
+        with build_store(cfg, [spec], "d", CollectorRegistry(), retry=RetryPolicy(1, 0.0, 0.0)) as store:
+            store.push("t", ids, np.ones((8, 4), np.float32), np.zeros(8, np.float32))
+            admin = server.client()
+            pipe = admin.pipeline(transaction=False)
+            for i in range(4096):
+                pipe.set(f"filler:{i}", "x")
+            pipe.execute()
+            admin.bgrewriteaof()  # the base file becomes an RDB preamble, which key-load-delay slows down
+            while any(
+                admin.info("persistence")[k] for k in ("aof_rewrite_in_progress", "aof_rewrite_scheduled")
+            ):
+                time.sleep(0.05)
+            server.kill()
+            argv = [
+                *server._argv(),
+                "--key-load-delay",
+                "2000",
+                "--loading-process-events-interval-bytes",
+                "1024",
+            ]
+            loading = ManagedProcess(argv, "redis-loading", workdir=tmp_path)
+            loading.start()
+            seen: list[str] = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not any("loading" in s.lower() for s in seen):
+                try:
+                    store.pull("t", ids, count=False)  # the per-row reads of the default (buckets) layout
+                    seen.append("answered")
+                except ShardUnavailableError as exc:
+                    seen.append(str(exc))
+            assert any("loading" in s.lower() for s in seen), seen
+    finally:
+        if loading is not None:
+            loading.stop()
+        server.cleanup()
