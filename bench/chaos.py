@@ -93,6 +93,8 @@ def run(quick: bool, soak_minutes: float | None = None) -> dict[str, Any]:
     with workdir as tmp, Rig(Path(tmp), PRODUCE_RATE, SCORE_RATE) as rig:
         if soak_minutes is not None:
             return {"mode": "soak", **_describe(rig), **soak(rig, soak_minutes)}
+        if quick:  # a step takes ~1 s at this rate, so 0.5-2 s still lands mid-step, mid-push or mid-commit
+            rig.kill_window_s = (0.5, 2.0)
         return {"mode": "faults", **_describe(rig), **_faults(rig, quick)}
 
 

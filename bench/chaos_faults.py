@@ -145,7 +145,7 @@ def inject(rig: Rig, health: Health, kind: str, rng: random.Random) -> dict[str,
 
 
 def trainer_kill9(rig: Rig, health: Health, rng: random.Random) -> dict[str, Any]:
-    time.sleep(rng.uniform(0.5, 4.0))  # a random point of the stream: mid-step, mid-push, mid-commit
+    time.sleep(rng.uniform(*rig.kill_window_s))  # a random point of the stream: mid-step, -push, -commit
     steps = trainer_view(rig.trainer.metrics())["steps"]
     health.kill_points_s.append(rig.clock())
     rig.trainer.kill9()

@@ -85,6 +85,8 @@ class Rig:
         self.produce_rate = produce_rate
         self.score_rate = score_rate
         self.topic = f"chaos-{uuid.uuid4().hex[:6]}"
+        self.kill_window_s = (0.5, 4.0)
+        """How long a trainer kill waits first (uniform): a random point of the stream."""
         self.started = time.monotonic()
         self._stack = contextlib.ExitStack()
 
