@@ -25,22 +25,25 @@ __all__ = ["OffsetWatcher", "RecordBooks", "account_records", "committed_offsets
 
 
 def regressions_in(history: list[tuple[float, int, int]]) -> list[tuple[float, int, int, int]]:
-    """``(t, partition, offset, highest before)`` for each read below an earlier read of its partition.
+    """``(t, partition, offset, highest before)`` for each move of a partition's committed offset backwards.
 
     ``history``: ``(t, partition, committed offset)`` in read order; -1 (nothing
     committed) after a real offset counts too: the group forgot its position.
+    One backwards move is one regression however often the watcher reads it
+    before the offset moves again (a poll faster than the commits must not count it twice).
 
-    >>> regressions_in([(0, 0, 5), (1, 0, 9), (2, 1, 3), (3, 0, 7), (4, 0, 9), (5, 1, -1)])
+    >>> regressions_in([(0, 0, 5), (1, 0, 9), (2, 1, 3), (3, 0, 7), (3.5, 0, 7), (4, 0, 9), (5, 1, -1)])
     [(3, 0, 7, 9), (5, 1, -1, 3)]
     """
     best: dict[int, int] = {}
+    last: dict[int, int] = {}
     out = []
     for t, partition, offset in history:
-        high = best.get(partition)
-        if high is not None and offset < high:
-            out.append((t, partition, offset, high))
-        else:
-            best[partition] = offset
+        previous = last.get(partition)
+        if previous is not None and offset < previous:
+            out.append((t, partition, offset, best[partition]))
+        best[partition] = max(best.get(partition, offset), offset)
+        last[partition] = offset
     return out
 
 

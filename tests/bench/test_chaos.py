@@ -37,6 +37,9 @@ def test_regressions_are_reads_below_an_earlier_read_of_the_same_partition() -> 
     history = [(0.0, 0, 3), (1.0, 1, 4), (2.0, 0, 3), (3.0, 0, 8), (4.0, 1, 2), (5.0, 0, -1), (6.0, 0, 9)]
     assert regressions_in(history) == [(4.0, 1, 2, 4), (5.0, 0, -1, 8)]
     assert regressions_in([(0.0, 0, 1), (1.0, 0, 1), (2.0, 0, 2)]) == []
+    # one backwards move read three times is one regression; moving back again is another
+    reread = [(0.0, 0, 9), (1.0, 0, 3), (2.0, 0, 3), (3.0, 0, 3), (4.0, 0, 5), (5.0, 0, 4)]
+    assert regressions_in(reread) == [(1.0, 0, 3, 9), (5.0, 0, 4, 9)]
 
 
 def test_the_watcher_sees_a_backwards_commit_and_the_books_count_what_was_not_committed(
