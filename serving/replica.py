@@ -63,7 +63,7 @@ class ServingReplica:
             store_cfg = cfg.store.model_copy(
                 update={"hot_cache": cfg.store.hot_cache.model_copy(update={"enabled": False})}
             )
-            extra = {} if store_cfg.backend == "memory" else {"retry": SERVING_RETRY}
+            extra = {} if store_cfg.backend == "memory" else {"retry": SERVING_RETRY, "writer": False}
             store = build_store(store_cfg, self.spec.store_tables(), cfg.deployment, self.registry, **extra)
         self.store = store
         try:

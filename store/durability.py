@@ -134,10 +134,12 @@ def _primaries(store: Any) -> list[tuple[str, Any]]:
     return [(f"{n.host}:{n.port}", n.redis_connection) for n in cluster.get_primaries()]
 
 
-def report_durability(store: Any) -> list[Durability]:
+def report_durability(store: Any, *, writer: bool = True) -> list[Durability]:
     """Read, log (one line per primary) and export the durability of ``store``'s primaries.
 
     Never raises: a store that may not run ``CONFIG`` still works, and says so.
+    ``writer`` False (a serving replica, which never writes rows) logs at debug: what a
+    crash loses is the trainer's concern, and an info line per replica start reads as a warning.
     """
     try:
         primaries = _primaries(store)
@@ -151,7 +153,7 @@ def report_durability(store: Any) -> list[Durability]:
         found.append(d)
         info.labels(shard=name, appendonly=d.appendonly, appendfsync=d.appendfsync).set(1)
         bound.labels(shard=name).set(d.loss_bound_s)
-        log.info("store %s durability: %s", name, d.guarantee)
+        log.log(logging.INFO if writer else logging.DEBUG, "store %s durability: %s", name, d.guarantee)
     _LAST[store] = found
     return found
 

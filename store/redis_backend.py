@@ -72,9 +72,12 @@ class RedisBackend(BackendStore):
         initial_state: float = 0.0,
         seed: int | None = None,
         clock: Callable[[], float] = time.time,
+        writer: bool = True,
     ) -> None:
         super().__init__(tables, registry, initial_state=initial_state, seed=seed, clock=clock)
         self.cfg = cfg
+        self.writer = writer
+        """False for a reader (a serving replica): no durability line at info, no server tuning for writes."""
         self.deployment = deployment
         self.retry = retry or retry_policy(cfg)
         self.chunk = cfg.max_rows_per_command
@@ -88,7 +91,7 @@ class RedisBackend(BackendStore):
         down and report it unready): the topology's one-time checks, until they pass once."""
         if not self._checked:
             self._first_contact()
-            report_durability(self)  # store/durability.py: what a Redis crash may lose, logged and exported
+            report_durability(self, writer=self.writer)  # what a Redis crash may lose, logged and exported
             self._checked = True
 
     def _first_contact(self) -> None:

@@ -134,7 +134,8 @@ class RedisBucketStore(RedisStore):
 
     def _first_contact(self) -> None:
         super()._first_contact()
-        self._check_listpack_limits(self._configure_server)
+        if self.writer:  # listpack limits shape how rows are written; a reader need not touch them
+            self._check_listpack_limits(self._configure_server)
 
     def _layout_description(self) -> dict[str, Any]:
         return {"kind": "buckets", "buckets": {name: b.buckets for name, b in self.buckets.items()}}

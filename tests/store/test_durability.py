@@ -90,6 +90,26 @@ def test_refused_config_get_reports_unknown_and_the_store_still_works(tmp_path: 
     assert registry.get_sample_value("kelp_store_durability_info", labels) == 1.0
 
 
+def test_a_reader_exports_durability_but_logs_it_at_debug_only(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A serving replica (``writer=False``) never writes rows: an info line about what a crash loses, or
+    redis.conf advice for the write encoding, at each replica start would read as a warning."""
+    cfg = StoreConfig(backend="redis", urls=[redis_server.url])
+    shard = f"127.0.0.1:{redis_server.port}"
+    caplog.set_level("INFO", logger="kelp.store")
+    for writer in (False, True):
+        caplog.clear()
+        registry = CollectorRegistry()
+        with build_store(
+            cfg, [TableSpec(name="t", dim=4)], f"reader-{writer}", registry, writer=writer
+        ) as store:
+            store.pull("t", np.array([1], np.uint64), count=False)
+        assert registry.get_sample_value("kelp_store_acked_loss_bound_seconds", {"shard": shard}) is not None
+        said = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+        assert any("durability" in m for m in said) is writer, said
+
+
 def test_a_read_while_redis_replays_its_append_only_file_is_a_retriable_outage(tmp_path: Path) -> None:
     """After a restart Redis answers LOADING until its AOF is replayed: the store must say "unavailable,
     retry" (the trainer rides it out, serving answers 503), not decode the error reply as a row.
