@@ -98,8 +98,12 @@ def produce(
     total: int | None = None,
     progress_every_s: float = 10.0,
     quiet: bool = False,
+    connecting: str = "creating the producer",
 ) -> ProduceSummary:
     """Send messages, throttled to ``rate`` samples/s when given.
+
+    ``connecting``: how an error while creating the producer (bootstrap) is introduced,
+    e.g. naming the setting that bounds the wait.
 
     Progress goes to stderr unless ``quiet``: a bar over ``total`` samples (a
     counter when None) on a terminal (:mod:`kelp.progress` decides), else a
@@ -112,7 +116,7 @@ def produce(
             linger_ms=20, batch_size=1_048_576, max_request_size=8_388_608, acks="all", **producer_cfg
         )
     except Exception as exc:
-        raise translate_kafka_error(exc, "creating the producer") from exc
+        raise translate_kafka_error(exc, connecting) from exc
     start = last = time.monotonic()
     records = msgs = nbytes = 0
     shown = progress.bar(

@@ -35,6 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--batch-size", type=int, default=256, help="samples per message; 1 = single-sample messages"
     )
+    p.add_argument(
+        "--startup-timeout-s",
+        type=float,
+        default=10.0,
+        help="how long to wait for the bootstrap servers to answer before failing (default 10; "
+        "kafka-python alone waits 30)",
+    )
     p.set_defaults(handler=_produce)
 
 
@@ -52,6 +59,9 @@ def _produce(args: argparse.Namespace) -> int:
         producer_cfg["bootstrap_servers"] = args.bootstrap.split(",")
     if "bootstrap_servers" not in producer_cfg:
         raise UserError("no Kafka bootstrap servers: pass --bootstrap or a --config with a kafka source")
+    if args.startup_timeout_s <= 0:
+        raise UserError("--startup-timeout-s must be > 0")
+    producer_cfg["bootstrap_timeout_ms"] = int(args.startup_timeout_s * 1000)
     topic = args.topic or (kafka.topics[0] if kafka is not None else None)
     if not topic:
         raise UserError("no topic: pass --topic or a --config with a kafka source (source.topics)")
@@ -70,7 +80,11 @@ def _produce(args: argparse.Namespace) -> int:
         messages = file_messages(Path(path), fmt, args.batch_size, file_cfg, label)
     else:
         raise UserError("nothing to produce: pass --file, --synth criteo, or a --config with a file source")
-    summary = produce(producer_cfg, topic, messages, rate=args.rate, total=total)
+    connecting = (
+        f"bootstrap {','.join(producer_cfg['bootstrap_servers'])} within {args.startup_timeout_s:g}s "
+        "(--startup-timeout-s)"
+    )
+    summary = produce(producer_cfg, topic, messages, rate=args.rate, total=total, connecting=connecting)
     print(
         json.dumps(
             {
