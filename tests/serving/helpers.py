@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import uvicorn
 from prometheus_client import CollectorRegistry
 from torch import nn
 
 from kelp.config import KelpConfig, parse_config
-from kelp.harness import free_port
+from kelp.harness.asgi_thread import AsgiThreadServer
 from kelp.publish import Publisher, build_publisher
 from kelp.serving import ServingReplica, create_app
 from kelp.trainer import build_model
@@ -69,31 +67,12 @@ def publisher_for(cfg: KelpConfig) -> Publisher:
     return build_publisher(cfg, CollectorRegistry())
 
 
-class LiveServer:
+class LiveServer(AsgiThreadServer):
     """The real app under uvicorn in a thread on a free loopback port (real HTTP, real sockets)."""
 
     def __init__(self, replica: ServingReplica) -> None:
         self.replica = replica
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            create_app(replica), host="127.0.0.1", port=self.port, log_config=None, access_log=False
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
+        super().__init__(create_app(replica))
 
 
 def wait_until(predicate: Any, timeout_s: float = 15.0, what: str = "condition") -> Any:

@@ -9,7 +9,6 @@ TLS files from ``store.*`` only, as the two processes of a deployment would.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,11 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from kelp.config import KelpConfig, parse_config
 from kelp.consumers.batch import MicroBatch
-from kelp.harness import free_port
+from kelp.harness.asgi_thread import AsgiThreadServer
 from kelp.publish import build_publisher
 from kelp.serving import ServingReplica, create_app
 from kelp.store import build_store
@@ -82,36 +80,10 @@ def train_and_publish(cfg: KelpConfig, steps: int = 3) -> int:
         store.close()
 
 
-class _LiveServer:
-    """The real app under uvicorn in a thread on a free loopback port."""
-
-    def __init__(self, replica: ServingReplica) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            create_app(replica), host="127.0.0.1", port=self.port, log_config=None, access_log=False
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> _LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-
-
 def serve_and_score(cfg: KelpConfig, version: int) -> dict[str, Any]:
     """Start a replica, wait (bounded) until it serves ``version``, score one sample; the response body."""
     replica = ServingReplica(cfg, CollectorRegistry())
-    with _LiveServer(replica) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+    with AsgiThreadServer(create_app(replica)) as live, httpx.Client(base_url=live.url, timeout=30) as client:
         deadline = time.monotonic() + 20
         while client.get("/v1/model").json().get("version") != version:
             if time.monotonic() > deadline:
