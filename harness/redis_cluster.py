@@ -46,8 +46,9 @@ class RedisCluster:
             for server in self.servers:
                 server.start()
             addresses = [f"{s.host}:{s.port}" for s in self.servers]
+            create = ["--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"]
             result = subprocess.run(
-                [self._cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+                [self._cli, *self._cli_args(), *create],
                 capture_output=True,
                 text=True,
                 timeout=self.start_timeout_s,
@@ -60,6 +61,10 @@ class RedisCluster:
             self.cleanup()
             raise
         return self
+
+    def _cli_args(self) -> list[str]:
+        """Connection arguments ``redis-cli`` needs to reach the nodes (none for plain TCP)."""
+        return []
 
     def _wait_ok(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s

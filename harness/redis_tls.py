@@ -42,6 +42,15 @@ class TestPki:
     stranger_cert: Path
     stranger_key: Path
 
+    def client_tls(self) -> dict[str, Any]:
+        """redis-py's arguments for a TLS client presenting the good client certificate."""
+        return {
+            "ssl": True,
+            "ssl_ca_certs": str(self.ca),
+            "ssl_certfile": str(self.client_cert),
+            "ssl_keyfile": str(self.client_key),
+        }
+
 
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run([find_binary("openssl"), *args], cwd=cwd, check=True, capture_output=True, timeout=60)
@@ -116,10 +125,7 @@ class TlsRedisServer(RedisServer):
             host=self.host,
             port=self.port,
             password=self.password,
-            ssl=True,
-            ssl_ca_certs=str(self.pki.ca),
-            ssl_certfile=str(self.pki.client_cert),
-            ssl_keyfile=str(self.pki.client_key),
+            **self.pki.client_tls(),
             **kwargs,  # type: ignore[arg-type]
         )
 
@@ -138,47 +144,18 @@ class TlsRedisCluster(RedisCluster):
             TlsRedisServer(pki, cluster=True, extra_args=["--tls-cluster", "yes"]) for _ in range(nodes)
         ]
 
-    @property
-    def urls(self) -> list[str]:
-        return [s.url for s in self.servers]
-
     def client(self, **kwargs: object) -> RedisClusterClient:
         return RedisClusterClient(
             startup_nodes=self.startup_nodes,
-            ssl=True,
-            ssl_ca_certs=str(self.pki.ca),
-            ssl_certfile=str(self.pki.client_cert),
-            ssl_keyfile=str(self.pki.client_key),
+            **self.pki.client_tls(),
             **kwargs,  # type: ignore[arg-type]
         )
 
-    def start(self) -> TlsRedisCluster:
-        tls = ["--tls", "--cacert", str(self.pki.ca), "--cert", str(self.pki.client_cert)]
-        tls += ["--key", str(self.pki.client_key)]
-        try:
-            for server in self.servers:
-                server.start()
-            addresses = [f"{s.host}:{s.port}" for s in self.servers]
-            result = subprocess.run(
-                [
-                    self._cli,
-                    *tls,
-                    "--cluster",
-                    "create",
-                    *addresses,
-                    "--cluster-replicas",
-                    "0",
-                    "--cluster-yes",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=self.start_timeout_s,
-                check=False,
-            )
-            if result.returncode != 0:
-                raise RuntimeError(f"redis-cli --cluster create failed:\n{result.stdout}\n{result.stderr}")
-            self._wait_ok()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
+    def _cli_args(self) -> list[str]:
+        pki = self.pki
+        return [
+            "--tls",
+            *("--cacert", str(pki.ca)),
+            *("--cert", str(pki.client_cert)),
+            *("--key", str(pki.client_key)),
+        ]
