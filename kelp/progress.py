@@ -181,30 +181,5 @@ class _AboveBarHandler(logging.Handler):
             self.handleError(record)
 
 
-def bar(
-    *,
-    total: float | None,
-    desc: str,
-    unit: str = "it",
-    stream: TextIO | None = None,
-    unit_scale: bool = False,
-    leave: bool = True,
-    tick_s: float | None = None,
-    wanted: bool = True,
-    bar_format: str | None = None,
-) -> Bar:
-    """A :class:`Bar` on ``stream`` (default stderr), drawn only where :func:`enabled` says so.
-
-    ``wanted`` False (a caller's ``quiet``) gives a silent bar whatever the policy.
-    """
-    return Bar(
-        total=total,
-        desc=desc,
-        unit=unit,
-        stream=stream,
-        unit_scale=unit_scale,
-        leave=leave,
-        tick_s=tick_s,
-        wanted=wanted,
-        bar_format=bar_format,
-    )
+bar = Bar
+"""``progress.bar(total=..., desc=...)``: a :class:`Bar`, drawn only where :func:`enabled` says so."""
