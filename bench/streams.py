@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from kelp.errors import UserError
+from kelp.examples import data_dir
 
 __all__ = ["CRITEO_ATTRIBUTION", "MOVIELENS", "SHIPPED_DATA", "Stream", "load_stream", "stream_folder"]
 
 CRITEO_ATTRIBUTION = "criteo-attribution"
 MOVIELENS = "movielens-100k"
-SHIPPED_DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
+SHIPPED_DATA = data_dir()
 """The samples Kelp ships (criteo-attribution's train split among them; MovieLens is not redistributed)."""
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kelp.errors import UserError
 
-__all__ = ["example_names", "example_path"]
+__all__ = ["data_dir", "example_names", "example_path"]
 
 
 def example_names() -> list[str]:
@@ -32,3 +32,8 @@ def example_path(name: str) -> Path:
     if not candidate.is_file():
         raise UserError(f"no example config {name!r}; shipped: {', '.join(example_names())}")
     return Path(str(candidate))
+
+
+def data_dir() -> Path:
+    """The folder of the data samples shipped beside the examples (``data/``, see its README)."""
+    return Path(str(resources.files(__name__) / "data"))
