@@ -17,6 +17,7 @@ as one list, read straight from hiredis (:func:`~kelp.store.resp.read_replies`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import hiredis
@@ -27,20 +28,46 @@ from kelp.store.resp import first_error, read_replies
 __all__ = ["PackedPipeline"]
 
 
+_SEND_AT = 1 << 16
+"""Small commands are joined until this many bytes, so a plan of many costs a few writes, not one each."""
+
+
+def _wire(commands: list[Any], kinds: list[bool]) -> Iterator[bytes]:
+    """The pipeline's bytes in order: small pieces joined, big or lazily packed parts passed as they come."""
+    pending: list[bytes] = []
+    size = 0
+    for c, packed in zip(commands, kinds, strict=True):
+        if not packed:
+            parts: Iterable[bytes] = (hiredis.pack_command(c),)
+        else:
+            parts = (c[0],) if isinstance(c[0], bytes) else c[0]
+        for part in parts:
+            pending.append(part)
+            size += len(part)
+            if size >= _SEND_AT:
+                yield b"".join(pending) if len(pending) > 1 else pending[0]
+                pending, size = [], 0
+    if pending:
+        yield b"".join(pending)
+
+
 class PackedPipeline:
     """The part of ``redis.client.Pipeline`` the plan runner uses: ``execute_command``, ``execute``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._pool = client.connection_pool
-        self._commands: list[tuple[Any, ...] | tuple[bytes, int]] = []
+        self._commands: list[tuple[Any, ...] | tuple[bytes | Iterable[bytes], int]] = []
         self._packed: list[bool] = []  # per entry: a numpy-packed run of commands (its reply count)
 
     def execute_command(self, *args: Any) -> None:
         self._commands.append(args)
         self._packed.append(False)
 
-    def add_packed(self, payload: bytes, replies: int) -> None:
-        """Commands already on the wire form, ``replies`` of them; their replies come back as one list."""
+    def add_packed(self, payload: bytes | Iterable[bytes], replies: int) -> None:
+        """Commands already on the wire form, ``replies`` of them; their replies come back as one list.
+
+        ``payload`` may be an iterable of parts (:class:`~kelp.store.resp.GroupedCommands`): each part
+        is sent as soon as it is produced."""
         self._commands.append((payload, replies))
         self._packed.append(True)
 
@@ -50,12 +77,9 @@ class PackedPipeline:
             return []
         commands, kinds = self._commands, self._packed
         self._commands, self._packed = [], []
-        wire = [
-            c[0] if packed else hiredis.pack_command(c) for c, packed in zip(commands, kinds, strict=True)
-        ]
         conn = self._pool.get_connection()
         try:
-            conn.send_packed_command([b"".join(wire)])  # type: ignore[arg-type]
+            conn.send_packed_command(_wire(commands, kinds))  # type: ignore[arg-type]
             replies: list[Any] = []
             for c, packed in zip(commands, kinds, strict=True):
                 replies.append(read_replies(conn, c[1]) if packed else read_replies(conn, 1)[0])  # type: ignore[arg-type]

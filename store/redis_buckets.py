@@ -48,7 +48,7 @@ from kelp.store.keys import BucketLayout
 from kelp.store.redis import RedisStore
 from kelp.store.redis_bucket_scripts import set_rows_if_args, sweep_args
 from kelp.store.redis_plan import Gathered, Plan, adder, chunks, scatter
-from kelp.store.resp import pack_commands
+from kelp.store.resp import pack_commands, pack_grouped
 
 __all__ = ["BucketSweeper", "RedisBucketStore"]
 
@@ -94,6 +94,7 @@ class _Fused:
     names: list[str]
     bounds: np.ndarray  # table i holds positions bounds[i]:bounds[i + 1]
     keys: np.ndarray  # V<key width>[n]: each id's bucket key
+    bucket: np.ndarray  # int64[n]: table index << 32 | bucket, one value per bucket key
     fields: np.ndarray  # V8[n]
     shard: np.ndarray  # int64[n]
 
@@ -178,7 +179,14 @@ class RedisBucketStore(RedisStore):
             shard = rendezvous(bucket.astype(np.uint64) ^ table_seeds, self._seeds)
             bounds = np.concatenate([[0], np.cumsum(lengths)])
             out.append(
-                _Fused(names, bounds, keys.view(f"V{layouts[0].key_width}"), BucketLayout.fields(ids), shard)
+                _Fused(
+                    names,
+                    bounds,
+                    keys.view(f"V{layouts[0].key_width}"),
+                    (table.astype(np.int64) << 32) | bucket,
+                    BucketLayout.fields(ids),
+                    shard,
+                )
             )
         return out
 
@@ -290,8 +298,11 @@ class RedisBucketStore(RedisStore):
             packed = np.concatenate(
                 [codec.pack(writes[n].rows, writes[n].state, 0, int(now)) for n in fused.names]
             ).view(f"V{codec.nbytes}")
-            for shard, pos, payload in self._per_row(fused, "HSET", packed):
-                plan.add_packed(shard, payload, len(pos))
+            for shard, pos in fused.per_shard():
+                grouped = pack_grouped(
+                    ("HSET",), fused.bucket[pos], fused.keys[pos], fused.fields[pos], packed[pos]
+                )
+                plan.add_packed(shard, grouped, grouped.count)
         swept = self._plan_sweeps(plan, now)
         self._runner.run(plan, "push")
         for name, n in swept.items():

@@ -17,7 +17,7 @@ bucket each) and then into chunks of ``max_rows_per_command`` rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain
@@ -54,10 +54,11 @@ class Command:
 
 @dataclass
 class PackedCommands:
-    """Per-row commands already on the wire form (:func:`~kelp.store.resp.pack_commands`): ``count``
-    of them, their replies handed to ``on_reply`` as one list."""
+    """Commands on the wire form (:func:`~kelp.store.resp.pack_commands`, or the lazily packed parts
+    of :func:`~kelp.store.resp.pack_grouped`): ``count`` of them, their replies handed to
+    ``on_reply`` as one list."""
 
-    payload: bytes
+    payload: bytes | Iterable[bytes]
     count: int
     on_reply: Callable[[list[Any]], None] | None = None
 
@@ -72,7 +73,11 @@ class Plan:
         self.cmds.setdefault(shard, []).append(Command(args, on_reply))
 
     def add_packed(
-        self, shard: int, payload: bytes, count: int, on_reply: Callable[[list[Any]], None] | None = None
+        self,
+        shard: int,
+        payload: bytes | Iterable[bytes],
+        count: int,
+        on_reply: Callable[[list[Any]], None] | None = None,
     ) -> None:
         """Needs a pipeline with ``add_packed`` (:class:`~kelp.store.packed_pipeline.PackedPipeline`)."""
         if count:

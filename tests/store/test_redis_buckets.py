@@ -203,3 +203,23 @@ def test_rows_written_before_the_marker_existed_are_found(redis_server: RedisSer
     with build_store(cfg, [spec], "old", retry=NO_SLEEP) as new, pytest.raises(ConfigError) as err:
         new.pull("t", np.arange(5, dtype=np.uint64))
     assert "already has rows in the 'keys' layout" in str(err.value)
+
+
+def test_a_push_writes_each_bucket_with_grouped_commands_and_every_row_reads_back(
+    redis_server: RedisServer,
+) -> None:
+    """Rows sharing a bucket go out as one HSET per bucket (split past 64 rows); none is lost or mixed."""
+    redis_server.client().flushall()
+    specs = [TableSpec(name="a", dim=3), TableSpec(name="b", dim=3)]
+    with _store(redis_server.url, specs, buckets_per_table=2) as store:  # ~250 rows per bucket
+        ids = np.arange(1, 1001, dtype=np.uint64)
+        rows = {n: np.random.default_rng(i).random((1000, 3), dtype=np.float32) for i, n in enumerate("ab")}
+        before = redis_server.client().info("commandstats").get("cmdstat_hset", {}).get("calls", 0)
+        store.push_many({n: (ids, rows[n], np.full(1000, i + 1, np.float32)) for i, n in enumerate("ab")})
+        calls = redis_server.client().info("commandstats")["cmdstat_hset"]["calls"] - before
+        assert 2 * 1000 / 64 <= calls < 100  # 4 buckets of ~250 rows, 64 rows per command at most
+        got = store.pull_many({"a": ids, "b": ids}, count=False)
+        for i, n in enumerate("ab"):
+            np.testing.assert_array_equal(got[n].rows, rows[n])
+            np.testing.assert_array_equal(got[n].state, np.full(1000, i + 1, np.float32))
+        assert _bucket_fields(redis_server, store, "a") == 1000
