@@ -131,10 +131,13 @@ class Prefetcher(_Stage):
             self._queue.put(item)  # stays at the end for any later call
         return item
 
-    def stop(self) -> None:
-        """Stop fetching; batches already prepared are dropped (not committed, so read again later)."""
+    def stop(self, wait: bool = True) -> None:
+        """Stop fetching; batches already prepared are dropped (not committed, so read again later).
+
+        ``wait=False`` only asks: the thread may still finish a poll (up to its 0.2 s timeout) or a
+        pull, which the drain's push and flush need not wait for; call again to join it."""
         self._stop.set()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(timeout=10)
 
     def _prepare(self, timeout_s: float) -> Prepared | _End | None:
@@ -142,7 +145,7 @@ class Prefetcher(_Stage):
             batch = self.source.poll(timeout_s=timeout_s)
         except SourceClosedError:
             return END
-        if batch is None:
+        if batch is None or self._stop.is_set():  # stopping: a batch polled now would be dropped unpulled
             return None
         watermark = self.ledger.begin_pull()
         started = time.perf_counter()

@@ -555,8 +555,12 @@ class TrainDaemon:
         self.metrics.ready.set(0)
         self.report.stopped_by = self._stop_reason
         log.info("draining (%s): stop fetching, push and commit what was trained", self._stop_reason)
-        prefetcher.stop()
-        if not writer.drain(max(0.0, deadline - time.monotonic())):
+        prefetcher.stop(wait=False)  # its last poll or pull overlaps the drain's push and flush
+        try:
+            drained = writer.drain(max(0.0, deadline - time.monotonic()))
+        finally:
+            prefetcher.stop()
+        if not drained:
             raise DrainTimeoutError(
                 f"drain did not finish within trainer.drain_timeout_s={budget:g}s "
                 f"(store slow or down); batches after step {writer.committed_step} will be read again"

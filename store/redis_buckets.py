@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 _LISTPACK_ENTRIES = 512  # fields per bucket before Redis converts it to a hashtable
 _SWEEP_KEYS_PER_CALL = 64
+_GROUP_AT_ROWS_PER_BUCKET = 1.0  # rows per bucket from which a write groups them (~37% fewer commands)
 
 
 class BucketSweeper:
@@ -298,17 +299,31 @@ class RedisBucketStore(RedisStore):
             packed = np.concatenate(
                 [codec.pack(writes[n].rows, writes[n].state, 0, int(now)) for n in fused.names]
             ).view(f"V{codec.nbytes}")
+            group = self._rows_share_buckets(fused)
             for shard, pos in fused.per_shard():
-                grouped = pack_grouped(
-                    ("HSET",), fused.bucket[pos], fused.keys[pos], fused.fields[pos], packed[pos]
-                )
-                plan.add_packed(shard, grouped, grouped.count)
+                mine = pos if len(pos) < len(fused.shard) else slice(None)  # one shard: no copies
+                keys, fields, values = fused.keys[mine], fused.fields[mine], packed[mine]
+                if group:
+                    grouped = pack_grouped(("HSET",), fused.bucket[mine], keys, fields, values)
+                    plan.add_packed(shard, grouped, grouped.count)
+                else:
+                    plan.add_packed(shard, pack_commands(("HSET",), keys, fields, values), len(keys))
         swept = self._plan_sweeps(plan, now)
         self._runner.run(plan, "push")
         for name, n in swept.items():
             if n[0]:
                 self.metrics.evictions.labels(table=name, reason="ttl").inc(n[0])
         return {name: got[0] for name, got in kept.items()}
+
+    def _rows_share_buckets(self, fused: _Fused) -> bool:
+        """Whether writing ``fused`` one command per bucket saves enough commands to pay for grouping.
+
+        Grouping costs the client ~2.5x the packing of one command per row (a sort and
+        more gathers); it pays where rows outnumber buckets, as in a hot tier's flush
+        (~5 rows per bucket: Redis CPU per row halved), not in a step's write-through
+        push (~0.3 rows per bucket, ~14% fewer commands)."""
+        buckets = sum(self.buckets[name].buckets for name in fused.names)
+        return len(fused.keys) >= _GROUP_AT_ROWS_PER_BUCKET * buckets
 
     def _plan_sweeps(self, plan: Plan, now: float) -> dict[str, list[int]]:
         """Add the due TTL sweeps (:class:`BucketSweeper`) to ``plan``; their removed counts land here."""
