@@ -134,29 +134,29 @@ class RowCodec:
         present = np.array(values, dtype=object) != None  # noqa: E711 (element-wise, not identity)
         present = present.astype(bool, copy=False).reshape(n)
         k = int(present.sum())
+        stored = values if k == n else [v for v in values if v is not None]
+        lengths = np.fromiter(map(len, stored), dtype=np.int64, count=k)  # type: ignore[arg-type]
+        if (lengths != self.nbytes).any():
+            raise RowFormatError(f"stored value has the wrong length for a dim-{self.dim} {self.dtype} row")
+        return self.decode_present(present, np.frombuffer(b"".join(stored), dtype=self._void))  # type: ignore[arg-type]
+
+    def decode_present(self, present: np.ndarray, values: np.ndarray) -> DecodedRows:
+        """bool[n] ``present`` and the present values as one ``V<nbytes>`` array, in order (what
+        :func:`~kelp.store.resp_rows.read_rows` parses off the socket) -> :class:`DecodedRows`."""
+        n = len(present)
         rows = np.zeros((n, self.dim), dtype=np.float32)
         state = np.zeros(n, dtype=np.float32)
         count = np.zeros(n, dtype=np.uint32)
         updated = np.zeros(n, dtype=np.uint32)
-        if k:
-            stored = values if k == n else [v for v in values if v is not None]
-            lengths = np.fromiter(map(len, stored), dtype=np.int64, count=k)  # type: ignore[arg-type]
-            if (lengths != self.nbytes).any():
-                raise RowFormatError(
-                    f"stored value has the wrong length for a dim-{self.dim} {self.dtype} row"
-                )
-            rec = np.frombuffer(b"".join(stored), dtype=self.record)  # type: ignore[arg-type]
+        if len(values):
+            rec = values.view(self.record)
             self.check(rec)
-            if k == n:
-                rows[:] = rec["emb"]
-                state[:] = rec["state"]
-                count[:] = rec["count"]
-                updated[:] = rec["updated"]
-            else:
-                rows[present] = rec["emb"]
-                state[present] = rec["state"]
-                count[present] = rec["count"]
-                updated[present] = rec["updated"]
+            whole = len(values) == n
+            at = slice(None) if whole else present
+            rows[at] = rec["emb"]
+            state[at] = rec["state"]
+            count[at] = rec["count"]
+            updated[at] = rec["updated"]
         return DecodedRows(present, rows, state, count, updated)
 
     def check(self, rec: np.ndarray) -> None:

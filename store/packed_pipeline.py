@@ -24,6 +24,7 @@ import hiredis
 import redis
 
 from kelp.store.resp import first_error, read_replies
+from kelp.store.resp_rows import RowReplies, read_rows
 
 __all__ = ["PackedPipeline"]
 
@@ -56,19 +57,20 @@ class PackedPipeline:
 
     def __init__(self, client: redis.Redis) -> None:
         self._pool = client.connection_pool
-        self._commands: list[tuple[Any, ...] | tuple[bytes | Iterable[bytes], int]] = []
+        self._commands: list[tuple[Any, ...] | tuple[bytes | Iterable[bytes], int, int | None]] = []
         self._packed: list[bool] = []  # per entry: a numpy-packed run of commands (its reply count)
 
     def execute_command(self, *args: Any) -> None:
         self._commands.append(args)
         self._packed.append(False)
 
-    def add_packed(self, payload: bytes | Iterable[bytes], replies: int) -> None:
+    def add_packed(self, payload: bytes | Iterable[bytes], replies: int, width: int | None = None) -> None:
         """Commands already on the wire form, ``replies`` of them; their replies come back as one list.
 
         ``payload`` may be an iterable of parts (:class:`~kelp.store.resp.GroupedCommands`): each part
-        is sent as soon as it is produced."""
-        self._commands.append((payload, replies))
+        is sent as soon as it is produced. With ``width`` every reply is a value of that many bytes or
+        nil, parsed off the socket by numpy (:func:`~kelp.store.resp_rows.read_rows`)."""
+        self._commands.append((payload, replies, width))
         self._packed.append(True)
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
@@ -82,7 +84,12 @@ class PackedPipeline:
             conn.send_packed_command(_wire(commands, kinds))  # type: ignore[arg-type]
             replies: list[Any] = []
             for c, packed in zip(commands, kinds, strict=True):
-                replies.append(read_replies(conn, c[1]) if packed else read_replies(conn, 1)[0])  # type: ignore[arg-type]
+                if not packed:
+                    replies.append(read_replies(conn, 1)[0])
+                elif c[2] is not None:
+                    replies.append(read_rows(conn, c[1], c[2]))  # type: ignore[arg-type]
+                else:
+                    replies.append(read_replies(conn, c[1]))  # type: ignore[arg-type]
         except BaseException:
             conn.disconnect()
             raise
@@ -90,6 +97,8 @@ class PackedPipeline:
             self._pool.release(conn)
         if raise_on_error:
             for reply, packed in zip(replies, kinds, strict=True):
+                if isinstance(reply, RowReplies):  # parsed as rows: every reply was a value or nil
+                    continue
                 # RedisError, not ResponseError: a restarted Redis answers LOADING (BusyLoadingError, a
                 # redis-py ConnectionError) inline, and decoding it as a row crashed the trainer.
                 error = first_error(reply if packed else [reply], redis.RedisError)

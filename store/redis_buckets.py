@@ -47,8 +47,9 @@ from kelp.store.hashing import rendezvous, splitmix64
 from kelp.store.keys import BucketLayout
 from kelp.store.redis import RedisStore
 from kelp.store.redis_bucket_scripts import set_rows_if_args, sweep_args
-from kelp.store.redis_plan import Gathered, Plan, adder, chunks, scatter
+from kelp.store.redis_plan import Gathered, Plan, adder, chunks, scatter, split_replies
 from kelp.store.resp import pack_commands, pack_grouped
+from kelp.store.resp_rows import RowReplies
 
 __all__ = ["BucketSweeper", "RedisBucketStore"]
 
@@ -206,18 +207,28 @@ class RedisBucketStore(RedisStore):
     def _read_rows(
         self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
     ) -> dict[str, StoredRows]:
-        plan = Plan()
         reads = []
+        runs: dict[tuple[int, int], list[tuple[bytes, int, Callable[[Any], None]]]] = {}
         for fused in self._fuse(ids_by_table):
             gathered = Gathered()
             reads.append((fused, gathered))
+            width = self.tables[fused.names[0]].codec.nbytes
             for shard, pos, payload in self._per_row(fused, "HGET"):
-                plan.add_packed(shard, payload, len(pos), gathered.add(pos))
+                runs.setdefault((shard, width), []).append((payload, len(pos), gathered.add(pos)))
+        plan = Plan()
+        for (shard, width), parts in runs.items():  # one run per shard and row width, parsed as rows
+            counts = [(n, on_reply) for _, n, on_reply in parts]
+            payload = [p for p, _, _ in parts]
+            plan.add_packed(shard, payload, sum(n for n, _ in counts), split_replies(counts), width)
         self._runner.run(plan, "pull", readonly=not touch)
         stored: dict[str, StoredRows] = {}
         for fused, gathered in reads:
             t = self.tables[fused.names[0]]  # every table of a fused group shares the row format
-            decoded = t.codec.decode(gathered.values()).in_order(gathered.order)
+            values = gathered.values()
+            if isinstance(values, RowReplies):
+                decoded = t.codec.decode_present(values.present, values.values).in_order(gathered.order)
+            else:
+                decoded = t.codec.decode(values).in_order(gathered.order)
             b = fused.bounds.tolist()
             for i, name in enumerate(fused.names):
                 rows = self._stored(self.tables[name], decoded.part(b[i], b[i + 1]))

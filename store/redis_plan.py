@@ -28,6 +28,7 @@ import numpy as np
 from kelp.retry import RetryPolicy
 from kelp.store.connection import translate_redis_errors
 from kelp.store.metrics import StoreMetrics
+from kelp.store.resp_rows import RowReplies
 
 __all__ = [
     "Command",
@@ -41,6 +42,7 @@ __all__ = [
     "count_none",
     "scatter",
     "setter",
+    "split_replies",
 ]
 
 
@@ -60,7 +62,10 @@ class PackedCommands:
 
     payload: bytes | Iterable[bytes]
     count: int
-    on_reply: Callable[[list[Any]], None] | None = None
+    on_reply: Callable[[Any], None] | None = None
+    width: int | None = None
+    """Every reply is a value of this many bytes or nil: read by :func:`~kelp.store.resp_rows.read_rows`,
+    the reply is then a :class:`~kelp.store.resp_rows.RowReplies` (or, when one is not, the list)."""
 
 
 @dataclass
@@ -77,11 +82,12 @@ class Plan:
         shard: int,
         payload: bytes | Iterable[bytes],
         count: int,
-        on_reply: Callable[[list[Any]], None] | None = None,
+        on_reply: Callable[[Any], None] | None = None,
+        width: int | None = None,
     ) -> None:
         """Needs a pipeline with ``add_packed`` (:class:`~kelp.store.packed_pipeline.PackedPipeline`)."""
         if count:
-            self.cmds.setdefault(shard, []).append(PackedCommands(payload, count, on_reply))
+            self.cmds.setdefault(shard, []).append(PackedCommands(payload, count, on_reply, width))
 
 
 class Gathered:
@@ -98,21 +104,28 @@ class Gathered:
 
     def __init__(self) -> None:
         self.order: list[np.ndarray] = []
-        self._parts: list[list[Any]] = []
+        self._parts: list[list[Any] | RowReplies] = []
 
-    def add(self, pos: np.ndarray) -> Callable[[list[Any]], None]:
+    def add(self, pos: np.ndarray) -> Callable[[list[Any] | RowReplies], None]:
         """The reply callback of the next command, which reads the ids at ``pos``."""
         index = len(self._parts)
         self.order.append(pos)
         self._parts.append([])
 
-        def put(reply: list[Any]) -> None:
+        def put(reply: list[Any] | RowReplies) -> None:
             self._parts[index] = reply
 
         return put
 
-    def values(self) -> list[Any]:
-        return list(chain.from_iterable(self._parts))
+    def values(self) -> list[Any] | RowReplies:
+        """The replies in planned order: one :class:`RowReplies` when every command's came parsed as
+        rows (:func:`~kelp.store.resp_rows.read_rows`), else one list."""
+        if self._parts and all(isinstance(p, RowReplies) for p in self._parts):
+            parts: list[RowReplies] = self._parts  # type: ignore[assignment]
+            return RowReplies(
+                np.concatenate([p.present for p in parts]), np.concatenate([p.values for p in parts])
+            )
+        return list(chain.from_iterable(p.tolist() if isinstance(p, RowReplies) else p for p in self._parts))
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.order)
@@ -162,7 +175,7 @@ class PlanRunner:
                 pipe = self._pipeline(shard, readonly)
                 for c in cmds:
                     if isinstance(c, PackedCommands):
-                        pipe.add_packed(c.payload, c.count)
+                        pipe.add_packed(c.payload, c.count, c.width)
                     else:
                         pipe.execute_command(*c.args)
                 return pipe.execute(raise_on_error=True)
@@ -200,6 +213,21 @@ class PlanRunner:
 
 
 # -- reply callbacks ------------------------------------------------------------------------------
+
+
+def split_replies(
+    parts: Sequence[tuple[int, Callable[[Any], None]]],
+) -> Callable[[list[Any] | RowReplies], None]:
+    """One run's replies cut into consecutive pieces of ``count`` replies, each to its callback."""
+
+    def put(reply: list[Any] | RowReplies) -> None:
+        start = 0
+        for count, on_reply in parts:
+            end = start + count
+            on_reply(reply.slice(start, end) if isinstance(reply, RowReplies) else reply[start:end])
+            start += count
+
+    return put
 
 
 def scatter(values: list[bytes | None], pos: np.ndarray) -> Callable[[list[bytes | None]], None]:
