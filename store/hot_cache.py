@@ -155,6 +155,16 @@ def _weights(batch: RowBatch, occurrences: Mapping[str, np.ndarray]) -> np.ndarr
     return np.maximum(np.concatenate(parts), 1)
 
 
+def _pushed_past(batch: RowBatch, pick: np.ndarray, raced: Mapping[str, np.ndarray]) -> np.ndarray:
+    """bool per position of ``pick`` (ascending): its id was pushed past the tier during the pull."""
+    out = np.zeros(len(pick), dtype=bool)
+    cuts = np.searchsorted(pick, batch.bounds).tolist()
+    for i, name in enumerate(batch.names):
+        if name in raced and cuts[i + 1] > cuts[i]:
+            out[cuts[i] : cuts[i + 1]] = np.isin(batch.ids[pick[cuts[i] : cuts[i + 1]]], raced[name])
+    return out
+
+
 class HotRowCache(EmbeddingStore):
     """Wraps ``inner``; same interface. One per trainer process (not shared between processes).
 
@@ -348,16 +358,7 @@ class HotRowCache(EmbeddingStore):
             admitted_now[where] = np.concatenate(
                 [f.admitted_now if f.admitted_now is not None else np.zeros(len(f), bool) for f in got]
             )
-            if raced:
-                ids_by = batch.split(batch.ids)
-                clash = np.concatenate(
-                    [
-                        np.isin(ids_by[n], raced[n]) if n in raced else np.zeros(len(ids_by[n]), bool)
-                        for n in batch.names
-                    ]
-                )
-                where = where[~clash[where]]
-            self._admit(g, batch, where, (rows, state, updated_s, admitted), now)
+            self._admit(g, batch, where, (rows, state, updated_s, admitted), now, raced=raced)
         parts = [batch.split(a) for a in (rows, state, admitted, updated_s, admitted_now)]
         return {name: PullResult(*(p[name] for p in parts)) for name in batch.names}
 
@@ -368,9 +369,12 @@ class HotRowCache(EmbeddingStore):
         where: np.ndarray,
         values: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         now: float,
+        *,
+        raced: Mapping[str, np.ndarray],
     ) -> None:
-        """Fetched admitted rows (positions ``where`` of ``batch``) seen at least ``min_count`` times
-        enter the tier while it has room; a full tier takes (up to 1/8 over ``capacity``, until the
+        """Fetched admitted rows (positions ``where`` of ``batch``, ascending) seen at least ``min_count``
+        times, and not pushed past the tier while they were read (``raced``, see :class:`_InFlight`), enter
+        the tier while it has room; a full tier takes (up to 1/8 over ``capacity``, until the
         next trim) only rows whose estimated frequency is more than twice that of the hottest row the
         last trim dropped. Near the cut of a Zipf stream rows are seen about equally rarely; without
         the margin they swapped places ~10k rows per step, each swap a trim's worth of work for no
@@ -385,6 +389,8 @@ class HotRowCache(EmbeddingStore):
             seen = g.sketch.estimate(g.sketch_keys(batch.ids[pick], batch.tags[pick]))
             bar = max(self.cfg.min_count - 1, _MARGIN * self._threshold if full else 0)
             pick = pick[seen > bar]
+        if raced and len(pick):  # checked only for the rows that would enter: ~26k raced ids per pull
+            pick = pick[~_pushed_past(batch, pick, raced)]
         if len(pick):  # another pull may have brought some of them in while this one read the store
             pick = pick[g.table.lookup(batch.ids[pick], batch.tags[pick]) < 0]
         pick = pick[:room]

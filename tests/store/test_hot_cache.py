@@ -255,3 +255,32 @@ def test_ids_seen_once_stay_write_through() -> None:
     assert (inner.pull("t", once, count=False).rows == 4.0).all()
     cache.pull("t", once)  # a second sighting: now they are kept
     assert cache.holds("t", once).all()
+
+
+def test_only_the_ids_pushed_past_the_tier_during_a_pull_are_kept_out_of_it() -> None:
+    """Two tables of one width share the tier's batch: the race check must hit the right table's ids."""
+    import threading
+
+    inner = MemoryStore([TableSpec(name="a", dim=2), TableSpec(name="b", dim=2)])
+    cache = HotRowCache(inner, HotCacheConfig(enabled=True, min_count=1, writeback_every_steps=1000))
+    ids = np.array([5, 6, 7], dtype=np.uint64)
+    read, release = threading.Event(), threading.Event()
+    real_pull = inner.pull_many
+
+    def slow_pull(*args, **kwargs):  # type: ignore[no-untyped-def]
+        got = real_pull(*args, **kwargs)
+        read.set()
+        release.wait(5.0)
+        return got
+
+    inner.pull_many = slow_pull  # type: ignore[method-assign]
+    puller = threading.Thread(target=lambda: cache.pull_many({"a": ids, "b": ids}))
+    puller.start()
+    assert read.wait(5.0)
+    cache.push("b", ids[1:2], *_rows(1, 2, 2.0))  # id 6 of table b only, straight to the store
+    release.set()
+    puller.join(5.0)
+    inner.pull_many = real_pull  # type: ignore[method-assign]
+    assert cache.holds("a", ids).tolist() == [True, True, True]  # a's 6 was not pushed: it stays
+    assert cache.holds("b", ids).tolist() == [True, False, True]
+    assert cache.pull("b", ids[1:2]).rows[0, 0] == 2.0
