@@ -245,8 +245,9 @@ def _measure_buckets(server: RedisServer, steps: int, reps: int) -> dict[str, fl
     """``store.layout.kind: buckets`` on one shard, against its own raw floor and the keys layout's.
 
     Raw floor: the same per-row ``HGET``/``HSET`` commands on the same buckets, packed
-    the same way (:func:`~kelp.store.resp.pack_commands`), values decoded with one
-    ``numpy.frombuffer``: what Kelp's encoding, routing and decoding cost on top.
+    the same way (:func:`~kelp.store.resp.pack_commands`), ``HGET`` replies read as Kelp
+    reads them (:func:`~kelp.store.resp_rows.read_rows`, values as one array, viewed as
+    floats): what Kelp's encoding, routing and decoding cost on top.
     """
     server.client().flushall()
     tables = [TableSpec(name=f"C{j + 1}", dim=DIM) for j in range(N_TABLES)]
@@ -278,10 +279,10 @@ def _measure_buckets(server: RedisServer, steps: int, reps: int) -> dict[str, fl
 
     def raw(payload: tuple[bytes, int], decode: bool) -> None:
         pipe = PackedPipeline(client)
-        pipe.add_packed(*payload)
+        pipe.add_packed(*payload, width if decode else None)
         (replies,) = pipe.execute()
-        if decode:
-            np.frombuffer(b"".join(replies), dtype=np.float32).reshape(len(replies), -1)
+        if decode:  # the replies parsed off the socket as rows, as Kelp's pull reads them
+            replies.values.view(np.float32).reshape(len(replies.values), -1)
 
     rows_per_step = [sum(len(ids) for ids in b.values()) for b in batches]
 
