@@ -12,8 +12,12 @@ What changes against the key layout, and how each rule is kept:
 
 * **reads**: one ``HGET`` per row (a hash has no multi-key read), packed by numpy
   into one write per shard (:mod:`kelp.store.resp`), so the client does no
-  per-row Python work; Redis spends more CPU per row than on ``MGET``.
-* **pushes**: one ``HSET`` per row, packed the same way; pushes that must not
+  per-row Python work; the replies of all tables of one row width come back as
+  one run, parsed by numpy off the socket (:mod:`kelp.store.resp_rows`). Redis
+  spends more CPU per row than on ``MGET``.
+* **pushes**: one ``HSET`` per row, packed the same way; where rows share
+  buckets (a hot tier's flush) one ``HSET`` per bucket, which halves Redis's
+  CPU per row; pushes that must not
   create rows (admission) and admissions that must not overwrite a live row run
   :data:`~kelp.store.redis_bucket_scripts.SET_ROWS_IF`.
 * **TTL**: a row whose update time is older than the table's TTL reads as
