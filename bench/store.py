@@ -44,7 +44,7 @@ from kelp.store import build_store
 from kelp.store.packed_pipeline import PackedPipeline
 from kelp.store.redis import RedisStore
 from kelp.store.redis_buckets import RedisBucketStore
-from kelp.store.resp import pack_commands
+from kelp.store.resp import pack_command, pack_commands
 
 __all__ = ["run"]
 
@@ -83,6 +83,8 @@ class _Raw:
     Commands are packed by hiredis in C and written at once (the transport Kelp's
     standalone store uses since issue 14, :class:`~kelp.store.packed_pipeline.PackedPipeline`);
     with redis-py's own pipeline the floor was slower than Kelp (``push_ratio`` above 1).
+    ``MGET`` commands are built before the clock starts (Kelp packs its own by numpy, so
+    packing by hiredis inside the clock would have made the floor slower than Kelp).
     """
 
     def __init__(self, store: RedisStore, servers: list[RedisServer]) -> None:
@@ -106,12 +108,22 @@ class _Raw:
             return [fn(0, work[0])]
         return list(self.pool.map(fn, range(len(work)), work))
 
-    def mget(self, per_shard: list[list[list[bytes]]]) -> int:
-        def one(s: int, chunks: list[list[bytes]]) -> np.ndarray:
+    def mgets(self, batch: dict[str, np.ndarray]) -> list[list[bytes]]:
+        """Per shard, the ``MGET`` commands of :meth:`keys`, already on the wire form (built untimed)."""
+        per_shard: list[list[bytes]] = [[] for _ in self.clients]
+        for name, ids in batch.items():
+            for g in self.store.groups(name, ids):
+                for i in range(0, len(g.pos), self.chunk):
+                    keys = self.store.layouts[name].row_key_array(ids[g.pos[i : i + self.chunk]])
+                    per_shard[g.shard].append(pack_command(("MGET",), keys))
+        return per_shard
+
+    def mget(self, per_shard: list[list[bytes]]) -> int:
+        def one(s: int, commands: list[bytes]) -> np.ndarray:
             pipe = PackedPipeline(self.clients[s])
-            for keys in chunks:
-                pipe.execute_command("MGET", *keys)
-            values = [v for reply in pipe.execute() for v in reply]
+            for command in commands:
+                pipe.add_packed(command, 1)
+            values = [v for (reply,) in pipe.execute() for v in reply]
             return np.frombuffer(b"".join(values), dtype=np.float32).reshape(len(values), -1)
 
         return sum(len(a) for a in self._run(one, per_shard))
@@ -190,6 +202,7 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
     )
 
     keys = [raw.keys(b) for b in batches]
+    mgets = [raw.mgets(b) for b in batches]
     # Baseline rows arranged like the keys (Kelp's header is part of its value; the raw rows carry 16+dim
     # floats so both write the same bytes per row).
     raw_rows = []
@@ -210,7 +223,7 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
             ("raw_mset_rows_per_s", lambda i: raw.mset(keys[i], raw_rows[i])),
             ("push_rows_per_s", lambda i: store.push_many(updates[i])),
             ("push_ttl_rows_per_s", lambda i: ttl_store.push_many(updates[i])),
-            ("raw_mget_rows_per_s", lambda i: raw.mget(keys[i])),
+            ("raw_mget_rows_per_s", lambda i: raw.mget(mgets[i])),
             ("pull_rows_per_s", lambda i: store.pull_many(batches[i])),
         ),
     )

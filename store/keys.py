@@ -58,14 +58,21 @@ class KeyLayout:
             return np.zeros(len(ids), dtype=np.int64)
         return (splitmix64(ids ^ self.seed) % np.uint64(self.buckets)).astype(np.int64)
 
-    def _keys(self, prefixes: np.ndarray, ids: np.ndarray, buckets: np.ndarray | None) -> list[bytes]:
+    def _key_array(self, prefixes: np.ndarray, ids: np.ndarray, buckets: np.ndarray | None) -> np.ndarray:
         rec = np.empty(len(ids), dtype=self._rec)
         rec["p"] = prefixes[0] if buckets is None or self.buckets is None else prefixes[buckets]
         rec["id"] = ids
-        return rec.view(self._void).tolist()
+        return rec.view(self._void)
+
+    def _keys(self, prefixes: np.ndarray, ids: np.ndarray, buckets: np.ndarray | None) -> list[bytes]:
+        return self._key_array(prefixes, ids, buckets).tolist()
 
     def row_keys(self, ids: np.ndarray, buckets: np.ndarray | None = None) -> list[bytes]:
         return self._keys(self._row_prefix, ids, buckets)
+
+    def row_key_array(self, ids: np.ndarray, buckets: np.ndarray | None = None) -> np.ndarray:
+        """The row keys as one fixed-width ``V<w>`` array (for :func:`~kelp.store.resp.pack_command`)."""
+        return self._key_array(self._row_prefix, ids, buckets)
 
     def counter_keys(self, ids: np.ndarray, buckets: np.ndarray | None = None) -> list[bytes]:
         return self._keys(self._cnt_prefix, ids, buckets)

@@ -33,6 +33,7 @@ class RedisStore(RedisBackend):
     """``backend: redis``: standalone nodes (``store.urls``), optional read replicas per shard."""
 
     backend = "redis"
+    packs_commands = True  # PackedPipeline
 
     def _connect(self, cfg: StoreConfig, options: dict[str, Any]) -> list[str]:
         names = [node_name(u) for u in cfg.urls]

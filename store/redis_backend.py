@@ -36,6 +36,7 @@ from kelp.store.keys import KeyLayout
 from kelp.store.redis_adagrad import ADAGRAD_SCRIPT, script_args
 from kelp.store.redis_plan import Gathered, Group, Plan, PlanRunner, adder, chunks, scatter, setter
 from kelp.store.redis_set_rows import set_rows_args
+from kelp.store.resp import pack_command
 
 __all__ = ["RedisBackend", "retry_policy"]
 
@@ -43,6 +44,15 @@ __all__ = ["RedisBackend", "retry_policy"]
 def retry_policy(cfg: StoreConfig) -> RetryPolicy:
     """The store's retry of one shard's pipeline, from ``store.retry``."""
     return RetryPolicy(cfg.retry.attempts, cfg.retry.base_delay_s, cfg.retry.max_delay_s)
+
+
+def _only(on_reply: Callable[[Any], None]) -> Callable[[list[Any]], None]:
+    """A packed run of one command hands its replies over as a list of one: pass that one on."""
+
+    def put(replies: list[Any]) -> None:
+        on_reply(replies[0])
+
+    return put
 
 
 class RedisBackend(BackendStore):
@@ -56,6 +66,8 @@ class RedisBackend(BackendStore):
     backend = "redis"
     enforces = frozenset({TtlEviction})
     composes_updates = True
+    packs_commands: ClassVar[bool] = False
+    """Whether this topology's pipelines take commands packed by numpy (``add_packed``)."""
     eviction_hints: ClassVar[dict[type[EvictionPolicy], str]] = {
         LfuCapacity: "cap memory with Redis maxmemory + maxmemory-policy allkeys-lfu (docs/store.md), "
         "or use backend memory"
@@ -109,8 +121,12 @@ class RedisBackend(BackendStore):
             layout = self.layouts[name]
             for g in self.groups(name, ids):
                 for pos in chunks(g.pos, self.chunk):
-                    keys = layout.row_keys(ids[pos], np.full(len(pos), g.bucket))
-                    plan.add(g.shard, ("MGET", *keys), gathered.add(pos))
+                    bucket = np.full(len(pos), g.bucket)
+                    if self.packs_commands:  # a 2,048-key MGET packed by numpy, not 2,048 Python bytes
+                        mget = pack_command(("MGET",), layout.row_key_array(ids[pos], bucket))
+                        plan.add_packed(g.shard, mget, 1, _only(gathered.add(pos)))
+                    else:
+                        plan.add(g.shard, ("MGET", *layout.row_keys(ids[pos], bucket)), gathered.add(pos))
         self._runner.run(plan, "pull", readonly=not touch)
         return self._decode_all(parts)
 

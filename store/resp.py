@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GroupedCommands", "first_error", "pack_commands", "pack_grouped", "read_replies"]
+__all__ = ["GroupedCommands", "first_error", "pack_command", "pack_commands", "pack_grouped", "read_replies"]
 
 MAX_ROWS = 64
 """Rows per grouped command (:func:`pack_grouped`): a bigger group is split into several commands."""
@@ -63,6 +63,28 @@ def pack_commands(words: tuple[str, ...], *columns: np.ndarray) -> bytes:
     for name, value in values:
         rec[name] = np.void(value) if isinstance(value, bytes) else value
     return rec.tobytes()
+
+
+def pack_command(words: tuple[str, ...], column: np.ndarray) -> bytes:
+    """One command: the constant ``words`` (e.g. ``("MGET",)``), then every value of ``column`` as an
+    argument (a fixed-width ``V<w>`` array, such as the key layout's row keys).
+
+    The per-argument part is a fixed-width record, so a 2,048-key ``MGET`` is one
+    numpy write instead of 2,048 Python ``bytes`` handed to hiredis.
+
+    >>> pack_command(("MGET",), np.array([b"k1", b"k2"], "V2"))
+    b'*3\\r\\n$4\\r\\nMGET\\r\\n$2\\r\\nk1\\r\\n$2\\r\\nk2\\r\\n'
+    """
+    head = f"*{len(words) + len(column)}\r\n".encode() + b"".join(
+        f"${len(w)}\r\n{w}\r\n".encode() for w in words
+    )
+    width = column.dtype.itemsize
+    size = f"${width}\r\n".encode()
+    rec = np.empty(len(column), dtype=[("s", f"V{len(size)}"), ("v", f"V{width}"), ("e", "V2")])
+    rec["s"] = np.void(size)
+    rec["v"] = column.view(f"V{width}")
+    rec["e"] = np.void(b"\r\n")
+    return head + rec.tobytes()
 
 
 class GroupedCommands:
