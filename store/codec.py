@@ -25,6 +25,8 @@ joins the values and reads them back with one ``frombuffer``.
 from __future__ import annotations
 
 import dataclasses
+from itertools import compress, repeat
+from operator import is_not
 from dataclasses import dataclass
 from typing import Literal
 
@@ -129,14 +131,11 @@ class RowCodec:
         Raises :class:`RowFormatError` if any present value is not a row of this
         table (wrong length, version, dtype or dim): a batch is never half-garbage.
         """
-        n = len(values)
-        # C-level passes only (map/filter/ndarray ops): a serving request decodes ~1,300 values.
-        present = np.array(values, dtype=object) != None  # noqa: E711 (element-wise, not identity)
-        present = present.astype(bool, copy=False).reshape(n)
-        k = int(present.sum())
-        stored = values if k == n else [v for v in values if v is not None]
-        lengths = np.fromiter(map(len, stored), dtype=np.int64, count=k)  # type: ignore[arg-type]
-        if (lengths != self.nbytes).any():
+        # C-level passes only (map/compress, no Python per value): a training pull decodes ~45,000.
+        flags = list(map(is_not, values, repeat(None)))
+        present = np.array(flags, dtype=bool).reshape(len(values))
+        stored = values if all(flags) else list(compress(values, flags))
+        if set(map(len, stored)) - {self.nbytes}:  # type: ignore[arg-type]
             raise RowFormatError(f"stored value has the wrong length for a dim-{self.dim} {self.dtype} row")
         return self.decode_present(present, np.frombuffer(b"".join(stored), dtype=self._void))  # type: ignore[arg-type]
 
