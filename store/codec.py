@@ -25,9 +25,9 @@ joins the values and reads them back with one ``frombuffer``.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import is_not
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
