@@ -108,15 +108,14 @@ class _Raw:
             return [fn(0, work[0])]
         return list(self.pool.map(fn, range(len(work)), work))
 
-    def mgets(self, batch: dict[str, np.ndarray]) -> list[list[bytes]]:
-        """Per shard, the ``MGET`` commands of :meth:`keys`, already on the wire form (built untimed)."""
-        per_shard: list[list[bytes]] = [[] for _ in self.clients]
-        for name, ids in batch.items():
-            for g in self.store.groups(name, ids):
-                for i in range(0, len(g.pos), self.chunk):
-                    keys = self.store.layouts[name].row_key_array(ids[g.pos[i : i + self.chunk]])
-                    per_shard[g.shard].append(pack_command(("MGET",), keys))
-        return per_shard
+    @staticmethod
+    def mgets(per_shard: list[list[list[bytes]]]) -> list[list[bytes]]:
+        """Per shard, :meth:`keys`' ``MGET`` commands already on the wire form (built untimed)."""
+
+        def mget(keys: list[bytes]) -> bytes:  # every key of a table has one width
+            return pack_command(("MGET",), np.frombuffer(b"".join(keys), dtype=f"V{len(keys[0])}"))
+
+        return [[mget(keys) for keys in chunks] for chunks in per_shard]
 
     def mget(self, per_shard: list[list[bytes]]) -> int:
         def one(s: int, commands: list[bytes]) -> np.ndarray:
@@ -202,7 +201,7 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
     )
 
     keys = [raw.keys(b) for b in batches]
-    mgets = [raw.mgets(b) for b in batches]
+    mgets = [raw.mgets(k) for k in keys]
     # Baseline rows arranged like the keys (Kelp's header is part of its value; the raw rows carry 16+dim
     # floats so both write the same bytes per row).
     raw_rows = []

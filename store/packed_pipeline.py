@@ -11,8 +11,11 @@ to the pool, so the next use reconnects. Retries stay where they were, in
 :class:`~kelp.store.redis_plan.PlanRunner`.
 
 :meth:`PackedPipeline.add_packed` also takes commands already packed by numpy
-(:func:`~kelp.store.resp.pack_commands`, one per row); their replies come back
-as one list, read straight from hiredis (:func:`~kelp.store.resp.read_replies`).
+(:mod:`kelp.store.resp`: one per row, one per bucket, or lazily packed parts);
+their replies come back as one list, read straight from hiredis
+(:func:`~kelp.store.resp.read_replies`), or, for row values of one width, as
+one :class:`~kelp.store.resp_rows.RowReplies` parsed off the socket by numpy.
+The pipeline's bytes go out in parts as they are produced, never joined whole.
 """
 
 from __future__ import annotations

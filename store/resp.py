@@ -33,6 +33,12 @@ PART_ROWS = 32_768
 """Rows per lazily packed part of a :class:`GroupedCommands` (~3 MB of dim-16 rows)."""
 
 
+def _head(words: tuple[str, ...], arguments: int) -> bytes:
+    """A command's array header and its constant ``words``, before its ``arguments`` more arguments."""
+    constant = b"".join(f"${len(w)}\r\n{w}\r\n".encode() for w in words)
+    return f"*{len(words) + arguments}\r\n".encode() + constant
+
+
 def pack_commands(words: tuple[str, ...], *columns: np.ndarray) -> bytes:
     """One command per row: the constant ``words`` (e.g. ``("HSET",)``), then one argument per column.
 
@@ -43,9 +49,7 @@ def pack_commands(words: tuple[str, ...], *columns: np.ndarray) -> bytes:
     n = len(columns[0]) if columns else 0
     if any(len(c) != n for c in columns):
         raise ValueError("every column needs one value per command")
-    head = f"*{len(words) + len(columns)}\r\n".encode()
-    for w in words:
-        head += f"${len(w)}\r\n{w}\r\n".encode()
+    head = _head(words, len(columns))
     fields: list[tuple[str, Any]] = []
     values: list[tuple[str, Any]] = []
     prefix = head
@@ -75,9 +79,7 @@ def pack_command(words: tuple[str, ...], column: np.ndarray) -> bytes:
     >>> pack_command(("MGET",), np.array([b"k1", b"k2"], "V2"))
     b'*3\\r\\n$4\\r\\nMGET\\r\\n$2\\r\\nk1\\r\\n$2\\r\\nk2\\r\\n'
     """
-    head = f"*{len(words) + len(column)}\r\n".encode() + b"".join(
-        f"${len(w)}\r\n{w}\r\n".encode() for w in words
-    )
+    head = _head(words, len(column))
     width = column.dtype.itemsize
     size = f"${width}\r\n".encode()
     rec = np.empty(len(column), dtype=[("s", f"V{len(size)}"), ("v", f"V{width}"), ("e", "V2")])
