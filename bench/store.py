@@ -257,9 +257,10 @@ def _measure_buckets(server: RedisServer, steps: int, reps: int) -> dict[str, fl
     """``store.layout.kind: buckets`` on one shard, against its own raw floor and the keys layout's.
 
     Raw floor: the same per-row ``HGET``/``HSET`` commands on the same buckets, packed
-    the same way (:func:`~kelp.store.resp.pack_commands`), ``HGET`` replies read as Kelp
-    reads them (:func:`~kelp.store.resp_rows.read_rows`, values as one array, viewed as
-    floats): what Kelp's encoding, routing and decoding cost on top.
+    the same way (:func:`~kelp.store.resp.pack_commands`), replies read as Kelp reads them
+    (``HGET``: :func:`~kelp.store.resp_rows.read_rows`, values as one array, viewed as
+    floats; ``HSET``: :func:`~kelp.store.resp_ints.read_ints`): what Kelp's encoding,
+    routing and decoding cost on top.
     """
     server.client().flushall()
     tables = [TableSpec(name=f"C{j + 1}", dim=DIM) for j in range(N_TABLES)]
@@ -291,7 +292,7 @@ def _measure_buckets(server: RedisServer, steps: int, reps: int) -> dict[str, fl
 
     def raw(payload: tuple[bytes, int], decode: bool) -> None:
         pipe = PackedPipeline(client)
-        pipe.add_packed(*payload, width if decode else None)
+        pipe.add_packed(*payload, width if decode else None, integers=not decode)
         (replies,) = pipe.execute()
         if decode:  # the replies parsed off the socket as rows, as Kelp's pull reads them
             replies.values.view(np.float32).reshape(len(replies.values), -1)

@@ -14,7 +14,9 @@ to the pool, so the next use reconnects. Retries stay where they were, in
 (:mod:`kelp.store.resp`: one per row, one per bucket, or lazily packed parts);
 their replies come back as one list, read straight from hiredis
 (:func:`~kelp.store.resp.read_replies`), or, for row values of one width, as
-one :class:`~kelp.store.resp_rows.RowReplies` parsed off the socket by numpy.
+one :class:`~kelp.store.resp_rows.RowReplies` parsed off the socket by numpy,
+or, for integer replies (``HSET``), as one int64 array
+(:func:`~kelp.store.resp_ints.read_ints`).
 The pipeline's bytes go out in parts as they are produced, never joined whole.
 """
 
@@ -24,9 +26,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import hiredis
+import numpy as np
 import redis
 
 from kelp.store.resp import first_error, read_replies
+from kelp.store.resp_ints import read_ints
 from kelp.store.resp_rows import RowReplies, read_rows
 
 __all__ = ["PackedPipeline"]
@@ -60,20 +64,29 @@ class PackedPipeline:
 
     def __init__(self, client: redis.Redis) -> None:
         self._pool = client.connection_pool
-        self._commands: list[tuple[Any, ...] | tuple[bytes | Iterable[bytes], int, int | None]] = []
+        self._commands: list[tuple[Any, ...] | tuple[bytes | Iterable[bytes], int, int | None, bool]] = []
         self._packed: list[bool] = []  # per entry: a numpy-packed run of commands (its reply count)
 
     def execute_command(self, *args: Any) -> None:
         self._commands.append(args)
         self._packed.append(False)
 
-    def add_packed(self, payload: bytes | Iterable[bytes], replies: int, width: int | None = None) -> None:
+    def add_packed(
+        self,
+        payload: bytes | Iterable[bytes],
+        replies: int,
+        width: int | None = None,
+        *,
+        integers: bool = False,
+    ) -> None:
         """Commands already on the wire form, ``replies`` of them; their replies come back as one list.
 
         ``payload`` may be an iterable of parts (:class:`~kelp.store.resp.GroupedCommands`): each part
         is sent as soon as it is produced. With ``width`` every reply is a value of that many bytes or
-        nil, parsed off the socket by numpy (:func:`~kelp.store.resp_rows.read_rows`)."""
-        self._commands.append((payload, replies, width))
+        nil, parsed off the socket by numpy (:func:`~kelp.store.resp_rows.read_rows`); with
+        ``integers`` every reply is an integer, parsed the same way (:func:`~kelp.store.resp_ints.read_ints`).
+        Either falls back to the list at the first reply of another kind (an error, say)."""
+        self._commands.append((payload, replies, width, integers))
         self._packed.append(True)
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
@@ -91,6 +104,8 @@ class PackedPipeline:
                     replies.append(read_replies(conn, 1)[0])
                 elif c[2] is not None:
                     replies.append(read_rows(conn, c[1], c[2]))  # type: ignore[arg-type]
+                elif c[3]:
+                    replies.append(read_ints(conn, c[1]))  # type: ignore[arg-type]
                 else:
                     replies.append(read_replies(conn, c[1]))  # type: ignore[arg-type]
         except BaseException:
@@ -100,7 +115,7 @@ class PackedPipeline:
             self._pool.release(conn)
         if raise_on_error:
             for reply, packed in zip(replies, kinds, strict=True):
-                if isinstance(reply, RowReplies):  # parsed as rows: every reply was a value or nil
+                if isinstance(reply, (RowReplies, np.ndarray)):  # parsed by numpy: no reply was an error
                     continue
                 # RedisError, not ResponseError: a restarted Redis answers LOADING (BusyLoadingError, a
                 # redis-py ConnectionError) inline, and decoding it as a row crashed the trainer.

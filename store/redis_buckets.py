@@ -320,9 +320,11 @@ class RedisBucketStore(RedisStore):
                 keys, fields, values = fused.keys[mine], fused.fields[mine], packed[mine]
                 if group:
                     grouped = pack_grouped(("HSET",), fused.bucket[mine], keys, fields, values)
-                    plan.add_packed(shard, grouped, grouped.count)
+                    plan.add_packed(shard, grouped, grouped.count, integers=True)
                 else:
-                    plan.add_packed(shard, pack_commands(("HSET",), keys, fields, values), len(keys))
+                    plan.add_packed(
+                        shard, pack_commands(("HSET",), keys, fields, values), len(keys), integers=True
+                    )
         swept = self._plan_sweeps(plan, now)
         self._runner.run(plan, "push")
         for name, n in swept.items():

@@ -66,6 +66,9 @@ class PackedCommands:
     width: int | None = None
     """Every reply is a value of this many bytes or nil: read by :func:`~kelp.store.resp_rows.read_rows`,
     the reply is then a :class:`~kelp.store.resp_rows.RowReplies` (or, when one is not, the list)."""
+    integers: bool = False
+    """Every reply is an integer (``HSET``): read by :func:`~kelp.store.resp_ints.read_ints`, the reply
+    is then an int64 array (or, when one is not, the list)."""
 
 
 @dataclass
@@ -84,10 +87,12 @@ class Plan:
         count: int,
         on_reply: Callable[[Any], None] | None = None,
         width: int | None = None,
+        *,
+        integers: bool = False,
     ) -> None:
         """Needs a pipeline with ``add_packed`` (:class:`~kelp.store.packed_pipeline.PackedPipeline`)."""
         if count:
-            self.cmds.setdefault(shard, []).append(PackedCommands(payload, count, on_reply, width))
+            self.cmds.setdefault(shard, []).append(PackedCommands(payload, count, on_reply, width, integers))
 
 
 class Gathered:
@@ -175,7 +180,7 @@ class PlanRunner:
                 pipe = self._pipeline(shard, readonly)
                 for c in cmds:
                     if isinstance(c, PackedCommands):
-                        pipe.add_packed(c.payload, c.count, c.width)
+                        pipe.add_packed(c.payload, c.count, c.width, integers=c.integers)
                     else:
                         pipe.execute_command(*c.args)
                 return pipe.execute(raise_on_error=True)

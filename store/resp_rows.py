@@ -32,7 +32,7 @@ import redis
 
 from kelp.store.resp import read_replies
 
-__all__ = ["RowReplies", "read_rows"]
+__all__ = ["RowReplies", "read_rows", "receive"]
 
 _DOLLAR, _UNDERSCORE = ord("$"), ord("_")  # a bulk string or RESP2's nil; RESP3's null
 _CRLF = int.from_bytes(b"\r\n", "little")
@@ -161,7 +161,7 @@ def read_rows(conn: Any, n: int, width: int) -> RowReplies | list[Any]:
     view = memoryview(buf)[: n * walk.value_record]
     got = 0
     while walk.count < n:
-        got += _recv(sock, view[got:])
+        got += receive(sock, view[got:])
         if got < len(view) and not _parse_now(sock, got - walk.cursor, n - walk.count):
             continue
         if not walk.advance(data, got, n) or (got == len(view) and walk.count < n):
@@ -197,7 +197,8 @@ def _rows(walk: _Walk, data: np.ndarray) -> RowReplies:
     return RowReplies(~nil, values)
 
 
-def _recv(sock: socket.socket, into: memoryview) -> int:
+def receive(sock: socket.socket, into: memoryview) -> int:
+    """``sock.recv_into(into)``: bytes received, with socket errors and a closed socket as redis-py's."""
     try:
         got = sock.recv_into(into)
     except TimeoutError as exc:

@@ -11,7 +11,7 @@ import redis
 from kelp.harness import RedisServer
 from kelp.store.packed_pipeline import PackedPipeline
 from kelp.store.resp import pack_commands
-from kelp.store.resp_rows import RowReplies, _recv, read_rows
+from kelp.store.resp_rows import RowReplies, read_rows, receive
 
 WIDTH = 80
 KEY = b"rows:bucket"
@@ -111,5 +111,5 @@ def test_a_closed_socket_is_a_redis_connection_error() -> None:
     ours, theirs = socket.socketpair()
     theirs.close()
     with pytest.raises(redis.ConnectionError, match="closed"):
-        _recv(ours, memoryview(bytearray(16)))
+        receive(ours, memoryview(bytearray(16)))
     ours.close()
