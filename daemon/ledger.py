@@ -33,6 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from kelp.store.base import PullResult
+from kelp.store.id_sets import shared
 from kelp.trainer.optim import SparseUpdate
 
 __all__ = ["UpdateLedger"]
@@ -108,7 +109,7 @@ class UpdateLedger:
 
 def _patched(got: PullResult, ids: np.ndarray, update: SparseUpdate, copied: bool) -> tuple[PullResult, int]:
     """``got`` with the rows of ``update`` written over the ids they share (both id arrays unique)."""
-    _, at_batch, at_update = np.intersect1d(ids, update.ids, assume_unique=True, return_indices=True)
+    at_batch, at_update = shared(ids, update.ids)
     if not len(at_batch):
         return got, 0
     if not copied:

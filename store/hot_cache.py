@@ -62,6 +62,7 @@ import numpy as np
 from kelp.config import HotCacheConfig
 from kelp.store.base import EmbeddingStore, PullResult, StoreStats
 from kelp.store.hot_rows import HotRows, RowBatch
+from kelp.store.id_sets import member
 from kelp.store.metrics import StoreMetrics
 from kelp.store.writeback import WritebackSchedule
 
@@ -161,7 +162,7 @@ def _pushed_past(batch: RowBatch, pick: np.ndarray, raced: Mapping[str, np.ndarr
     cuts = np.searchsorted(pick, batch.bounds).tolist()
     for i, name in enumerate(batch.names):
         if name in raced and cuts[i + 1] > cuts[i]:
-            out[cuts[i] : cuts[i + 1]] = np.isin(batch.ids[pick[cuts[i] : cuts[i + 1]]], raced[name])
+            out[cuts[i] : cuts[i + 1]] = member(batch.ids[pick[cuts[i] : cuts[i + 1]]], raced[name])
     return out
 
 

@@ -13,8 +13,11 @@ MODULES = [
     "kelp.store.eviction",
     "kelp.store.factory",
     "kelp.store.hashing",
+    "kelp.store.id_sets",
     "kelp.store.index",
     "kelp.store.memory",
+    "kelp.store.resp",
+    "kelp.store.resp_ints",
     "kelp.store.slots",
 ]
 
