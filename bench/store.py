@@ -7,9 +7,9 @@ the same redis-server(s) started here, on the same keys, 1 shard and 3 shards:
 * Kelp push: ``push_many`` over all 26 tables per step (encode + MSET per shard,
   one pipelined round trip per shard, shards in parallel).
 * raw MSET: the same keys (prebuilt, untimed) and the same rows turned into
-  bytes by a numpy view, MSET in the same chunking, one pipeline per shard
-  packed by hiredis, shards in parallel threads: the floor Kelp's encoding
-  and routing sit on.
+  bytes by a numpy view, MSET in the same chunking packed by numpy (as Kelp
+  packs them), one pipeline per shard, shards in parallel threads: the floor
+  Kelp's encoding and routing sit on.
 * Kelp push with a TTL (every table ``ttl_s: 3600``, so each write also sets
   the key's expiry) against the same raw MSET: ``push_ratio_ttl``.
 * Kelp pull: ``pull_many(count=True)``; raw MGET: the same keys and chunking,
@@ -20,6 +20,10 @@ the same redis-server(s) started here, on the same keys, 1 shard and 3 shards:
   The headline keys (pull, push, bytes) measure one key per row, as they always
   have; ``default_layout`` says which layout a standalone config gets now
   (``buckets``), measured by the ``buckets_*`` keys.
+* ``cluster_*``: the same on a 3-node Redis Cluster (``backend: redis-cluster``,
+  the key layout with 64 hash-tag buckets per table): Kelp against raw
+  ``MGET``/``MSET`` of the same keys, one command per bucket, sent to the node
+  holding it.
 * ``buckets_*``: the same for ``store.layout.kind: buckets`` (one shard): pull and
   push against their own raw floor (per-row ``HGET``/``HSET`` on the same
   buckets, packed the same way), ``buckets_pull_vs_keys`` / ``_push_vs_keys``
@@ -39,12 +43,13 @@ import redis
 
 from kelp.bench.runner import progress
 from kelp.config import EvictionSpec, RowLayoutSpec, StoreConfig, TableSpec
-from kelp.harness import RedisServer
+from kelp.harness import RedisCluster, RedisServer
 from kelp.store import build_store
 from kelp.store.packed_pipeline import PackedPipeline
 from kelp.store.redis import RedisStore
+from kelp.store.redis_backend import RedisBackend
 from kelp.store.redis_buckets import RedisBucketStore
-from kelp.store.resp import pack_command, pack_commands
+from kelp.store.resp import pack_command, pack_commands, pack_runs
 
 __all__ = ["run"]
 
@@ -87,7 +92,8 @@ class _Raw:
     packing by hiredis inside the clock would have made the floor slower than Kelp).
     """
 
-    def __init__(self, store: RedisStore, servers: list[RedisServer]) -> None:
+    def __init__(self, store: RedisBackend, servers: list[RedisServer]) -> None:
+        """``servers`` in ``store``'s shard order (a cluster store's shards are its primaries)."""
         self.store = store
         self.clients = [redis.Redis(host=s.host, port=s.port) for s in servers]
         self.pool = ThreadPoolExecutor(len(servers)) if len(servers) > 1 else None
@@ -100,7 +106,9 @@ class _Raw:
             for g in self.store.groups(name, ids):
                 for i in range(0, len(g.pos), self.chunk):
                     pos = g.pos[i : i + self.chunk]
-                    per_shard[g.shard].append(self.store.layouts[name].row_keys(ids[pos]))
+                    per_shard[g.shard].append(
+                        self.store.layouts[name].row_keys(ids[pos], np.full(len(pos), g.bucket))
+                    )
         return per_shard
 
     def _run(self, fn: Any, work: list[Any]) -> list[Any]:
@@ -127,19 +135,40 @@ class _Raw:
 
         return sum(len(a) for a in self._run(one, per_shard))
 
-    def mset(self, per_shard: list[list[list[bytes]]], rows_by_shard: list[list[np.ndarray]]) -> None:
-        def one(s: int, work: tuple[list[list[bytes]], list[np.ndarray]]) -> None:
-            chunks, rows = work
+    @staticmethod
+    def msets(
+        per_shard: list[list[list[bytes]]], rows_by_shard: list[list[np.ndarray]]
+    ) -> list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """Per shard, per key width (tables' names differ in length): the keys as one fixed-width array,
+        the keys per ``MSET`` and the rows (untimed)."""
+        out = []
+        for chunks, rows in zip(per_shard, rows_by_shard, strict=True):
+            by_width: dict[int, list[tuple[list[bytes], np.ndarray]]] = {}
+            for chunk, r in zip(chunks, rows, strict=True):
+                by_width.setdefault(len(chunk[0]), []).append((chunk, r))
+            out.append(
+                [
+                    (
+                        np.frombuffer(b"".join(k for chunk, _ in runs for k in chunk), dtype=f"V{width}"),
+                        np.array([len(chunk) for chunk, _ in runs], dtype=np.int64),
+                        np.ascontiguousarray(np.concatenate([r for _, r in runs])),
+                    )
+                    for width, runs in by_width.items()
+                ]
+            )
+        return out
+
+    def mset(self, per_shard: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> None:
+        """The rows turned into bytes by a numpy view and packed into ``MSET`` s by numpy, as Kelp does."""
+
+        def one(s: int, work: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
             pipe = PackedPipeline(self.clients[s])
-            for keys, r in zip(chunks, rows, strict=True):
-                values = r.view(np.dtype(f"V{r.shape[1] * 4}")).ravel().tolist()
-                flat: list[bytes] = [b""] * (2 * len(keys))
-                flat[0::2] = keys
-                flat[1::2] = values
-                pipe.execute_command("MSET", *flat)
+            for keys, lengths, rows in work:
+                values = rows.view(np.dtype(f"V{rows.shape[1] * 4}")).ravel()
+                pipe.add_packed(pack_runs(("MSET",), lengths, keys, values), len(lengths))
             pipe.execute()
 
-        self._run(one, list(zip(per_shard, rows_by_shard, strict=True)))
+        self._run(one, per_shard)
 
     def close(self) -> None:
         if self.pool:
@@ -185,14 +214,26 @@ def _interleaved(
 
 
 def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, float]:
+    """The key layout on standalone shards (client-side sharding)."""
+    cfg = StoreConfig(backend="redis", urls=[s.url for s in servers], layout=RowLayoutSpec(kind="keys"))
+    return _compare(cfg, servers, steps, reps)
+
+
+def _measure_cluster(cluster: RedisCluster, steps: int, reps: int) -> dict[str, float]:
+    """The key layout on a Redis Cluster: each hash-tag bucket's rows in one command, per node."""
+    return _compare(StoreConfig(backend="redis-cluster", urls=cluster.urls), cluster.servers, steps, reps)
+
+
+def _compare(cfg: StoreConfig, servers: list[RedisServer], steps: int, reps: int) -> dict[str, float]:
     for s in servers:
         s.client().flushall()
     tables = [TableSpec(name=f"C{j + 1}", dim=DIM) for j in range(N_TABLES)]
-    cfg = StoreConfig(backend="redis", urls=[s.url for s in servers])
-    store = RedisStore(cfg, tables, deployment="bench")
+    store = build_store(cfg, tables, "bench")
+    assert isinstance(store, RedisBackend)
     ttl_tables = [t.model_copy(update={"eviction": EvictionSpec(ttl_s=3600.0)}) for t in tables]
-    ttl_store = RedisStore(cfg, ttl_tables, deployment="bench-ttl")
-    raw = _Raw(store, servers)
+    ttl_store = build_store(cfg, ttl_tables, "bench-ttl")
+    by_name = {f"{s.host}:{s.port}": s for s in servers}
+    raw = _Raw(store, [by_name[name] for name in store.shard_names])
     batches, updates = _workload(steps)
     rows_per_step = [sum(len(ids) for ids in b.values()) for b in batches]
     total = sum(rows_per_step) * reps
@@ -202,6 +243,7 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
 
     keys = [raw.keys(b) for b in batches]
     mgets = [raw.mgets(k) for k in keys]
+    assert isinstance(store, RedisBackend)
     # Baseline rows arranged like the keys (Kelp's header is part of its value; the raw rows carry 16+dim
     # floats so both write the same bytes per row).
     raw_rows = []
@@ -213,13 +255,14 @@ def _measure(servers: list[RedisServer], steps: int, reps: int) -> dict[str, flo
                 for i in range(0, len(g.pos), store.chunk):
                     per_shard[g.shard].append(np.ascontiguousarray(full[g.pos[i : i + store.chunk]]))
         raw_rows.append(per_shard)
+    msets = [raw.msets(k, r) for k, r in zip(keys, raw_rows, strict=True)]
 
     out = _interleaved(
         sum(rows_per_step),
         steps,
         reps,
         (
-            ("raw_mset_rows_per_s", lambda i: raw.mset(keys[i], raw_rows[i])),
+            ("raw_mset_rows_per_s", lambda i: raw.mset(msets[i])),
             ("push_rows_per_s", lambda i: store.push_many(updates[i])),
             ("push_ttl_rows_per_s", lambda i: ttl_store.push_many(updates[i])),
             ("raw_mget_rows_per_s", lambda i: raw.mget(mgets[i])),
@@ -381,6 +424,10 @@ def run(quick: bool) -> dict[str, Any]:
         progress("3 shards")
         three = _measure(servers, steps, reps)
         result.update({f"{k}_3shards": round(v, 3) for k, v in three.items()})
+        progress("Redis Cluster, 3 nodes")
+        with RedisCluster(3) as cluster:
+            on_cluster = _measure_cluster(cluster, steps, reps)
+        result.update({f"cluster_{k}": round(v, 3) for k, v in on_cluster.items()})
         progress(f"memory per row ({mem_rows} rows)")
         keys = RowLayoutSpec(kind="keys")  # the headline keys keep their meaning: one key per row
         result["redis_bytes_per_row"] = round(bytes_per_row(servers[0], mem_rows, None, layout=keys), 1)

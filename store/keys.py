@@ -44,6 +44,8 @@ class KeyLayout:
         plen = self._row_prefix.dtype.itemsize
         self._rec = np.dtype([("p", f"S{plen}"), ("id", ">u8")])
         self._void = np.dtype(f"V{self._rec.itemsize}")
+        self.key_width = self._rec.itemsize
+        """Bytes of every row key of this table (the prefix has one width for every bucket)."""
         self.pattern = (
             f"k{KEY_LAYOUT_VERSION}:{deployment}:{table}:r:*"
             if cluster_buckets is None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import chain
 from typing import Any, ClassVar
 
@@ -36,7 +36,7 @@ from kelp.store.keys import KeyLayout
 from kelp.store.redis_adagrad import ADAGRAD_SCRIPT, script_args
 from kelp.store.redis_plan import Gathered, Group, Plan, PlanRunner, adder, chunks, scatter, setter
 from kelp.store.redis_set_rows import set_rows_args
-from kelp.store.resp import pack_command
+from kelp.store.resp import pack_runs
 
 __all__ = ["RedisBackend", "retry_policy"]
 
@@ -46,13 +46,28 @@ def retry_policy(cfg: StoreConfig) -> RetryPolicy:
     return RetryPolicy(cfg.retry.attempts, cfg.retry.base_delay_s, cfg.retry.max_delay_s)
 
 
-def _only(on_reply: Callable[[Any], None]) -> Callable[[list[Any]], None]:
-    """A packed run of one command hands its replies over as a list of one: pass that one on."""
+def _flat(on_reply: Callable[[Any], None]) -> Callable[[list[Any]], None]:
+    """A packed run of ``MGET`` s hands its replies over as a list of lists: pass them on as one list."""
 
     def put(replies: list[Any]) -> None:
-        on_reply(replies[0])
+        on_reply(list(chain.from_iterable(replies)))
 
     return put
+
+
+def _runs_by_shard(
+    groups: list[Group], chunk: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per shard, in group order: ``(shard, pos, lengths, bucket)``, its groups' positions cut into
+    commands of at most ``chunk`` rows (``lengths``), and each row's bucket."""
+    by_shard: dict[int, list[tuple[np.ndarray, int]]] = {}
+    for g in groups:
+        for pos in chunks(g.pos, chunk):
+            by_shard.setdefault(g.shard, []).append((pos, g.bucket))
+    for shard, runs in by_shard.items():
+        lengths = np.array([len(p) for p, _ in runs], dtype=np.int64)
+        pos = runs[0][0] if len(runs) == 1 else np.concatenate([p for p, _ in runs])
+        yield shard, pos, lengths, np.repeat(np.array([b for _, b in runs], dtype=np.int64), lengths)
 
 
 class RedisBackend(BackendStore):
@@ -119,14 +134,18 @@ class RedisBackend(BackendStore):
         for name, ids in ids_by_table.items():
             gathered = parts[name] = Gathered()
             layout = self.layouts[name]
-            for g in self.groups(name, ids):
+            groups = self.groups(name, ids)
+            if (
+                self._packs_commands()
+            ):  # all of a shard's MGETs packed by numpy at once, no Python bytes per key
+                for shard, pos, lengths, bucket in _runs_by_shard(groups, self.chunk):
+                    mgets = pack_runs(("MGET",), lengths, layout.row_key_array(ids[pos], bucket))
+                    plan.add_packed(shard, mgets, len(lengths), _flat(gathered.add(pos)))
+                continue
+            for g in groups:
                 for pos in chunks(g.pos, self.chunk):
                     bucket = np.full(len(pos), g.bucket)
-                    if self.packs_commands:  # a 2,048-key MGET packed by numpy, not 2,048 Python bytes
-                        mget = pack_command(("MGET",), layout.row_key_array(ids[pos], bucket))
-                        plan.add_packed(g.shard, mget, 1, _only(gathered.add(pos)))
-                    else:
-                        plan.add(g.shard, ("MGET", *layout.row_keys(ids[pos], bucket)), gathered.add(pos))
+                    plan.add(g.shard, ("MGET", *layout.row_keys(ids[pos], bucket)), gathered.add(pos))
         self._runner.run(plan, "pull", readonly=not touch)
         return self._decode_all(parts)
 
@@ -199,11 +218,22 @@ class RedisBackend(BackendStore):
         kept: dict[str, list[int]] = {}
         for name, w in writes.items():
             t = self.tables[name]
-            values = t.codec.encode(w.rows, w.state, 0, int(now))
             layout = self.layouts[name]
             px_ms = t.ttl.ttl_ms if t.ttl is not None else 0
             got = kept[name] = [0]
-            for g in self.groups(name, w.ids):
+            groups = self.groups(name, w.ids)
+            if w.create and not px_ms and self._packs_commands():  # MSETs packed by numpy, as reads are
+                packed = t.codec.pack(w.rows, w.state, 0, int(now)).view(f"V{t.codec.nbytes}")
+                for shard, pos, lengths, bucket in _runs_by_shard(groups, self.chunk):
+                    keys = layout.row_key_array(w.ids[pos], bucket)
+                    plan.add_packed(shard, pack_runs(("MSET",), lengths, keys, packed[pos]), len(lengths))
+                got[0] = len(w.ids)
+                self.metrics.bytes_sent.labels(table=name).inc(
+                    len(w.ids) * (t.codec.nbytes + layout.key_width)
+                )
+                continue
+            values = t.codec.encode(w.rows, w.state, 0, int(now))
+            for g in groups:
                 for pos in chunks(g.pos, self.chunk):
                     keys = layout.row_keys(w.ids[pos], np.full(len(pos), g.bucket))
                     vals = [values[i] for i in pos.tolist()] if len(pos) != len(values) else values
@@ -316,6 +346,11 @@ class RedisBackend(BackendStore):
         self._close_clients()
 
     # -- what a topology implements -------------------------------------------------------------
+
+    def _packs_commands(self) -> bool:
+        """Whether this call's pipelines take packed commands (:attr:`packs_commands`, unless a topology
+        falls back to a pipeline that does not for one call)."""
+        return self.packs_commands
 
     @staticmethod
     def _cluster_buckets(cfg: StoreConfig) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hiredis
 import numpy as np
 
-from kelp.store.resp import pack_commands, pack_grouped
+from kelp.store.resp import pack_commands, pack_grouped, pack_runs
 
 
 def _hiredis(*args: bytes) -> bytes:
@@ -47,3 +47,20 @@ def test_per_row_commands_match_hiredis() -> None:
     assert pack_commands(("HGET",), keys, fields) == _hiredis(b"HGET", b"key", b"\x00\x01") + _hiredis(
         b"HGET", b"kez", b"\xff\r"
     )
+
+
+def test_runs_of_rows_are_what_hiredis_would_send_one_command_per_run() -> None:
+    rng = np.random.default_rng(5)
+    lengths = np.array([1, 9, 10, 0, 100, 3])
+    n = int(lengths.sum())
+    keys = rng.integers(0, 256, (n, 12), dtype=np.uint8).view("V12").ravel()
+    values = rng.integers(0, 256, (n, 80), dtype=np.uint8).view("V80").ravel()
+    want, at = [], 0
+    for k in lengths.tolist():
+        args = [a for i in range(at, at + k) for a in (keys[i].tobytes(), values[i].tobytes())]
+        want.append(hiredis.pack_command(("MSET", *args)))
+        at += k
+    assert pack_runs(("MSET",), lengths, keys, values) == b"".join(want)
+    assert pack_runs(("MGET",), lengths[:2], keys[:10]) == hiredis.pack_command(
+        ("MGET", keys[0].tobytes())
+    ) + hiredis.pack_command(("MGET", *(k.tobytes() for k in keys[1:10])))
