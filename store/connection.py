@@ -68,6 +68,13 @@ __all__ = [
 
 _AUTH_REPLIES = ("NOAUTH", "WRONGPASS", "invalid password", "invalid username")
 _RETRY_REPLIES = ("CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "LOADING", "MASTERDOWN")
+_SLOT_MOVING = (
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.AskError,
+)
+"""Cluster replies that heal on retry; redis-py strips their first word (``TRYAGAIN`` ...) from the text,
+so :data:`_RETRY_REPLIES` never matched them (``MovedError`` is an ``AskError``)."""
 _AUTH_ERRORS = (
     redis.exceptions.AuthenticationError,
     redis.exceptions.AuthorizationError,
@@ -137,6 +144,8 @@ def translate_redis_errors(where: str, room: ErrorRoom = STORE_ERRORS) -> Iterat
         yield
     except (*_AUTH_ERRORS, redis.exceptions.NoPermissionError) as exc:
         raise _auth_error(room, where, exc) from None
+    except _SLOT_MOVING as exc:
+        raise room.unavailable(where, f"{type(exc).__name__}: {_one_line(exc)}") from exc
     except redis.exceptions.ResponseError as exc:
         text = _one_line(exc)
         if text.startswith(_AUTH_REPLIES):

@@ -2,31 +2,67 @@
 
 Keys carry a hash tag naming one of ``cluster_buckets_per_table`` buckets per
 table (:mod:`kelp.store.keys`), so each bucket's rows travel in one MGET/MSET
-to one slot, and redis-py's cluster pipeline routes the buckets to their
-nodes. Everything else is shared with the client-sharded topology in
-:mod:`kelp.store.redis_backend`.
+to one slot. The store knows which primary serves each bucket
+(:mod:`kelp.store.cluster_routes`) and sends every node one packed pipeline, in
+parallel, as the client-sharded topology does: a pull's ``MGET`` s are packed by
+numpy and their row replies parsed straight off the socket.
+
+When the slot map changes under it (a node answers ``MOVED``/``ASK``, or a
+planned node is no longer a primary), the store reads the map again and runs
+that one call through redis-py's cluster pipeline, which follows redirections
+itself; the next call is routed by the new map. A call re-run this way repeats
+the commands that had already succeeded: row writes and ``SET NX`` admissions
+are idempotent, but a sighting counted before the redirection is counted twice.
+Everything else is shared with :mod:`kelp.store.redis_backend`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
-from redis.cluster import RedisCluster
 
 from kelp.config import StoreConfig
+from kelp.errors import StoreUnavailableError
+from kelp.store.backend import InitRows, RowWrite, StoredRows
+from kelp.store.cluster_routes import ClusterRoutes, NodePipeline, SlotMapChangedError
 from kelp.store.connection import cluster_name, connect_cluster, translate_redis_errors
 from kelp.store.redis_backend import RedisBackend
-from kelp.store.redis_plan import Group
+from kelp.store.redis_plan import Group, PlanRunner
 
 __all__ = ["RedisClusterStore"]
 
+T = TypeVar("T")
+
 
 class RedisClusterStore(RedisBackend):
-    """``backend: redis-cluster``: ids bucketed by hash tag, each bucket one MGET/MSET routed by slot."""
+    """``backend: redis-cluster``: ids bucketed by hash tag, each node one packed pipeline per call."""
 
     backend = "redis-cluster"
+    packs_commands = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fast_runner.shard_names = self.shard_names  # one list: nodes met later get names in both
+        self._slow_runner = PlanRunner(
+            self.shard_names,
+            lambda _shard, _ro: self._client.pipeline(),
+            self.retry,
+            self.metrics,
+            parallel=False,
+        )
+        """Runs a re-routed call in the calling thread, every shard's commands through redis-py."""
+
+    @property
+    def _runner(self) -> PlanRunner:
+        """The node-routed runner, or, while this thread re-runs a call after a redirection, redis-py's."""
+        return self._slow_runner if self._falling_back() else self._fast_runner
+
+    @_runner.setter
+    def _runner(self, runner: PlanRunner) -> None:
+        self._fast_runner = runner
 
     @staticmethod
     def _cluster_buckets(cfg: StoreConfig) -> int | None:
@@ -34,21 +70,92 @@ class RedisClusterStore(RedisBackend):
 
     def _connect(self, cfg: StoreConfig, options: dict[str, Any]) -> list[str]:
         self._client = connect_cluster(cfg.urls, options)
-        return [cluster_name(cfg.urls)]
+        self._cluster = cluster_name(cfg.urls)
+        with translate_redis_errors(self._cluster):
+            self._routes = ClusterRoutes(self._client, self.layouts)
+        self._fallback = threading.local()
+        return self._routes.names
+
+    # -- routing ---------------------------------------------------------------------------------
 
     def groups(self, table: str, ids: np.ndarray) -> list[Group]:
         bucket = self.layouts[table].bucket_of(ids)
         order = np.argsort(bucket, kind="stable")
         nb = self.layouts[table].buckets or 1
         bounds = np.searchsorted(bucket[order], np.arange(nb + 1))
-        return [Group(0, b, order[bounds[b] : bounds[b + 1]]) for b in range(nb) if bounds[b + 1] > bounds[b]]
-
-    def _scan_count(self, pattern: str) -> int:
-        with translate_redis_errors(self.shard_names[0]):
-            return sum(1 for _ in self._client.scan_iter(match=pattern, count=1000))
+        shard = self._routes.shards(table)
+        return [
+            Group(int(shard[b]), b, order[bounds[b] : bounds[b + 1]])
+            for b in range(nb)
+            if bounds[b + 1] > bounds[b]
+        ]
 
     def _pipeline(self, shard: int, readonly: bool) -> Any:
-        return self._client.pipeline()
+        return NodePipeline(self._routes.node(shard).redis_connection)
+
+    def _packs_commands(self) -> bool:
+        return not self._falling_back()
+
+    def _falling_back(self) -> bool:
+        return bool(getattr(self._fallback, "on", False))
+
+    def _rerouted(self, call: Callable[[], T]) -> T:
+        """Run ``call`` on the node routes; after a redirection, refresh them and run it once more
+        through redis-py's cluster pipeline. A node that stopped answering also refreshes them, so
+        the next call finds a promoted replica."""
+        try:
+            return call()
+        except SlotMapChangedError:
+            with translate_redis_errors(self._cluster):
+                self._routes.refresh()
+            self.metrics.retries.labels(op="reroute").inc()
+            self._fallback.on = True
+            try:
+                return call()
+            finally:
+                self._fallback.on = False
+        except StoreUnavailableError:
+            try:
+                with translate_redis_errors(self._cluster):
+                    self._routes.refresh()
+            except StoreUnavailableError:
+                pass  # the cluster itself is down: the original error says so
+            raise
+
+    # -- the flow's primitives, each re-run on a redirection ----------------------------------------
+
+    def _read_rows(
+        self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
+    ) -> dict[str, StoredRows]:
+        return self._rerouted(lambda: super(RedisClusterStore, self)._read_rows(ids_by_table, now, touch))
+
+    def _count_sightings(
+        self, requests: Mapping[str, tuple[np.ndarray, np.ndarray, float]], now: float
+    ) -> dict[str, np.ndarray]:
+        return self._rerouted(lambda: super(RedisClusterStore, self)._count_sightings(requests, now))
+
+    def _store_init_rows(self, admits: Mapping[str, InitRows], now: float) -> None:
+        self._rerouted(lambda: super(RedisClusterStore, self)._store_init_rows(admits, now))
+
+    def _write_rows(self, writes: Mapping[str, RowWrite], now: float) -> dict[str, int]:
+        return self._rerouted(lambda: super(RedisClusterStore, self)._write_rows(writes, now))
+
+    def _apply_adagrad(
+        self, writes: Mapping[str, RowWrite], lr: float, eps: float, now: float
+    ) -> dict[str, int]:
+        return self._rerouted(lambda: super(RedisClusterStore, self)._apply_adagrad(writes, lr, eps, now))
+
+    def delete(self, table: str, ids: np.ndarray) -> int:
+        return self._rerouted(lambda: super(RedisClusterStore, self).delete(table, ids))
+
+    def raw_values(self, table: str, ids: np.ndarray) -> list[bytes | None]:
+        return self._rerouted(lambda: super(RedisClusterStore, self).raw_values(table, ids))
+
+    # -- the rest --------------------------------------------------------------------------------
+
+    def _scan_count(self, pattern: str) -> int:
+        with translate_redis_errors(self._cluster):
+            return sum(1 for _ in self._client.scan_iter(match=pattern, count=1000))
 
     def node_of_keys(self, keys: Sequence[bytes]) -> list[str]:
         """host:port of the node serving each key (for tests and inspect)."""
@@ -59,30 +166,24 @@ class RedisClusterStore(RedisBackend):
         return out
 
     def _shard_info(self, shard: int) -> dict[str, Any]:
-        name = self.shard_names[0]
+        name = self.shard_names[shard]
 
         def fetch() -> dict[str, Any]:
             with translate_redis_errors(name):
-                mem = self._client.info("memory", target_nodes=RedisCluster.PRIMARIES)
-                stats = self._client.info("stats", target_nodes=RedisCluster.PRIMARIES)
-                sizes = self._client.dbsize(target_nodes=RedisCluster.PRIMARIES)
+                try:
+                    client = self._routes.node(shard).redis_connection
+                except SlotMapChangedError:  # a node that left the primaries holds none of this store's rows
+                    return {"shard": name, "keys": 0, "used_memory": 0, "evicted_keys": 0, "expired_keys": 0}
+                info = {**client.info("memory"), **client.info("stats")}
                 return {
                     "shard": name,
-                    "keys": sizes,
-                    "used_memory": _sum_info(mem, "used_memory"),
-                    "evicted_keys": _sum_info(stats, "evicted_keys"),
-                    "expired_keys": _sum_info(stats, "expired_keys"),
+                    "keys": client.dbsize(),
+                    "used_memory": int(info.get("used_memory", 0)),
+                    "evicted_keys": int(info.get("evicted_keys", 0)),
+                    "expired_keys": int(info.get("expired_keys", 0)),
                 }
 
         return self.retry.call(fetch)
 
     def _close_clients(self) -> None:
         self._client.close()
-
-
-def _sum_info(info: Any, key: str) -> int:
-    if isinstance(info, dict) and key in info:
-        return int(info[key])
-    if isinstance(info, dict):
-        return sum(int(v.get(key, 0)) for v in info.values() if isinstance(v, dict))
-    return 0

@@ -151,7 +151,9 @@ def chunks(pos: np.ndarray, size: int) -> list[np.ndarray]:
 
 
 class PlanRunner:
-    """Executes plans; shard ``i`` is ``shard_names[i]``, its pipelines come from ``pipeline(i, ro)``."""
+    """Executes plans; shard ``i`` is ``shard_names[i]``, its pipelines come from ``pipeline(i, ro)``.
+
+    ``parallel``: shards run in a thread pool (else one after another, in the calling thread)."""
 
     def __init__(
         self,
@@ -159,13 +161,15 @@ class PlanRunner:
         pipeline: Callable[[int, bool], Any],
         retry: RetryPolicy,
         metrics: StoreMetrics,
+        *,
+        parallel: bool = True,
     ) -> None:
         self.shard_names = list(shard_names)
         self._pipeline = pipeline
         self.retry = retry
         self.metrics = metrics
         self._pool: ThreadPoolExecutor | None = None
-        if len(self.shard_names) > 1:
+        if parallel and len(self.shard_names) > 1:
             self._pool = ThreadPoolExecutor(
                 max_workers=len(self.shard_names), thread_name_prefix="kelp-store"
             )

@@ -95,6 +95,9 @@ def test_cluster_start_up_failing_on_auth_is_the_auth_error() -> None:
         redis.exceptions.TimeoutError("Timeout reading from socket"),
         redis.exceptions.BusyLoadingError("LOADING Redis is loading the dataset in memory"),
         redis.exceptions.ResponseError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),  # TRYAGAIN, parsed
+        redis.exceptions.ClusterDownError("The cluster is down"),
+        redis.exceptions.MovedError("3394 127.0.0.1:7001"),
         ConnectionResetError("reset by peer"),
     ],
     ids=lambda e: type(e).__name__,
