@@ -135,9 +135,7 @@ class RedisBackend(BackendStore):
             gathered = parts[name] = Gathered()
             layout = self.layouts[name]
             groups = self.groups(name, ids)
-            if (
-                self._packs_commands()
-            ):  # all of a shard's MGETs packed by numpy at once, no Python bytes per key
+            if self._packs_commands():  # a shard's MGETs packed by numpy at once, no Python bytes per key
                 for shard, pos, lengths, bucket in _runs_by_shard(groups, self.chunk):
                     mgets = pack_runs(("MGET",), lengths, layout.row_key_array(ids[pos], bucket))
                     plan.add_packed(shard, mgets, len(lengths), _flat(gathered.add(pos)))

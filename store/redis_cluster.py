@@ -4,8 +4,8 @@ Keys carry a hash tag naming one of ``cluster_buckets_per_table`` buckets per
 table (:mod:`kelp.store.keys`), so each bucket's rows travel in one MGET/MSET
 to one slot. The store knows which primary serves each bucket
 (:mod:`kelp.store.cluster_routes`) and sends every node one packed pipeline, in
-parallel, as the client-sharded topology does: a pull's ``MGET`` s are packed by
-numpy and their row replies parsed straight off the socket.
+parallel, as the client-sharded topology does: all of a node's ``MGET`` s (or
+``MSET`` s) for a table are packed by numpy at once.
 
 When the slot map changes under it (a node answers ``MOVED``/``ASK``, or a
 planned node is no longer a primary), the store reads the map again and runs
