@@ -134,13 +134,12 @@ class RedisBackend(BackendStore):
         for name, ids in ids_by_table.items():
             gathered = parts[name] = Gathered()
             layout = self.layouts[name]
-            groups = self.groups(name, ids)
             if self._packs_commands():  # a shard's MGETs packed by numpy at once, no Python bytes per key
-                for shard, pos, lengths, bucket in _runs_by_shard(groups, self.chunk):
+                for shard, pos, lengths, bucket in self._runs(name, ids):
                     mgets = pack_runs(("MGET",), lengths, layout.row_key_array(ids[pos], bucket))
                     plan.add_packed(shard, mgets, len(lengths), _flat(gathered.add(pos)))
                 continue
-            for g in groups:
+            for g in self.groups(name, ids):
                 for pos in chunks(g.pos, self.chunk):
                     bucket = np.full(len(pos), g.bucket)
                     plan.add(g.shard, ("MGET", *layout.row_keys(ids[pos], bucket)), gathered.add(pos))
@@ -219,10 +218,9 @@ class RedisBackend(BackendStore):
             layout = self.layouts[name]
             px_ms = t.ttl.ttl_ms if t.ttl is not None else 0
             got = kept[name] = [0]
-            groups = self.groups(name, w.ids)
             if w.create and not px_ms and self._packs_commands():  # MSETs packed by numpy, as reads are
                 packed = t.codec.pack(w.rows, w.state, 0, int(now)).view(f"V{t.codec.nbytes}")
-                for shard, pos, lengths, bucket in _runs_by_shard(groups, self.chunk):
+                for shard, pos, lengths, bucket in self._runs(name, w.ids):
                     keys = layout.row_key_array(w.ids[pos], bucket)
                     plan.add_packed(shard, pack_runs(("MSET",), lengths, keys, packed[pos]), len(lengths))
                 got[0] = len(w.ids)
@@ -231,7 +229,7 @@ class RedisBackend(BackendStore):
                 )
                 continue
             values = t.codec.encode(w.rows, w.state, 0, int(now))
-            for g in groups:
+            for g in self.groups(name, w.ids):
                 for pos in chunks(g.pos, self.chunk):
                     keys = layout.row_keys(w.ids[pos], np.full(len(pos), g.bucket))
                     vals = [values[i] for i in pos.tolist()] if len(pos) != len(values) else values
@@ -344,6 +342,11 @@ class RedisBackend(BackendStore):
         self._close_clients()
 
     # -- what a topology implements -------------------------------------------------------------
+
+    def _runs(self, table: str, ids: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per shard: ``(shard, pos, lengths, bucket)``, the positions of its ids in command order, the
+        rows of each command (one bucket each, at most ``max_rows_per_command``) and each row's bucket."""
+        return _runs_by_shard(self.groups(table, ids), self.chunk)
 
     def _packs_commands(self) -> bool:
         """Whether this call's pipelines take packed commands (:attr:`packs_commands`, unless a topology

@@ -15,6 +15,7 @@ from kelp.config import StoreConfig, TableSpec
 from kelp.harness import RedisCluster, RedisServer
 from kelp.store import build_store
 from kelp.store.redis import RedisClusterStore
+from kelp.store.redis_backend import _runs_by_shard
 
 DIM = 4
 
@@ -106,3 +107,23 @@ def test_a_slot_moved_under_a_live_store_costs_one_rerouted_call(
     assert np.array_equal(got["t"].rows, _rows(ids, 3.0)[1])
     assert _reroutes(store) == 2
     assert target.client().execute_command("CLUSTER COUNTKEYSINSLOT", slot) > 0
+
+
+@pytest.mark.parametrize("max_rows", [2048, 5])
+def test_vectorised_runs_are_the_per_bucket_groups_cut_into_commands(
+    clean_redis_cluster: RedisCluster, max_rows: int
+) -> None:
+    cfg = StoreConfig(backend="redis-cluster", urls=clean_redis_cluster.urls, max_rows_per_command=max_rows)
+    s = build_store(cfg, [TableSpec(name="t", dim=DIM)], "runs", registry=CollectorRegistry())
+    assert isinstance(s, RedisClusterStore)
+    rng = np.random.default_rng(0)
+    try:
+        for n in (0, 1, 7, 3000):
+            ids = np.unique(rng.integers(0, 10**9, n)).astype(np.uint64)
+            fast = {r[0]: r for r in s._runs("t", ids)}
+            slow = {r[0]: r for r in _runs_by_shard(s.groups("t", ids), s.chunk)}
+            assert fast.keys() == slow.keys()
+            for shard, run in fast.items():
+                assert all(np.array_equal(a, b) for a, b in zip(run[1:], slow[shard][1:], strict=True))
+    finally:
+        s.close()
