@@ -49,7 +49,7 @@ from kelp.store.packed_pipeline import PackedPipeline
 from kelp.store.redis import RedisStore
 from kelp.store.redis_backend import RedisBackend
 from kelp.store.redis_buckets import RedisBucketStore
-from kelp.store.resp import pack_command, pack_commands, pack_runs
+from kelp.store.resp import pack_commands, pack_runs
 
 __all__ = ["run"]
 
@@ -85,11 +85,11 @@ def _batches(steps: int) -> list[dict[str, np.ndarray]]:
 class _Raw:
     """The baseline client: the same keys, chunking and parallelism, sent the fastest plain way.
 
-    Commands are packed by hiredis in C and written at once (the transport Kelp's
-    standalone store uses since issue 14, :class:`~kelp.store.packed_pipeline.PackedPipeline`);
-    with redis-py's own pipeline the floor was slower than Kelp (``push_ratio`` above 1).
-    ``MGET`` commands are built before the clock starts (Kelp packs its own by numpy, so
-    packing by hiredis inside the clock would have made the floor slower than Kelp).
+    Commands go out through the transport Kelp's stores use
+    (:class:`~kelp.store.packed_pipeline.PackedPipeline`); with redis-py's own pipeline
+    the floor was slower than Kelp (``push_ratio`` above 1). ``MGET`` commands are built
+    before the clock starts, and ``MSET`` s are packed by numpy inside it, as Kelp packs
+    both: packing by hiredis inside the clock would have made the floor slower than Kelp.
     """
 
     def __init__(self, store: RedisBackend, servers: list[RedisServer]) -> None:
@@ -121,7 +121,9 @@ class _Raw:
         """Per shard, :meth:`keys`' ``MGET`` commands already on the wire form (built untimed)."""
 
         def mget(keys: list[bytes]) -> bytes:  # every key of a table has one width
-            return pack_command(("MGET",), np.frombuffer(b"".join(keys), dtype=f"V{len(keys[0])}"))
+            return pack_runs(
+                ("MGET",), np.array([len(keys)]), np.frombuffer(b"".join(keys), dtype=f"V{len(keys[0])}")
+            )
 
         return [[mget(keys) for keys in chunks] for chunks in per_shard]
 
@@ -243,7 +245,6 @@ def _compare(cfg: StoreConfig, servers: list[RedisServer], steps: int, reps: int
 
     keys = [raw.keys(b) for b in batches]
     mgets = [raw.mgets(k) for k in keys]
-    assert isinstance(store, RedisBackend)
     # Baseline rows arranged like the keys (Kelp's header is part of its value; the raw rows carry 16+dim
     # floats so both write the same bytes per row).
     raw_rows = []

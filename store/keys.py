@@ -73,7 +73,7 @@ class KeyLayout:
         return self._keys(self._row_prefix, ids, buckets)
 
     def row_key_array(self, ids: np.ndarray, buckets: np.ndarray | None = None) -> np.ndarray:
-        """The row keys as one fixed-width ``V<w>`` array (for :func:`~kelp.store.resp.pack_command`)."""
+        """The row keys as one fixed-width ``V<w>`` array (for :func:`~kelp.store.resp.pack_runs`)."""
         return self._key_array(self._row_prefix, ids, buckets)
 
     def counter_keys(self, ids: np.ndarray, buckets: np.ndarray | None = None) -> list[bytes]:

@@ -31,6 +31,7 @@ from kelp.store.cluster_routes import ClusterRoutes, NodePipeline, SlotMapChange
 from kelp.store.connection import cluster_name, connect_cluster, translate_redis_errors
 from kelp.store.redis_backend import RedisBackend
 from kelp.store.redis_plan import Group, PlanRunner
+from kelp.store.resp import cut_runs
 
 __all__ = ["RedisClusterStore"]
 
@@ -100,11 +101,10 @@ class RedisClusterStore(RedisBackend):
         layout = self.layouts[table]
         bucket = layout.bucket_of(ids)
         shard = self._routes.shards(table)[bucket]
-        order = np.argsort(shard * (layout.buckets or 1) + bucket, kind="stable")
+        key = shard * (layout.buckets or 1) + bucket  # one value per (shard, bucket)
+        order = np.argsort(key, kind="stable")
         bucket, shard = bucket[order], shard[order]
-        first = np.flatnonzero(np.r_[True, (bucket[1:] != bucket[:-1]) | (shard[1:] != shard[:-1])])
-        rank = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
-        cuts = np.flatnonzero(rank % self.chunk == 0)
+        cuts = cut_runs(key[order], self.chunk)
         lengths = np.diff(np.r_[cuts, n])
         for s in np.unique(shard).tolist():
             lo, hi = np.searchsorted(shard, [s, s + 1]).tolist()

@@ -28,8 +28,8 @@ import numpy as np
 
 __all__ = [
     "GroupedCommands",
+    "cut_runs",
     "first_error",
-    "pack_command",
     "pack_commands",
     "pack_grouped",
     "pack_runs",
@@ -110,24 +110,17 @@ def _records(head: bytes, columns: tuple[np.ndarray, ...]) -> np.ndarray:
     return rec
 
 
-def pack_command(words: tuple[str, ...], column: np.ndarray) -> bytes:
-    """One command: the constant ``words`` (e.g. ``("MGET",)``), then every value of ``column`` as an
-    argument (a fixed-width ``V<w>`` array, such as the key layout's row keys).
+def cut_runs(sorted_groups: np.ndarray, max_rows: int) -> np.ndarray:
+    """Where each run starts in ``sorted_groups`` (equal values adjacent): at every change of value,
+    and every ``max_rows`` rows within one value, so no run holds more than ``max_rows`` rows.
 
-    The per-argument part is a fixed-width record, so a 2,048-key ``MGET`` is one
-    numpy write instead of 2,048 Python ``bytes`` handed to hiredis.
-
-    >>> pack_command(("MGET",), np.array([b"k1", b"k2"], "V2"))
-    b'*3\\r\\n$4\\r\\nMGET\\r\\n$2\\r\\nk1\\r\\n$2\\r\\nk2\\r\\n'
+    >>> cut_runs(np.array([3, 3, 3, 5, 8, 8]), 2).tolist()
+    [0, 2, 3, 4]
     """
-    head = _head(words, len(column))
-    width = column.dtype.itemsize
-    size = f"${width}\r\n".encode()
-    rec = np.empty(len(column), dtype=[("s", f"V{len(size)}"), ("v", f"V{width}"), ("e", "V2")])
-    rec["s"] = np.void(size)
-    rec["v"] = column.view(f"V{width}")
-    rec["e"] = np.void(b"\r\n")
-    return head + rec.tobytes()
+    n = len(sorted_groups)
+    first = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])[:n]  # none when empty
+    rank = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+    return np.flatnonzero(rank % max_rows == 0)
 
 
 class GroupedCommands:
@@ -152,10 +145,7 @@ class GroupedCommands:
     ) -> None:
         self._words, self._key, self._columns, self._part_rows = words, key, row_columns, part_rows
         self._order = np.argsort(group, kind="stable")
-        sorted_group = group[self._order]
-        first_of_group = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]])
-        rank = np.arange(len(group)) - np.repeat(first_of_group, np.diff(np.r_[first_of_group, len(group)]))
-        self._starts = np.flatnonzero(rank % max_rows == 0)
+        self._starts = cut_runs(group[self._order], max_rows)
         self._lengths = np.diff(np.r_[self._starts, len(group)])
         self.count = len(self._starts)
         """Commands, so replies, in the payload."""
