@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.kelp-setup-stamp
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps system-deps-test demo test lint fmt bench clean
+.PHONY: setup system-deps system-deps-test kafka-jars demo test lint fmt bench clean
 
 setup: system-deps $(STAMP)
 
@@ -38,7 +38,13 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	PY=$(PY) bash scripts/lint-imports.sh
 
-test: setup system-deps-test lint
+# The Kafka tests run on Apache Kafka (KRaft); its jars are fetched by Maven into
+# ~/.cache/kelp first, so no test pays for the download. Without java or mvn
+# this prints that the tests fall back to Tansu.
+kafka-jars: setup
+	$(PY) -m kelp.harness.kafka_dist
+
+test: setup system-deps-test lint kafka-jars
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 fmt: setup

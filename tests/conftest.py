@@ -7,8 +7,13 @@ saying how to install it: integration tests are never skipped silently.
 * ``redis_server``: standalone redis-server, no persistence. Tests share it;
   each test gets a clean keyspace through ``redis_url`` (FLUSHALL before use).
 * ``redis_cluster``: 3-node Redis Cluster, ``cluster_state:ok`` before use.
-* ``tansu``: Tansu Kafka-protocol broker, memory storage. Tests create their
-  own uniquely named topics (``unique_topic``) instead of sharing.
+* ``kafka_broker``: Apache Kafka 4 (KRaft) where Java and Maven are at hand,
+  Tansu otherwise (:func:`kelp.harness.broker_kind`; ``KELP_BROKER`` forces
+  one). The session's header line names the broker that ran. Tests create
+  their own uniquely named topics (``unique_topic``) instead of sharing.
+  Modules whose consumers pause partitions override ``kafka_broker`` with
+  ``isolated_kafka_broker``: the same broker on Apache Kafka, one of the
+  test's own on Tansu.
 * ``metrics_registry``: a fresh prometheus registry per test.
 """
 
@@ -22,9 +27,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kelp.errors import MissingBinaryError
-from kelp.harness import RedisCluster, RedisServer, TansuBroker
+from kelp.harness import KafkaBroker, RedisCluster, RedisServer, TansuBroker, broker_kind, make_broker
 
-S = TypeVar("S", RedisServer, RedisCluster, TansuBroker)
+S = TypeVar("S", bound=object)
+
+
+def pytest_report_header() -> str:
+    """One line naming the Kafka broker the integration tests run on."""
+    kind = broker_kind()
+    if kind == "kafka":
+        from kelp.harness.kafka_dist import KAFKA_VERSION
+
+        return f"kafka broker: Apache Kafka {KAFKA_VERSION} (KRaft, single node)"
+    return "kafka broker: Tansu (fallback: java or mvn not found, or KELP_BROKER=tansu)"
 
 
 def _started(factory: Callable[[], S]) -> S:
@@ -67,7 +82,31 @@ def clean_redis_cluster(redis_cluster: RedisCluster) -> RedisCluster:
 
 
 @pytest.fixture(scope="session")
-def tansu() -> Iterator[TansuBroker]:
+def session_kafka_broker() -> Iterator[KafkaBroker]:
+    broker = _started(make_broker)
+    yield broker
+    broker.cleanup()
+
+
+@pytest.fixture
+def kafka_broker(session_kafka_broker: KafkaBroker) -> KafkaBroker:
+    """The session's broker (tests share it; each makes its own topics and groups)."""
+    return session_kafka_broker
+
+
+@pytest.fixture
+def isolated_kafka_broker(session_kafka_broker: KafkaBroker) -> Iterator[KafkaBroker]:
+    """A broker earlier consumers cannot disturb.
+
+    Tansu keeps broker-side incremental fetch-session state that a consumer
+    which paused its partitions leaves in a bad state: a *later* group on the
+    same broker can then never receive one of its partitions. So on Tansu a
+    test that pauses gets a broker of its own. Apache Kafka has no such state
+    to leak, so there it is the session's broker.
+    """
+    if not isinstance(session_kafka_broker, TansuBroker):
+        yield session_kafka_broker
+        return
     broker = _started(TansuBroker)
     yield broker
     broker.stop()

@@ -17,7 +17,7 @@ from kafka.structs import OffsetAndMetadata
 
 from kelp.bench.chaos import schedule
 from kelp.bench.chaos_checks import OffsetWatcher, account_records, regressions_in
-from kelp.harness import TansuBroker
+from kelp.harness import KafkaBroker
 
 pytestmark = pytest.mark.integration
 
@@ -43,20 +43,22 @@ def test_regressions_are_reads_below_an_earlier_read_of_the_same_partition() -> 
 
 
 def test_the_watcher_sees_a_backwards_commit_and_the_books_count_what_was_not_committed(
-    tansu: TansuBroker, unique_topic: str
+    kafka_broker: KafkaBroker, unique_topic: str
 ) -> None:
-    tansu.create_topic(unique_topic, partitions=2)
-    producer = KafkaProducer(bootstrap_servers=tansu.bootstrap, acks=1)
+    kafka_broker.create_topic(unique_topic, partitions=2)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks=1)
     acked: list[set[int]] = [set(), set()]
     for i in range(12):
         meta = producer.send(unique_topic, b"r%d" % i, partition=i % 2).get(10)
         acked[meta.partition].add(meta.offset)
     producer.close()
     group = f"g-{unique_topic}"
-    consumer = KafkaConsumer(bootstrap_servers=tansu.bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        bootstrap_servers=kafka_broker.bootstrap, group_id=group, enable_auto_commit=False
+    )
     tp0, tp1 = TopicPartition(unique_topic, 0), TopicPartition(unique_topic, 1)
     consumer.assign([tp0, tp1])
-    watcher = OffsetWatcher(tansu.bootstrap, group, unique_topic, 2, interval_s=0.1)
+    watcher = OffsetWatcher(kafka_broker.bootstrap, group, unique_topic, 2, interval_s=0.1)
     watcher.start()
     try:
         _commit(consumer, tp0, 5)
@@ -71,7 +73,7 @@ def test_the_watcher_sees_a_backwards_commit_and_the_books_count_what_was_not_co
     found = watcher.regressions()
     assert [(p, off, high) for _, p, off, high in found] == [(0, 3, 5)]
 
-    books = account_records(tansu.bootstrap, unique_topic, acked, watcher.latest())
+    books = account_records(kafka_broker.bootstrap, unique_topic, acked, watcher.latest())
     assert books.acked == 12 and books.acked_end == [6, 6]
     assert books.missing_from_broker == 0
     assert books.uncommitted_by_partition == [3, 0]  # offsets 3, 4, 5 of partition 0

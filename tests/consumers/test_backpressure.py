@@ -1,4 +1,4 @@
-"""Back-pressure against the real Tansu broker: a trainer that stops taking batches.
+"""Back-pressure against a real broker (fetch sessions on where it is Apache Kafka): a stalled trainer.
 
 The source must keep its queue bounded, stop fetching while the queue is full,
 stay in the group while the trainer sleeps past the session timeout and the
@@ -19,8 +19,7 @@ from prometheus_client import CollectorRegistry
 from kelp.config import BatchingConfig, FeatureSpec, KafkaSourceConfig, SparseFeature
 from kelp.consumers import encode_columns
 from kelp.consumers.kafka_source import KafkaSource
-
-from .conftest import private_tansu
+from kelp.harness import KafkaBroker
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +30,9 @@ MESSAGES = 200  # 2000 samples, 100 messages per partition
 BATCHING = BatchingConfig(batch_size=50, max_batch_delay_ms=50, queue_depth=2)
 
 
-tansu = pytest.fixture(private_tansu, name="tansu")
+@pytest.fixture
+def kafka_broker(isolated_kafka_broker: KafkaBroker) -> KafkaBroker:
+    return isolated_kafka_broker
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -43,13 +44,13 @@ def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
 
 
 def test_full_queue_pauses_fetching_keeps_membership_and_loses_nothing(
-    tansu,  # type: ignore[no-untyped-def]
+    kafka_broker,  # type: ignore[no-untyped-def]
     unique_topic: str,
     kafka_config: Callable[..., KafkaSourceConfig],
     metrics_registry: CollectorRegistry,
 ) -> None:
-    tansu.create_topic(unique_topic, PARTITIONS)
-    producer = KafkaProducer(bootstrap_servers=tansu.bootstrap, linger_ms=5)
+    kafka_broker.create_topic(unique_topic, PARTITIONS)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
     for m in range(MESSAGES):
         ids = np.arange(m * PER_MESSAGE, (m + 1) * PER_MESSAGE, dtype=np.uint64)
         producer.send(unique_topic, encode_columns(ids % 2, sparse={"a": ids}), partition=m % PARTITIONS)
@@ -113,7 +114,9 @@ def test_full_queue_pauses_fetching_keeps_membership_and_loses_nothing(
         src.close()
 
     # The group's committed offsets (what a new member would start from) cover every record.
-    check = KafkaConsumer(bootstrap_servers=tansu.bootstrap, group_id=cfg.group_id, enable_auto_commit=False)
+    check = KafkaConsumer(
+        bootstrap_servers=kafka_broker.bootstrap, group_id=cfg.group_id, enable_auto_commit=False
+    )
     try:
         committed = [check.committed(TopicPartition(unique_topic, p)) for p in range(PARTITIONS)]
     finally:

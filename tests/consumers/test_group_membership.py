@@ -1,7 +1,7 @@
 """Two members of one consumer group split the partitions; the survivor takes over uncommitted records.
 
-Runs on a broker of its own (see ``private_tansu``): on a broker shared with tests whose consumers
-paused partitions, Tansu's fetch-session state can starve one partition of a later group.
+On Tansu this runs on a broker of its own (``isolated_kafka_broker``): on a broker shared with tests
+whose consumers paused partitions, Tansu's fetch-session state can starve one partition of a later group.
 """
 
 from __future__ import annotations
@@ -15,17 +15,20 @@ from prometheus_client import CollectorRegistry
 from kelp.config import KafkaSourceConfig
 from kelp.consumers import kafka_source
 from kelp.consumers.kafka_source import KafkaSource
+from kelp.harness import KafkaBroker
 
-from .conftest import private_tansu
 from .test_kafka_source import BATCHING, SPEC, committed, produce, samples
 
 pytestmark = pytest.mark.integration
 
-tansu = pytest.fixture(private_tansu, name="tansu")
+
+@pytest.fixture
+def kafka_broker(isolated_kafka_broker: KafkaBroker) -> KafkaBroker:
+    return isolated_kafka_broker
 
 
 def test_two_members_split_and_survivor_takes_over(
-    tansu,
+    kafka_broker,
     unique_topic: str,
     kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
 ) -> None:
@@ -35,9 +38,9 @@ def test_two_members_split_and_survivor_takes_over(
     nothing is lost. Records ``a`` took stay ``a``'s responsibility: a partition it keeps through
     the rebalance is not re-read, so they are not expected twice.
     """
-    tansu.create_topic(unique_topic, 4)
+    kafka_broker.create_topic(unique_topic, 4)
     cfg = kafka_config()
-    produce(tansu.bootstrap, unique_topic, samples(0, 400), partitions=4)
+    produce(kafka_broker.bootstrap, unique_topic, samples(0, 400), partitions=4)
     a = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
     b = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
     durable_by_a: set[int] = set()
@@ -69,11 +72,11 @@ def test_two_members_split_and_survivor_takes_over(
         a.close()
     assert taken_by_b <= taken_over  # b's uncommitted records came back to the survivor
     assert durable_by_a | taken_over == set(range(400))  # nothing lost
-    assert sum(p or 0 for p in committed(tansu.bootstrap, cfg.group_id, unique_topic, 4)) == 400
+    assert sum(p or 0 for p in committed(kafka_broker.bootstrap, cfg.group_id, unique_topic, 4)) == 400
 
 
 def test_revocation_commits_what_is_durable(
-    tansu,
+    kafka_broker,
     unique_topic: str,
     kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
     monkeypatch: pytest.MonkeyPatch,
@@ -85,9 +88,9 @@ def test_revocation_commits_what_is_durable(
     IO thread, where a blocking commit raises: that commit used to fail on every revocation.
     """
     monkeypatch.setattr(kafka_source, "_COMMIT_INTERVAL_S", 60.0)
-    tansu.create_topic(unique_topic, 2)
+    kafka_broker.create_topic(unique_topic, 2)
     cfg = kafka_config()
-    produce(tansu.bootstrap, unique_topic, samples(0, 400), partitions=2)
+    produce(kafka_broker.bootstrap, unique_topic, samples(0, 400), partitions=2)
     a = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
     reported: set[int] = set()
     b = None
@@ -104,14 +107,14 @@ def test_revocation_commits_what_is_durable(
         time.sleep(0.5)  # a's poll thread takes in the last reports
         # Sample i went to partition i % 2 at offset i // 2; a read each partition in order.
         want = [max(i // 2 for i in reported if i % 2 == p) + 1 for p in range(2)]
-        assert committed(tansu.bootstrap, cfg.group_id, unique_topic, 2) != want  # still held back
+        assert committed(kafka_broker.bootstrap, cfg.group_id, unique_topic, 2) != want  # still held back
         b = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
         deadline = time.monotonic() + 40
         while not (a.assignment() and b.assignment()) and time.monotonic() < deadline:
             a.poll(0.1)  # taken, never reported: a keeps polling (not paused) through the rebalance
             b.poll(0.1)
         assert a.assignment() and b.assignment()
-        assert committed(tansu.bootstrap, cfg.group_id, unique_topic, 2) == want
+        assert committed(kafka_broker.bootstrap, cfg.group_id, unique_topic, 2) == want
     finally:
         if b is not None:
             b.close()

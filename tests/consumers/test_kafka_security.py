@@ -1,7 +1,7 @@
 """Kafka security settings reach kafka-python unchanged (config level: the test broker has no SASL/TLS).
 
 Tansu 0.6.0, the broker the tests run, lists ``--authentication``, ``--cert``
-and ``--key`` in ``tansu broker --help``, but its CLI refuses ``--cert`` with
+and ``--key`` in ``kafka_broker broker --help``, but its CLI refuses ``--cert`` with
 ``--key`` and a kafka-python TLS client never completed a handshake with it, so
 SASL and TLS cannot be exercised end to end here (README, "Kafka security").
 What this checks instead: ``source.security`` becomes kafka-python's own

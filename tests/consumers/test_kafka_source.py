@@ -66,17 +66,17 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[i
 
 
 def test_every_sample_once_commits_on_request_and_restart_resumes(
-    tansu,
+    kafka_broker,
     unique_topic: str,
     kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
 ) -> None:
-    tansu.create_topic(unique_topic, 2)
-    produce(tansu.bootstrap, unique_topic, samples(0, 300) + columnar(300, 1300, 100), partitions=2)
+    kafka_broker.create_topic(unique_topic, 2)
+    produce(kafka_broker.bootstrap, unique_topic, samples(0, 300) + columnar(300, 1300, 100), partitions=2)
     cfg = kafka_config()
     src = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
     try:
         got = drain(src, 700, commit=False)
-        assert committed(tansu.bootstrap, cfg.group_id, unique_topic, 2) == [
+        assert committed(kafka_broker.bootstrap, cfg.group_id, unique_topic, 2) == [
             None,
             None,
         ]  # nothing durable yet
@@ -89,7 +89,7 @@ def test_every_sample_once_commits_on_request_and_restart_resumes(
     finally:
         src.close()
     assert sorted(got) == sorted(set(got)) and len(got) >= 700
-    positions = committed(tansu.bootstrap, cfg.group_id, unique_topic, 2)
+    positions = committed(kafka_broker.bootstrap, cfg.group_id, unique_topic, 2)
     assert all(p is not None for p in positions)
     # The restarted consumer resumes at the commit: the rest arrives, no gap, no repeat.
     src = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
@@ -98,17 +98,17 @@ def test_every_sample_once_commits_on_request_and_restart_resumes(
     finally:
         src.close()
     assert sorted(first + rest) == list(range(1300))
-    assert committed(tansu.bootstrap, cfg.group_id, unique_topic, 2) == [155, 155]
+    assert committed(kafka_broker.bootstrap, cfg.group_id, unique_topic, 2) == [155, 155]
 
 
 def test_poison_pills_go_to_dead_letter_with_reason(
-    tansu,
+    kafka_broker,
     unique_topic: str,
     kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
 ) -> None:
-    tansu.create_topic(unique_topic, 1)
+    kafka_broker.create_topic(unique_topic, 1)
     cfg = kafka_config(max_message_bytes=10_000)
-    tansu.create_topic(cfg.dead_letter_topic, 1)
+    kafka_broker.create_topic(cfg.dead_letter_topic, 1)
     spec = FeatureSpec(
         dense=[{"name": "x"}, {"name": "y"}],
         sparse=[SparseFeature(name="a"), SparseFeature(name="b", max_ids=3)],
@@ -120,7 +120,7 @@ def test_poison_pills_go_to_dead_letter_with_reason(
         stream.append(g)
         if i < len(bad):
             stream.append(bad[i][1])
-    produce(tansu.bootstrap, unique_topic, stream)
+    produce(kafka_broker.bootstrap, unique_topic, stream)
     registry = CollectorRegistry()
     src = KafkaSource(cfg, spec, BATCHING, registry)
     try:
@@ -132,7 +132,7 @@ def test_poison_pills_go_to_dead_letter_with_reason(
         assert registry.get_sample_value("kelp_records_rejected_total", {"reason": reason}) == 1
     dlq = KafkaConsumer(
         cfg.dead_letter_topic,
-        bootstrap_servers=tansu.bootstrap,
+        bootstrap_servers=kafka_broker.bootstrap,
         auto_offset_reset="earliest",
         consumer_timeout_ms=5000,
     )
@@ -145,11 +145,11 @@ def test_poison_pills_go_to_dead_letter_with_reason(
         assert by_reason[reason].value == value
         assert headers["source_topic"].decode() == unique_topic
         assert stream[int(headers["source_offset"])] == value
-    assert committed(tansu.bootstrap, cfg.group_id, unique_topic, 1) == [len(stream)]
+    assert committed(kafka_broker.bootstrap, cfg.group_id, unique_topic, 1) == [len(stream)]
 
 
 def test_commits_nobody_waits_for_land_without_further_reports(
-    tansu,
+    kafka_broker,
     unique_topic: str,
     kafka_config: Callable[..., KafkaSourceConfig],  # type: ignore[no-untyped-def]
     monkeypatch: pytest.MonkeyPatch,
@@ -160,8 +160,8 @@ def test_commits_nobody_waits_for_land_without_further_reports(
     and only a later pass of the poll loop, with nothing new reported, can commit them.
     """
     monkeypatch.setattr(kafka_source, "_COMMIT_INTERVAL_S", 2.0)
-    tansu.create_topic(unique_topic, 1)
-    produce(tansu.bootstrap, unique_topic, columnar(0, 2000, 100))
+    kafka_broker.create_topic(unique_topic, 1)
+    produce(kafka_broker.bootstrap, unique_topic, columnar(0, 2000, 100))
     cfg = kafka_config()
     src = KafkaSource(cfg, SPEC, BATCHING, CollectorRegistry())
     try:
@@ -174,7 +174,7 @@ def test_commits_nobody_waits_for_land_without_further_reports(
                 src.commit(batch)  # nobody waits: gathered with the next reports
         assert sorted(got) == list(range(2000))
         deadline = time.monotonic() + 10
-        while committed(tansu.bootstrap, cfg.group_id, unique_topic, 1) != [20]:
+        while committed(kafka_broker.bootstrap, cfg.group_id, unique_topic, 1) != [20]:
             assert time.monotonic() < deadline, "durable offsets were never committed"
             time.sleep(0.2)
         assert src.committed_positions() == {(unique_topic, 0): 20}

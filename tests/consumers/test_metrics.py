@@ -34,18 +34,18 @@ def partition_stream(lo: int, singles: int, columns: int, per: int) -> list[byte
 
 
 def test_counters_lag_and_committed_offsets_match_the_topic(
-    tansu,  # type: ignore[no-untyped-def]
+    kafka_broker,  # type: ignore[no-untyped-def]
     unique_topic: str,
     kafka_config: Callable[..., KafkaSourceConfig],
     metrics_registry: CollectorRegistry,
 ) -> None:
-    tansu.create_topic(unique_topic, 2)
+    kafka_broker.create_topic(unique_topic, 2)
     p0 = partition_stream(0, 50, 10, 50)  # samples 0..549
     p1 = partition_stream(550, 50, 10, 50)  # samples 550..1099
     bad = msgpack.packb({"v": 2, "label": 1})  # rejected as bad_version, in the middle of partition 0
     p0.insert(30, bad)
     streams = {0: p0, 1: p1}
-    producer = KafkaProducer(bootstrap_servers=tansu.bootstrap, linger_ms=5)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
     for p, values in streams.items():
         for v in values:
             producer.send(unique_topic, v, partition=p)
@@ -95,7 +95,9 @@ def test_counters_lag_and_committed_offsets_match_the_topic(
     # The gauges agree with the broker: committed offsets and the fetch high watermarks
     # (Tansu's ListOffsets(latest) answers a batch base offset, so end_offsets is not used).
     tps = [TopicPartition(unique_topic, p) for p in streams]
-    check = KafkaConsumer(bootstrap_servers=tansu.bootstrap, group_id=cfg.group_id, enable_auto_commit=False)
+    check = KafkaConsumer(
+        bootstrap_servers=kafka_broker.bootstrap, group_id=cfg.group_id, enable_auto_commit=False
+    )
     try:
         committed = [check.committed(tp) for tp in tps]
         check.assign(tps)

@@ -88,14 +88,14 @@ def check_summary(summary: dict[str, Any], topic: str, samples: int, records: li
 
 
 @pytest.mark.parametrize("batch_size", [1, 256])
-def test_produce_criteo_tsv_file(tansu, unique_topic: str, batch_size: int) -> None:  # type: ignore[no-untyped-def]
-    tansu.create_topic(unique_topic, 1)
+def test_produce_criteo_tsv_file(kafka_broker, unique_topic: str, batch_size: int) -> None:  # type: ignore[no-untyped-def]
+    kafka_broker.create_topic(unique_topic, 1)
     proc = kelp_produce(
-        "--bootstrap", tansu.bootstrap, "--topic", unique_topic,
+        "--bootstrap", kafka_broker.bootstrap, "--topic", unique_topic,
         "--file", TSV, "--format", "criteo_tsv", "--batch-size", str(batch_size),
     )  # fmt: skip
     summary = summary_of(proc)
-    records = read_topic(tansu.bootstrap, unique_topic, summary["messages"])
+    records = read_topic(kafka_broker.bootstrap, unique_topic, summary["messages"])
     if batch_size == 1:
         assert len(records) == TSV_ROWS
     else:  # grouped into columnar messages
@@ -122,15 +122,15 @@ def test_produce_criteo_tsv_file(tansu, unique_topic: str, batch_size: int) -> N
     check_summary(summary, unique_topic, TSV_ROWS, records)
 
 
-def test_produce_criteo_synth_batched(tansu, unique_topic: str) -> None:  # type: ignore[no-untyped-def]
-    tansu.create_topic(unique_topic, 1)
+def test_produce_criteo_synth_batched(kafka_broker, unique_topic: str) -> None:  # type: ignore[no-untyped-def]
+    kafka_broker.create_topic(unique_topic, 1)
     samples, per_message = 1000, 64
     proc = kelp_produce(
-        "--bootstrap", tansu.bootstrap, "--topic", unique_topic, "--synth", "criteo",
+        "--bootstrap", kafka_broker.bootstrap, "--topic", unique_topic, "--synth", "criteo",
         "--samples", str(samples), "--batch-size", str(per_message), "--seed", "3",
     )  # fmt: skip
     summary = summary_of(proc)
-    records = read_topic(tansu.bootstrap, unique_topic, -(-samples // per_message))
+    records = read_topic(kafka_broker.bootstrap, unique_topic, -(-samples // per_message))
     assert len(records) == -(-samples // per_message)
     chunk = decode_all(records)
     assert chunk.size == samples
@@ -150,21 +150,21 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     return errors[0]
 
 
-def test_bad_invocations_exit_2_with_one_line(tansu, unique_topic: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_bad_invocations_exit_2_with_one_line(kafka_broker, unique_topic: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     missing = tmp_path / "nope.tsv"
-    proc = kelp_produce("--bootstrap", tansu.bootstrap, "--topic", unique_topic, "--file", missing)
+    proc = kelp_produce("--bootstrap", kafka_broker.bootstrap, "--topic", unique_topic, "--file", missing)
     assert proc.stderr.strip().splitlines() == [f"kelp: error: {missing}: no such file"]
     one_line_error(proc)
 
     proc = kelp_produce(
-        "--bootstrap", tansu.bootstrap, "--topic", unique_topic, "--file", TSV, "--format", "parquet"
+        "--bootstrap", kafka_broker.bootstrap, "--topic", unique_topic, "--file", TSV, "--format", "parquet"
     )
     assert "invalid choice: 'parquet'" in one_line_error(proc)
 
     # csv needs a column mapping, which only a config gives: a one-line error, not an AttributeError.
-    tansu.create_topic(unique_topic, 1)
+    kafka_broker.create_topic(unique_topic, 1)
     csv = DATA / "attribution_sample.csv"
     proc = kelp_produce(
-        "--bootstrap", tansu.bootstrap, "--topic", unique_topic, "--file", csv, "--format", "csv"
+        "--bootstrap", kafka_broker.bootstrap, "--topic", unique_topic, "--file", csv, "--format", "csv"
     )
     assert "csv mapping" in one_line_error(proc)

@@ -15,8 +15,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kelp.config import FileSourceConfig, KafkaSourceConfig, KelpConfig, StoreConfig, load_config
 from kelp.consumers.produce import file_messages, produce
 from kelp.daemon.train import TrainDaemon, TrainReport
-from kelp.errors import MissingBinaryError
-from kelp.harness import TansuBroker, free_port
+from kelp.harness import KafkaBroker, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRITEO = Path(__file__).parent / "data" / "criteo-2000.tsv"
@@ -25,15 +24,10 @@ PARTITIONS = 2
 
 
 @pytest.fixture
-def tansu() -> Iterator[TansuBroker]:
-    """A broker per test: the trainer pauses partitions under back-pressure, and on Tansu that
-    state must not leak into later consumer groups (see tests/consumers/conftest.py)."""
-    try:
-        broker = TansuBroker().start()
-    except MissingBinaryError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    yield broker
-    broker.stop()
+def kafka_broker(isolated_kafka_broker: KafkaBroker) -> KafkaBroker:
+    """The trainer pauses partitions under back-pressure; on Tansu that state must not leak
+    into later consumer groups, so there each test gets a broker of its own (tests/conftest.py)."""
+    return isolated_kafka_broker
 
 
 def base_config(tmp_path: Path, **trainer: Any) -> KelpConfig:
@@ -50,7 +44,7 @@ def base_config(tmp_path: Path, **trainer: Any) -> KelpConfig:
     return cfg
 
 
-def on_kafka(cfg: KelpConfig, broker: TansuBroker, topic: str, redis_url: str) -> KelpConfig:
+def on_kafka(cfg: KelpConfig, broker: KafkaBroker, topic: str, redis_url: str) -> KelpConfig:
     """Move a config onto the production path: the topic on ``broker`` and a Redis store."""
     cfg.source = KafkaSourceConfig(
         bootstrap_servers=[broker.bootstrap],
@@ -60,7 +54,7 @@ def on_kafka(cfg: KelpConfig, broker: TansuBroker, topic: str, redis_url: str) -
         session_timeout_ms=6000,
         heartbeat_interval_ms=1000,
         max_poll_interval_ms=5000,
-        incremental_fetch_sessions=False,
+        incremental_fetch_sessions=broker.fetch_sessions_work,
     )
     cfg.store = StoreConfig(
         backend="redis",
@@ -78,18 +72,21 @@ def write_config(cfg: KelpConfig, path: Path) -> Path:
 
 
 @pytest.fixture
-def criteo_topic(tansu: TansuBroker) -> Iterator[str]:
+def criteo_topic(kafka_broker: KafkaBroker) -> Iterator[str]:
     """The 2000-row fixture produced one sample per record over two partitions."""
     topic = f"criteo-{time.monotonic_ns()}"
-    tansu.create_topic(topic, partitions=PARTITIONS)
+    kafka_broker.create_topic(topic, partitions=PARTITIONS)
     summary = produce(
-        {"bootstrap_servers": tansu.bootstrap}, topic, file_messages(CRITEO, "criteo_tsv", 1), quiet=True
+        {"bootstrap_servers": kafka_broker.bootstrap},
+        topic,
+        file_messages(CRITEO, "criteo_tsv", 1),
+        quiet=True,
     )
     assert summary.records == CRITEO_ROWS
     yield topic
 
 
-def group_offsets(broker: TansuBroker, group: str, topic: str) -> list[int]:
+def group_offsets(broker: KafkaBroker, group: str, topic: str) -> list[int]:
     """The group's committed offset per partition (0 where nothing is committed)."""
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False)
     try:

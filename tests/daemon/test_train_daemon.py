@@ -19,7 +19,7 @@ import torch
 from kelp.config import KelpConfig, StoreConfig
 from kelp.daemon.outage import StoreOutageError
 from kelp.daemon.train import TrainDaemon
-from kelp.harness import RedisServer, TansuBroker
+from kelp.harness import KafkaBroker, RedisServer
 from kelp.store.factory import build_store
 
 from .conftest import CRITEO, CRITEO_ROWS, Running, base_config, group_offsets, on_kafka, wait_for
@@ -60,9 +60,9 @@ def _batch_ids_recorder() -> tuple[Callable[..., None], dict[str, list[np.ndarra
 
 
 def test_trains_from_kafka_into_redis_and_reports(
-    tmp_path: Path, tansu: TansuBroker, criteo_topic: str, redis_url: str
+    tmp_path: Path, kafka_broker: KafkaBroker, criteo_topic: str, redis_url: str
 ) -> None:
-    cfg = on_kafka(base_config(tmp_path), tansu, criteo_topic, redis_url)
+    cfg = on_kafka(base_config(tmp_path), kafka_broker, criteo_topic, redis_url)
     on_step, seen = _batch_ids_recorder()
     daemon = TrainDaemon(cfg, on_step=on_step)
     running = Running(daemon)
@@ -85,7 +85,7 @@ def test_trains_from_kafka_into_redis_and_reports(
     assert math.isfinite(report.auc) and 0.0 < report.auc < 1.0
     assert report.checkpoint is not None and Path(report.checkpoint).is_file()
     # One sample per record from offset 0: the committed offsets add up to every record.
-    assert sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
+    assert sum(group_offsets(kafka_broker, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
     assert set(report.stage_seconds) >= {"fetch", "pull", "forward_backward", "push", "commit"}
 
     # min_count=2 counting occurrences: an id gets a row once it occurred twice, in one batch or two.
@@ -139,10 +139,10 @@ def test_prefetch_and_write_behind_lose_no_update(tmp_path: Path, redis_url: str
 
 
 def test_store_outage_is_retried_without_committing(
-    tmp_path: Path, tansu: TansuBroker, criteo_topic: str
+    tmp_path: Path, kafka_broker: KafkaBroker, criteo_topic: str
 ) -> None:
     with RedisServer(persistence=True) as server:
-        cfg = on_kafka(base_config(tmp_path, max_store_outage_s=60.0), tansu, criteo_topic, server.url)
+        cfg = on_kafka(base_config(tmp_path, max_store_outage_s=60.0), kafka_broker, criteo_topic, server.url)
         cfg.batching.batch_size = 64
         killed = threading.Event()
 
@@ -156,10 +156,10 @@ def test_store_outage_is_retried_without_committing(
         wait_for(killed.is_set, 120, "step 3")
         wait_for(lambda: not daemon.readiness()[0], 10, "readiness to report the outage")
         assert daemon.readiness() == (False, "store unavailable, retrying")
-        committed_during = group_offsets(tansu, cfg.source.group_id, criteo_topic)
+        committed_during = group_offsets(kafka_broker, cfg.source.group_id, criteo_topic)
         steps_during = daemon.report.steps
         threading.Event().wait(2.0)
-        assert group_offsets(tansu, cfg.source.group_id, criteo_topic) == committed_during
+        assert group_offsets(kafka_broker, cfg.source.group_id, criteo_topic) == committed_during
         assert sum(committed_during) < CRITEO_ROWS
         retried = daemon.registry.get_sample_value(
             "kelp_trainer_errors_total", {"stage": "push", "kind": "retried"}
@@ -173,7 +173,7 @@ def test_store_outage_is_retried_without_committing(
         assert daemon.report.steps > steps_during
         wait_for(lambda: daemon.readiness()[0], 10, "readiness to recover")
         running.stop()
-        assert sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
+        assert sum(group_offsets(kafka_broker, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
 
 
 def test_store_down_past_the_budget_is_fatal_not_a_hang(tmp_path: Path) -> None:

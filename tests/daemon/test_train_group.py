@@ -28,7 +28,7 @@ from kafka import KafkaProducer
 
 from kelp.config import KelpConfig, load_config
 from kelp.consumers.produce import file_messages, produce
-from kelp.harness import TansuBroker, free_port
+from kelp.harness import KafkaBroker, free_port
 from kelp.trainer.checkpoint import read_checkpoint
 
 from .conftest import (
@@ -45,8 +45,10 @@ from .conftest import (
 pytestmark = pytest.mark.integration
 
 
-def _group_config(tmp_path: Path, tansu: TansuBroker, topic: str, redis_url: str) -> Path:
-    cfg: KelpConfig = on_kafka(base_config(tmp_path, checkpoint_every_steps=10), tansu, topic, redis_url)
+def _group_config(tmp_path: Path, kafka_broker: KafkaBroker, topic: str, redis_url: str) -> Path:
+    cfg: KelpConfig = on_kafka(
+        base_config(tmp_path, checkpoint_every_steps=10), kafka_broker, topic, redis_url
+    )
     cfg.batching.batch_size = 64
     cfg.trainer.torch_threads = 1  # two ranks on two cores
     cfg.trainer.distributed.timeout_s = 30
@@ -67,9 +69,9 @@ def _launch(config: Path, log: Path, max_restarts: int = 0) -> subprocess.Popen[
         )
 
 
-def _all_committed(tansu: TansuBroker, group: str, topic: str, proc: subprocess.Popen[bytes]) -> bool:
+def _all_committed(kafka_broker: KafkaBroker, group: str, topic: str, proc: subprocess.Popen[bytes]) -> bool:
     """True once the group committed every record; also True if the launcher died (checked after)."""
-    return sum(group_offsets(tansu, group, topic)) == CRITEO_ROWS or proc.poll() is not None
+    return sum(group_offsets(kafka_broker, group, topic)) == CRITEO_ROWS or proc.poll() is not None
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 90) -> int:
@@ -98,9 +100,9 @@ def _assert_group_checkpoint(cfg: KelpConfig, committed: list[int], log: str) ->
     assert [trained.get(p, 0) for p in range(PARTITIONS)] == committed
 
 
-def _produce_skewed(tansu: TansuBroker, topic: str, share_on_0: float) -> None:
+def _produce_skewed(kafka_broker: KafkaBroker, topic: str, share_on_0: float) -> None:
     """The fixture's rows, ``share_on_0`` of them on partition 0 and the rest on partition 1."""
-    producer = KafkaProducer(bootstrap_servers=tansu.bootstrap, acks="all", linger_ms=20)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all", linger_ms=20)
     try:
         for i, (value, _) in enumerate(file_messages(CRITEO, "criteo_tsv", 1)):
             partition = 0 if (i % 100) < share_on_0 * 100 else 1
@@ -111,19 +113,19 @@ def _produce_skewed(tansu: TansuBroker, topic: str, share_on_0: float) -> None:
 
 
 def _train_group_to_the_end(
-    tmp_path: Path, tansu: TansuBroker, topic: str, redis_url: str
+    tmp_path: Path, kafka_broker: KafkaBroker, topic: str, redis_url: str
 ) -> tuple[KelpConfig, list[int]]:
     """``kelp train --nproc 2`` until the group committed every record, then SIGTERM (exit 0).
 
     Returns the config and the committed offsets; checks both ranks drained and
     the final checkpoint's dense digests are equal.
     """
-    config = _group_config(tmp_path, tansu, topic, redis_url)
+    config = _group_config(tmp_path, kafka_broker, topic, redis_url)
     cfg = load_config(config)
     log_path = tmp_path / "group.log"
     proc = _launch(config, log_path)
     try:
-        wait_for(lambda: _all_committed(tansu, cfg.source.group_id, topic, proc), 150, "every record")
+        wait_for(lambda: _all_committed(kafka_broker, cfg.source.group_id, topic, proc), 150, "every record")
         assert proc.poll() is None, log_path.read_text()[-3000:]
         assert _stop(proc) == 0, log_path.read_text()[-3000:]
     finally:
@@ -131,23 +133,25 @@ def _train_group_to_the_end(
             os.killpg(proc.pid, signal.SIGKILL)
     log = log_path.read_text()
     assert "(rank 0 of 2)" in log and "(rank 1 of 2)" in log, log[-3000:]
-    committed = group_offsets(tansu, cfg.source.group_id, topic)
+    committed = group_offsets(kafka_broker, cfg.source.group_id, topic)
     _assert_group_checkpoint(cfg, committed, log)
     return cfg, committed
 
 
 def test_two_ranks_train_the_topic_with_bitwise_equal_dense_replicas(
-    tmp_path: Path, tansu: TansuBroker, criteo_topic: str, redis_url: str
+    tmp_path: Path, kafka_broker: KafkaBroker, criteo_topic: str, redis_url: str
 ) -> None:
-    _, committed = _train_group_to_the_end(tmp_path, tansu, criteo_topic, redis_url)
+    _, committed = _train_group_to_the_end(tmp_path, kafka_broker, criteo_topic, redis_url)
     assert sum(committed) == CRITEO_ROWS
 
 
-def test_uneven_partitions_finish_without_a_hang(tmp_path: Path, tansu: TansuBroker, redis_url: str) -> None:
+def test_uneven_partitions_finish_without_a_hang(
+    tmp_path: Path, kafka_broker: KafkaBroker, redis_url: str
+) -> None:
     topic = f"skewed-{time.monotonic_ns()}"
-    tansu.create_topic(topic, partitions=PARTITIONS)
-    _produce_skewed(tansu, topic, share_on_0=0.9)
-    _, committed = _train_group_to_the_end(tmp_path, tansu, topic, redis_url)
+    kafka_broker.create_topic(topic, partitions=PARTITIONS)
+    _produce_skewed(kafka_broker, topic, share_on_0=0.9)
+    _, committed = _train_group_to_the_end(tmp_path, kafka_broker, topic, redis_url)
     assert committed == [1800, 200]
 
 
@@ -160,17 +164,17 @@ def _workers(proc: subprocess.Popen[bytes]) -> list[int]:
 
 
 def test_kill_9_of_one_rank_restarts_the_group_and_loses_nothing(
-    tmp_path: Path, tansu: TansuBroker, redis_url: str
+    tmp_path: Path, kafka_broker: KafkaBroker, redis_url: str
 ) -> None:
     topic = f"killed-{time.monotonic_ns()}"
-    tansu.create_topic(topic, partitions=PARTITIONS)
-    config = _group_config(tmp_path, tansu, topic, redis_url)
+    kafka_broker.create_topic(topic, partitions=PARTITIONS)
+    config = _group_config(tmp_path, kafka_broker, topic, redis_url)
     cfg = load_config(config)
     log_path = tmp_path / "group.log"
     proc = _launch(config, log_path, max_restarts=3)
     producer = threading.Thread(  # records keep arriving while a rank dies
         target=produce,
-        args=({"bootstrap_servers": tansu.bootstrap}, topic, file_messages(CRITEO, "criteo_tsv", 1)),
+        args=({"bootstrap_servers": kafka_broker.bootstrap}, topic, file_messages(CRITEO, "criteo_tsv", 1)),
         kwargs={"rate": 300.0, "quiet": True},
         daemon=True,
     )
@@ -179,7 +183,7 @@ def test_kill_9_of_one_rank_restarts_the_group_and_loses_nothing(
         seen: list[int] = []
 
         def committed() -> int:
-            seen.append(sum(group_offsets(tansu, cfg.source.group_id, topic)))
+            seen.append(sum(group_offsets(kafka_broker, cfg.source.group_id, topic)))
             return seen[-1]
 
         wait_for(lambda: committed() >= 300 or proc.poll() is not None, 120, "300 records committed")
@@ -200,19 +204,19 @@ def test_kill_9_of_one_rank_restarts_the_group_and_loses_nothing(
     log = log_path.read_text()
     assert seen == sorted(seen), f"committed offsets went backwards: {seen}"
     assert restarted_s < 90
-    final = group_offsets(tansu, cfg.source.group_id, topic)
+    final = group_offsets(kafka_broker, cfg.source.group_id, topic)
     assert sum(final) == CRITEO_ROWS
     _assert_group_checkpoint(cfg, final, log)
 
 
 def test_two_torchrun_agents_meet_through_a_c10d_rendezvous(
-    tmp_path: Path, tansu: TansuBroker, criteo_topic: str, redis_url: str
+    tmp_path: Path, kafka_broker: KafkaBroker, criteo_topic: str, redis_url: str
 ) -> None:
     """What the Helm chart runs per pod: one torchrun agent per node, ``--nnodes=2`` and a c10d endpoint.
 
     Both "pods" are on loopback here; ``--local-addr`` orders the node ranks as in the chart.
     """
-    config = _group_config(tmp_path, tansu, criteo_topic, redis_url)
+    config = _group_config(tmp_path, kafka_broker, criteo_topic, redis_url)
     cfg = load_config(config)
     endpoint = f"127.0.0.1:{free_port()}"
     agents = []
@@ -235,7 +239,9 @@ def test_two_torchrun_agents_meet_through_a_c10d_rendezvous(
     logs = lambda: "".join((tmp_path / f"node{n}.log").read_text() for n in (0, 1))  # noqa: E731
     try:
         wait_for(
-            lambda: _all_committed(tansu, cfg.source.group_id, criteo_topic, agents[0]), 150, "every record"
+            lambda: _all_committed(kafka_broker, cfg.source.group_id, criteo_topic, agents[0]),
+            150,
+            "every record",
         )
         assert all(a.poll() is None for a in agents), logs()[-3000:]
         for agent in agents:
@@ -247,6 +253,6 @@ def test_two_torchrun_agents_meet_through_a_c10d_rendezvous(
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
     assert "rank 0 of 2 joined" in logs() and "rank 1 of 2 joined" in logs(), logs()[-3000:]
-    committed = group_offsets(tansu, cfg.source.group_id, criteo_topic)
+    committed = group_offsets(kafka_broker, cfg.source.group_id, criteo_topic)
     assert sum(committed) == CRITEO_ROWS
     _assert_group_checkpoint(cfg, committed, logs())

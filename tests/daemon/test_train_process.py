@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kelp.config import load_config
 from kelp.daemon.train import TrainDaemon, TrainReport
-from kelp.harness import TansuBroker
+from kelp.harness import KafkaBroker
 
 from .conftest import CRITEO_ROWS, Running, base_config, group_offsets, on_kafka, wait_for, write_config
 
@@ -61,16 +61,16 @@ def _finish_in_process(config: Path, expected_samples: int) -> TrainReport:
     return running.stop()
 
 
-def _config(tmp_path: Path, tansu: TansuBroker, topic: str, redis_url: str) -> Path:
-    cfg = on_kafka(base_config(tmp_path, checkpoint_every_steps=3), tansu, topic, redis_url)
+def _config(tmp_path: Path, kafka_broker: KafkaBroker, topic: str, redis_url: str) -> Path:
+    cfg = on_kafka(base_config(tmp_path, checkpoint_every_steps=3), kafka_broker, topic, redis_url)
     cfg.batching.batch_size = 16  # many small steps, so signals land mid-stream
     return write_config(cfg, tmp_path / "kelp.yaml")
 
 
 def test_sigterm_drains_commits_checkpoints_and_exits_0(
-    tmp_path: Path, tansu: TansuBroker, criteo_topic: str, redis_url: str
+    tmp_path: Path, kafka_broker: KafkaBroker, criteo_topic: str, redis_url: str
 ) -> None:
-    config = _config(tmp_path, tansu, criteo_topic, redis_url)
+    config = _config(tmp_path, kafka_broker, criteo_topic, redis_url)
     cfg = load_config(config)
     proc = _start(config, tmp_path / "run1.log")
     try:
@@ -82,7 +82,7 @@ def test_sigterm_drains_commits_checkpoints_and_exits_0(
     log = (tmp_path / "run1.log").read_text()
     assert "stopped by SIGTERM" in log, log[-2000:]
 
-    committed = group_offsets(tansu, cfg.source.group_id, criteo_topic)
+    committed = group_offsets(kafka_broker, cfg.source.group_id, criteo_topic)
     pointer = _checkpoint_pointer(cfg.trainer.checkpoint_dir)
     assert pointer is not None
     from kelp.trainer.checkpoint import read_checkpoint
@@ -97,13 +97,13 @@ def test_sigterm_drains_commits_checkpoints_and_exits_0(
     rest = _finish_in_process(config, CRITEO_ROWS - sum(committed))
     assert rest.resumed_from is not None and rest.first_step == pointer["step"]
     assert rest.samples == CRITEO_ROWS - sum(committed)
-    assert sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
+    assert sum(group_offsets(kafka_broker, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
 
 
 def test_kill_9_then_restart_resumes_with_every_record_trained(
-    tmp_path: Path, tansu: TansuBroker, criteo_topic: str, redis_url: str
+    tmp_path: Path, kafka_broker: KafkaBroker, criteo_topic: str, redis_url: str
 ) -> None:
-    config = _config(tmp_path, tansu, criteo_topic, redis_url)
+    config = _config(tmp_path, kafka_broker, criteo_topic, redis_url)
     cfg = load_config(config)
     proc = _start(config, tmp_path / "run1.log")
     try:
@@ -113,7 +113,7 @@ def test_kill_9_then_restart_resumes_with_every_record_trained(
         proc.wait(timeout=10)
     finally:
         proc.kill()
-    committed = group_offsets(tansu, cfg.source.group_id, criteo_topic)
+    committed = group_offsets(kafka_broker, cfg.source.group_id, criteo_topic)
     assert sum(committed) < CRITEO_ROWS, "kill -9 should land mid-stream"
     pointer = _checkpoint_pointer(cfg.trainer.checkpoint_dir)
     assert pointer is not None
@@ -122,7 +122,7 @@ def test_kill_9_then_restart_resumes_with_every_record_trained(
     assert rest.resumed_from is not None and rest.first_step == pointer["step"]
     # Committed records were trained by the first run; every other record by the second.
     assert rest.samples == CRITEO_ROWS - sum(committed)
-    assert sum(group_offsets(tansu, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
+    assert sum(group_offsets(kafka_broker, cfg.source.group_id, criteo_topic)) == CRITEO_ROWS
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

@@ -33,7 +33,7 @@ from kelp.config import FileSourceConfig
 from kelp.consumers import criteo_feature_spec
 from kelp.consumers.errors import SourceClosedError
 from kelp.consumers.file_source import FileSource
-from kelp.harness import TansuBroker
+from kelp.harness import KafkaBroker
 
 DATA = Path(__file__).resolve().parents[1] / "consumers" / "data"
 TSV = DATA / "criteo_sample.tsv"
@@ -231,10 +231,10 @@ def _produce_on(stderr: int, bootstrap: str, topic: str, *flags: str) -> subproc
     ("flags", "drawn"), [((), True), (("--log-format", "json"), False)], ids=["text", "json"]
 )
 def test_kelp_produce_on_a_terminal(
-    tansu: TansuBroker, unique_topic: str, terminal: Terminal, flags: tuple[str, ...], drawn: bool
+    kafka_broker: KafkaBroker, unique_topic: str, terminal: Terminal, flags: tuple[str, ...], drawn: bool
 ) -> None:
-    tansu.create_topic(unique_topic)
-    proc = _produce_on(terminal.slave, tansu.bootstrap, unique_topic, *flags)
+    kafka_broker.create_topic(unique_topic)
+    proc = _produce_on(terminal.slave, kafka_broker.bootstrap, unique_topic, *flags)
     screen = terminal.text()
     assert proc.returncode == 0, screen
     assert b'"records": 3000' in proc.stdout
@@ -244,9 +244,9 @@ def test_kelp_produce_on_a_terminal(
 
 
 @pytest.mark.integration
-def test_kelp_produce_piped_stderr_has_no_bar(tansu: TansuBroker, unique_topic: str) -> None:
-    tansu.create_topic(unique_topic)
-    proc = _produce_on(subprocess.PIPE, tansu.bootstrap, unique_topic)
+def test_kelp_produce_piped_stderr_has_no_bar(kafka_broker: KafkaBroker, unique_topic: str) -> None:
+    kafka_broker.create_topic(unique_topic)
+    proc = _produce_on(subprocess.PIPE, kafka_broker.bootstrap, unique_topic)
     assert proc.returncode == 0, proc.stderr
     assert b"\r" not in proc.stderr and b"3.00k" not in proc.stderr
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from kelp.harness import RedisCluster, RedisServer, TansuBroker
+from kelp.harness import KafkaBroker, RedisCluster, RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -36,9 +36,9 @@ def test_cluster_spreads_keys_over_all_three_nodes(clean_redis_cluster: RedisClu
     assert "cluster_known_nodes:3" in info
 
 
-def test_tansu_consumer_group_with_offset_commit(tansu: TansuBroker, unique_topic: str) -> None:
-    tansu.create_topic(unique_topic, partitions=2)
-    producer = KafkaProducer(bootstrap_servers=tansu.bootstrap)
+def test_tansu_consumer_group_with_offset_commit(kafka_broker: KafkaBroker, unique_topic: str) -> None:
+    kafka_broker.create_topic(unique_topic, partitions=2)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
     sent = [f"m{i}".encode() for i in range(20)]
     for i, value in enumerate(sent):
         producer.send(unique_topic, value=value, partition=i % 2)
@@ -46,7 +46,7 @@ def test_tansu_consumer_group_with_offset_commit(tansu: TansuBroker, unique_topi
     producer.close()
 
     group = f"g-{unique_topic}"
-    consumer = _consumer(tansu, unique_topic, group)
+    consumer = _consumer(kafka_broker, unique_topic, group)
     received = _drain(consumer, len(sent))
     assert sorted(m.value for m in received) == sorted(sent)
     consumer.commit()
@@ -56,20 +56,20 @@ def test_tansu_consumer_group_with_offset_commit(tansu: TansuBroker, unique_topi
     assert committed == {0: 10, 1: 10}
 
     # A new member of the same group resumes after the committed offsets: nothing left.
-    producer = KafkaProducer(bootstrap_servers=tansu.bootstrap)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
     producer.send(unique_topic, value=b"after-commit", partition=0)
     producer.flush()
     producer.close()
-    consumer = _consumer(tansu, unique_topic, group)
+    consumer = _consumer(kafka_broker, unique_topic, group)
     again = _drain(consumer, 1)
     consumer.close()
     assert [m.value for m in again] == [b"after-commit"]
 
 
-def _consumer(tansu: TansuBroker, topic: str, group: str) -> KafkaConsumer:
+def _consumer(kafka_broker: KafkaBroker, topic: str, group: str) -> KafkaConsumer:
     return KafkaConsumer(
         topic,
-        bootstrap_servers=tansu.bootstrap,
+        bootstrap_servers=kafka_broker.bootstrap,
         group_id=group,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
