@@ -1,7 +1,8 @@
 """``kelp bench chaos``: faults injected into real processes under a steady load; the invariants after.
 
-The rig (:mod:`kelp.bench.chaos_rig`): Tansu on durable ``s3://`` storage
-(moto's S3 server: this Tansu build has no postgres or sqlite engine), a
+The rig (:mod:`kelp.bench.chaos_rig`): Apache Kafka on its own log
+directories (``--broker tansu``: Tansu on durable ``s3://`` storage, moto's S3
+server, since that Tansu build has no postgres or sqlite engine), a
 redis-server with ``appendonly yes`` + ``appendfsync always``, ``kelp train``
 and ``kelp serve`` as child processes, a steady criteo-synth producer and a
 light scoring client. The faults (:mod:`kelp.bench.chaos_faults`), one after
@@ -85,12 +86,12 @@ def schedule(quick: bool) -> list[str]:
     return out + extra[10:]
 
 
-def run(quick: bool, soak_minutes: float | None = None) -> dict[str, Any]:
+def run(quick: bool, soak_minutes: float | None = None, broker: str | None = None) -> dict[str, Any]:
     if soak_minutes is not None and soak_minutes <= 0:
         raise UserError("--soak-minutes must be > 0")
     keep = os.environ.get("KELP_CHAOS_WORKDIR")  # keep the processes' logs there, for a post-mortem
     workdir = contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory(prefix="kelp-chaos-")
-    with workdir as tmp, Rig(Path(tmp), PRODUCE_RATE, SCORE_RATE) as rig:
+    with workdir as tmp, Rig(Path(tmp), PRODUCE_RATE, SCORE_RATE, broker) as rig:
         if soak_minutes is not None:
             return {"mode": "soak", **_describe(rig), **soak(rig, soak_minutes)}
         if quick:  # a step takes ~1 s at this rate, so 0.5-2 s still lands mid-step, mid-push or mid-commit
@@ -101,7 +102,8 @@ def run(quick: bool, soak_minutes: float | None = None) -> dict[str, Any]:
 def _describe(rig: Rig) -> dict[str, Any]:
     return {
         "workload": "criteo-synth (synthetic), dlrm-small, batch 1024",
-        "broker_storage": f"tansu {rig.broker.storage} on moto_server (S3, a separate process)",
+        "broker": rig.broker.label,
+        "broker_storage": rig.broker.storage,
         "redis_persistence": "appendonly yes, appendfsync always",
         "produce_rate": rig.produce_rate,
         "score_rate": rig.score_rate,

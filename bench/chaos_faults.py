@@ -14,7 +14,8 @@ again, the replica answering 200 again, by themselves.
   through Kelp's store, then a start on the same data directory
   (``acked_updates_lost`` from :mod:`kelp.bench.chaos_durability`);
 * ``redis_stall``: SIGSTOP for longer than the store's socket timeout, then SIGCONT;
-* ``broker_restart``: SIGKILL of Tansu, then a start on the same S3 storage;
+* ``broker_restart``: SIGKILL of the broker, then a start on the same storage
+  (Apache Kafka's log directories, or Tansu's S3 bucket);
 * ``replica_store_away``: redis-server down for a few seconds while the
   replica answers (it must answer 503, never hang), then back.
 """

@@ -1,8 +1,11 @@
 """Everything the chaos bench runs, started in order and stopped in reverse.
 
-* an S3 server (moto) holding Tansu's storage, so the broker can be killed and
-  restarted without forgetting topics, records or committed offsets;
-* Tansu on ``s3://`` (:class:`~kelp.harness.TansuBroker`), one topic;
+* the broker, one topic: Apache Kafka (:class:`~kelp.harness.ApacheKafka`) by
+  default, killed and restarted on its own log directories; or, with
+  ``--broker tansu``, Tansu on ``s3://`` (:class:`~kelp.harness.TansuBroker`)
+  with an S3 server (moto) holding its storage, the only durable engine this
+  Tansu build has. Either way a killed broker comes back with its topics,
+  records and committed offsets;
 * ``redis-server`` with ``appendonly yes`` + ``appendfsync always`` on a data
   directory that outlives a SIGKILL;
 * ``kelp train`` and ``kelp serve`` as child processes on one config (the
@@ -27,7 +30,7 @@ from kelp.bench.chaos_procs import KelpProcess
 from kelp.bench.runner import progress
 from kelp.bench.train import stream_config
 from kelp.config import KelpConfig
-from kelp.harness import RedisServer, S3Server, TansuBroker, free_port
+from kelp.harness import ApacheKafka, KafkaBroker, RedisServer, S3Server, TansuBroker, broker_kind, free_port
 
 __all__ = ["PARTITIONS", "Rig"]
 
@@ -38,9 +41,11 @@ CLIENT_TIMEOUT_S = 10.0
 """A scoring request unanswered this long is a hang (the replica answers 503 within ~2 s)."""
 
 
-def chaos_config(bootstrap: str, topic: str, redis_url: str, workdir: Path) -> KelpConfig:
+def chaos_config(
+    bootstrap: str, topic: str, redis_url: str, workdir: Path, *, fetch_sessions: bool = True
+) -> KelpConfig:
     """criteo-synth, dlrm-small, batch 1024, default store layout and hot tier, short timeouts."""
-    cfg = stream_config(bootstrap, topic, redis_url, workdir, hot_cache="auto")
+    cfg = stream_config(bootstrap, topic, redis_url, workdir, hot_cache="auto", fetch_sessions=fetch_sessions)
     cfg.deployment = f"chaos-{uuid.uuid4().hex[:6]}"
     cfg.source = cfg.source.model_copy(
         update={
@@ -80,8 +85,11 @@ def chaos_config(bootstrap: str, topic: str, redis_url: str, workdir: Path) -> K
 class Rig:
     """The services and processes of one chaos run (a context manager); see the module docstring."""
 
-    def __init__(self, workdir: Path, produce_rate: float, score_rate: float) -> None:
+    def __init__(
+        self, workdir: Path, produce_rate: float, score_rate: float, broker: str | None = None
+    ) -> None:
         self.workdir = workdir
+        self.broker_kind = broker_kind(broker)
         self.produce_rate = produce_rate
         self.score_rate = score_rate
         self.topic = f"chaos-{uuid.uuid4().hex[:6]}"
@@ -103,17 +111,19 @@ class Rig:
         return self
 
     def _start(self) -> None:
-        progress("starting moto S3, tansu on s3://, redis-server (appendonly yes, appendfsync always)")
-        self.s3 = self._stack.enter_context(S3Server())
-        self.broker = self._stack.enter_context(
-            TansuBroker(storage=self.s3.storage_url, env=self.s3.tansu_env())
-        )
+        self.broker = self._stack.enter_context(self._durable_broker())
         (self.workdir / "redis").mkdir(parents=True)
         self.redis = RedisServer(persistence=True, appendfsync="always", data_dir=self.workdir / "redis")
         self._stack.callback(self.redis.cleanup)
         self.redis.start()
         self.broker.create_topic(self.topic, PARTITIONS)
-        self.cfg = chaos_config(self.broker.bootstrap, self.topic, self.redis.url, self.workdir)
+        self.cfg = chaos_config(
+            self.broker.bootstrap,
+            self.topic,
+            self.redis.url,
+            self.workdir,
+            fetch_sessions=self.broker.fetch_sessions_work,
+        )
         path = self.workdir / "kelp.yaml"
         path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json", exclude_none=True)))
         self.trainer = KelpProcess(
@@ -142,6 +152,15 @@ class Rig:
         if self.serve.wait_ready(120) is None:
             raise RuntimeError(f"kelp serve never became ready:\n{self.serve.log_tail()}")
         self.client.start()
+
+    def _durable_broker(self) -> KafkaBroker:
+        """A broker that a SIGKILL does not make forget: Kafka's log dirs, or Tansu on moto's S3."""
+        if self.broker_kind == "kafka":
+            progress("starting Apache Kafka and redis-server (appendonly yes, appendfsync always)")
+            return ApacheKafka(workdir=self.workdir / "kafka")
+        progress("starting moto S3, tansu on s3://, redis-server (appendonly yes, appendfsync always)")
+        self.s3 = self._stack.enter_context(S3Server())
+        return TansuBroker(storage=self.s3.storage_url, env=self.s3.tansu_env())
 
     def _wait_snapshot(self, timeout_s: float = 60.0) -> None:
         """The replica refuses to be ready without a model: wait for the trainer's first snapshot."""

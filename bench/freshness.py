@@ -1,6 +1,7 @@
 """``kelp bench freshness``: seconds from producing a record to serving what was learned from it.
 
-Starts Tansu and redis-server, then runs together, in one process:
+Starts a broker (Apache Kafka by default, ``--broker tansu`` for Tansu) and
+redis-server, then runs together, in one process:
 
 * a producer sending criteo-synth at a steady rate, in messages of
   ``PER_MESSAGE`` samples every ``1/messages-per-second``; the first sample
@@ -40,7 +41,7 @@ from kelp.config import KelpConfig
 from kelp.consumers.codec import encode_columns
 from kelp.consumers.criteo import SPARSE_NAMES
 from kelp.daemon.train import TrainDaemon
-from kelp.harness import RedisServer, TansuBroker
+from kelp.harness import RedisServer, make_broker
 
 __all__ = ["run"]
 
@@ -122,8 +123,10 @@ def _lags(seen: dict[int, float], sent: dict[int, float]) -> np.ndarray:
     return np.array([seen[p] - sent[p] for p in seen], dtype=np.float64)
 
 
-def _stream_config(bootstrap: str, topic: str, redis_url: str, workdir: Any) -> KelpConfig:
-    cfg = stream_config(bootstrap, topic, redis_url, workdir, hot_cache=False)
+def _stream_config(
+    bootstrap: str, topic: str, redis_url: str, workdir: Any, *, fetch_sessions: bool
+) -> KelpConfig:
+    cfg = stream_config(bootstrap, topic, redis_url, workdir, hot_cache=False, fetch_sessions=fetch_sessions)
     cfg.batching.batch_size = BATCH
     cfg.batching.max_batch_delay_ms = MAX_BATCH_DELAY_MS
     cfg.publisher.enabled = True
@@ -133,7 +136,7 @@ def _stream_config(bootstrap: str, topic: str, redis_url: str, workdir: Any) -> 
     return cfg
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
     import tempfile
     from pathlib import Path
 
@@ -142,11 +145,14 @@ def run(quick: bool) -> dict[str, Any]:
     rate = 2000.0
     duration = 25.0 if quick else 120.0
     probes = _Probes()
-    progress("starting tansu and redis-server")
-    with TansuBroker() as broker, RedisServer() as redis_srv, tempfile.TemporaryDirectory() as tmp:
+    service = make_broker(broker)
+    progress(f"starting {service.label} and redis-server")
+    with service, RedisServer() as redis_srv, tempfile.TemporaryDirectory() as tmp:
         topic = f"fresh-{uuid.uuid4().hex[:6]}"
-        broker.create_topic(topic, 1)
-        cfg = _stream_config(broker.bootstrap, topic, redis_srv.url, Path(tmp))
+        service.create_topic(topic, 1)
+        cfg = _stream_config(
+            service.bootstrap, topic, redis_srv.url, Path(tmp), fetch_sessions=service.fetch_sessions_work
+        )
         table = cfg.features.sparse_table("C1")
         daemon = TrainDaemon(cfg, registry=CollectorRegistry(), http=False)
         failures: list[BaseException] = []
@@ -172,7 +178,7 @@ def run(quick: bool) -> dict[str, Any]:
         )
         produced: list[int] = []
         producer = threading.Thread(
-            target=lambda: produced.append(_produce(broker.bootstrap, topic, rate, stop_produce, probes)),
+            target=lambda: produced.append(_produce(service.bootstrap, topic, rate, stop_produce, probes)),
             daemon=True,
         )
         started = time.perf_counter()
@@ -208,6 +214,7 @@ def run(quick: bool) -> dict[str, Any]:
     dense = _lags({p: probes.dense_seen[p] for p in keep_d}, probes.sent)
     out: dict[str, Any] = {
         "workload": "criteo-synth (synthetic), 1 partition",
+        "broker": service.label,
         "produce_rate": round((produced[0] if produced else 0) / elapsed, 1),
         "publish_interval_s": PUBLISH_INTERVAL_S,
         "batch_size": BATCH,

@@ -1,6 +1,7 @@
 """``kelp bench ingest``: Kafka -> decoded, validated, deduplicated micro-batches vs a plain poll.
 
-Starts its own Tansu broker, produces criteo-synth (synthetic) twice, as
+Starts its own broker (Apache Kafka by default, Tansu with ``--broker tansu``;
+the JSON's ``broker`` names it), produces criteo-synth (synthetic) twice, as
 columnar messages of 256 samples and as single-sample messages, then for
 each topic measures, with the same consumer settings:
 
@@ -31,7 +32,7 @@ from kelp.config import BatchingConfig, KafkaSourceConfig
 from kelp.consumers.criteo import criteo_feature_spec
 from kelp.consumers.kafka_source import KafkaSource, consumer_settings
 from kelp.consumers.produce import produce
-from kelp.harness import TansuBroker
+from kelp.harness import make_broker
 
 __all__ = ["bench_kafka", "run"]
 
@@ -110,7 +111,7 @@ def _raw(consumer: Any, messages: int, per_message: int) -> float:
     return (got - first) * per_message / elapsed
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
     # Quick sizes: at 150k samples the plain poll finished in ~0.1 s, too short a window to measure
     # either side in steady state on a shared machine; 600k / 40k take ~0.4 s and ~0.6 s to poll.
     batched_samples = 600_000 if quick else 2_000_000
@@ -120,14 +121,16 @@ def run(quick: bool) -> dict[str, Any]:
         "samples_per_message": PER_MESSAGE,
         "reps": REPS,
     }
-    progress("starting tansu")
-    with TansuBroker() as broker:
+    service = make_broker(broker)
+    out["broker"] = service.label
+    progress(f"starting {service.label}")
+    with service:
         for label, samples, per in (("", batched_samples, PER_MESSAGE), ("single_", single_samples, 1)):
             topic = f"ingest-{label or 'batched_'}{uuid.uuid4().hex[:6]}"
-            broker.create_topic(topic, 2)
+            service.create_topic(topic, 2)
             progress(f"producing {samples:,} samples, {per} per message, to {topic}")
             summary = produce(
-                {"bootstrap_servers": [broker.bootstrap]}, topic, synth_messages(samples, per), quiet=True
+                {"bootstrap_servers": [service.bootstrap]}, topic, synth_messages(samples, per), quiet=True
             )
             progress(
                 f"produced {summary.messages:,} messages, {summary.bytes / 1e6:.1f} MB "
@@ -135,7 +138,7 @@ def run(quick: bool) -> dict[str, Any]:
             )
             out.update(
                 _side_by_side(
-                    broker.bootstrap, topic, samples=samples, messages=summary.messages, per=per, label=label
+                    service.bootstrap, topic, samples=samples, messages=summary.messages, per=per, label=label
                 )
             )
             out[f"{label}message_bytes"] = round(summary.bytes / summary.messages, 1)
@@ -158,8 +161,9 @@ def _side_by_side(
     raws: list[float] = []
     kelps: list[float] = []
     extras: list[dict[str, Any]] = []
-    # One plain consumer for all its runs, rewound between them: a group join costs ~3 s on Tansu
-    # (its initial rebalance delay), and re-reading with a joined, warm consumer can only help it.
+    # One plain consumer for all its runs, rewound between them: a group join costs seconds on
+    # some brokers (Tansu's initial rebalance delay), and re-reading with a joined, warm consumer
+    # can only help it.
     consumer = KafkaConsumer(topic, **consumer_settings(bench_kafka(bootstrap, topic)))
     try:
         for rep in range(REPS):

@@ -1,6 +1,7 @@
 """``kelp bench scale``: the same criteo-synth records trained by 1 and by 2 ranks of one trainer group.
 
-Starts Tansu and redis-server, produces criteo-synth once (2 partitions), then
+Starts a broker (Apache Kafka by default, ``--broker tansu`` for Tansu) and
+redis-server, produces criteo-synth once (2 partitions), then
 trains it twice, each run in its own consumer group and its own Redis key space
 (so both start from an empty store):
 
@@ -61,7 +62,7 @@ from kelp.bench.synth import synth_messages
 from kelp.bench.train import BATCH, PER_MESSAGE, SEED, stream_config
 from kelp.config import StoreConfig, TableSpec
 from kelp.consumers.produce import produce
-from kelp.harness import RedisServer, TansuBroker
+from kelp.harness import RedisServer, make_broker
 from kelp.store import build_store
 from kelp.trainer.evaluation import exact_auc
 
@@ -181,16 +182,18 @@ def _collect(out: Path, ranks: int, tables: list[str]) -> dict[str, Any]:
     }
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
     samples = (12 if quick else 96) * BATCH  # quick: under 60 s on 2 cores with three trainings
     out: dict[str, Any] = {"workload": "criteo-synth (synthetic)", "model": "dlrm-small", "batch_size": BATCH}
-    progress("starting tansu and redis-server")
-    with TansuBroker() as broker, RedisServer() as redis_srv, tempfile.TemporaryDirectory() as tmp:
+    service = make_broker(broker)
+    out["broker"] = service.label
+    progress(f"starting {service.label} and redis-server")
+    with service, RedisServer() as redis_srv, tempfile.TemporaryDirectory() as tmp:
         topic = f"scale-{uuid.uuid4().hex[:6]}"
-        broker.create_topic(topic, PARTITIONS)
+        service.create_topic(topic, PARTITIONS)
         progress(f"producing {samples:,} criteo-synth samples to {topic} ({PARTITIONS} partitions)")
         summary = produce(
-            {"bootstrap_servers": [broker.bootstrap]},
+            {"bootstrap_servers": [service.bootstrap]},
             topic,
             synth_messages(samples, PER_MESSAGE, seed=SEED),
             quiet=True,
@@ -200,7 +203,14 @@ def run(quick: bool) -> dict[str, Any]:
         for ranks, updates in ((1, "overwrite"), (2, "overwrite"), (2, "compose")):
             label = f"{ranks}" if updates == "overwrite" else f"{ranks}_compose"
             work = Path(tmp) / f"n{label}"
-            cfg = stream_config(broker.bootstrap, topic, redis_srv.url, work, hot_cache=False)
+            cfg = stream_config(
+                service.bootstrap,
+                topic,
+                redis_srv.url,
+                work,
+                hot_cache=False,
+                fetch_sessions=service.fetch_sessions_work,
+            )
             cfg.source = cfg.source.model_copy(update={"group_id": f"scale-n{label}-{topic}"})
             cfg.store.sparse_updates = updates
             cfg.trainer.torch_threads = 1 if ranks > 1 else None
@@ -208,7 +218,7 @@ def run(quick: bool) -> dict[str, Any]:
             config = work / "kelp.yaml"
             config.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
             progress(f"N={label}: training {summary.records:,} samples")
-            kafka = (broker.bootstrap, cfg.source.group_id, topic)
+            kafka = (service.bootstrap, cfg.source.group_id, topic)
             seconds = _train(ranks, config, work / "out", kafka=kafka, records=summary.messages)
             got = _collect(work / "out", ranks, [t.name for t in cfg.features.tables])
             speed, auc = got["samples_per_s"], got["auc"]
@@ -222,7 +232,7 @@ def run(quick: bool) -> dict[str, Any]:
                 out["concurrent_update_fraction_compose"] = round(got["lost_update_fraction"], 5)
             elif ranks > 1:
                 out["ranks"] = ranks
-                out["records_committed"] = _committed(broker.bootstrap, cfg.source.group_id, topic)
+                out["records_committed"] = _committed(service.bootstrap, cfg.source.group_id, topic)
                 out["dense_max_abs_diff"] = got["dense_max_abs_diff"]
                 out["dense_digests_equal"] = got["digests_equal"]
                 out["lost_update_fraction"] = round(got["lost_update_fraction"], 5)

@@ -47,13 +47,15 @@ log = logging.getLogger("kelp")
 def version_report() -> str:
     """Kelp's version, the versions of the libraries a bug report needs, and the device training would use.
 
-    Library versions come from package metadata (no import); torch is imported
-    only to ask for CUDA, so ``kelp --version`` costs about one torch import.
+    Library versions come from package metadata (no import), except torch's:
+    torch is imported anyway to ask for CUDA, and its ``__version__`` carries
+    the build (``+cpu``, ``+cu130``) that the wheel's metadata leaves out and a
+    bug report needs.
     """
     lines = [f"kelp {__version__}"]
     for label, dist in (("torch", "torch"), ("redis-py", "redis"), ("kafka-python", "kafka-python")):
         try:
-            lines.append(f"{label} {metadata.version(dist)}")
+            lines.append(f"{label} {_torch_version() if dist == 'torch' else metadata.version(dist)}")
         except metadata.PackageNotFoundError:
             lines.append(f"{label} not installed")
     try:
@@ -68,6 +70,15 @@ def version_report() -> str:
         device = "unknown (torch not importable)"
     lines.append(f"device {device}")
     return "\n".join(lines)
+
+
+def _torch_version() -> str:
+    """torch's own version string with its build tag; the wheel's metadata where torch will not import."""
+    try:
+        import torch
+    except ImportError:
+        return metadata.version("torch")
+    return str(torch.__version__)
 
 
 class _VersionAction(argparse.Action):

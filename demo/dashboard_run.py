@@ -2,7 +2,8 @@
 
 Runs on free loopback ports, every part a real process:
 
-1. redis-server and the Tansu broker (:mod:`kelp.harness`);
+1. redis-server and a Kafka broker (:mod:`kelp.harness`: Apache Kafka where
+   Java runs, Tansu otherwise);
 2. ``kelp train`` on the shipped Criteo example moved onto Kafka and Redis
    (the demo's production path), with its ``/metrics`` on a free port;
 3. a producer replaying the Criteo sample into the topic in waves at a set
@@ -75,12 +76,14 @@ def _write_config(cfg: KelpConfig, path: Path) -> Path:
     return path
 
 
-def _configs(base: KelpConfig, bootstrap: str, redis_url: str, workdir: Path) -> tuple[Path, Path, int, int]:
+def _configs(
+    base: KelpConfig, bootstrap: str, redis_url: str, workdir: Path, *, fetch_sessions: bool
+) -> tuple[Path, Path, int, int]:
     """(train config, serve config, trainer metrics port, serving port) on the real services."""
     from kelp.demo.run import _stream_config
     from kelp.harness import free_port
 
-    cfg = _stream_config(base, bootstrap, TOPIC, redis_url)
+    cfg = _stream_config(base, bootstrap, TOPIC, redis_url, fetch_sessions=fetch_sessions)
     cfg.trainer.checkpoint_dir = workdir / "checkpoints"
     cfg.trainer.eval_window_batches = 8
     cfg.metrics.host = "127.0.0.1"
@@ -196,7 +199,7 @@ def record_deployment(
 ) -> Recording:
     """Run the workload of the module docstring and return its scrapes (``seconds`` of them)."""
     from kelp.demo.serving import _samples
-    from kelp.harness import RedisServer, TansuBroker
+    from kelp.harness import RedisServer, make_broker
     from kelp.harness.process import ManagedProcess
 
     base = load_config(config_path)
@@ -207,13 +210,13 @@ def record_deployment(
         raise UserError(f"{config_path}: the sample {source.path} is missing")
     workdir = Path(tempfile.mkdtemp(prefix="kelp-dashboard-"))
     samples = _samples(source.path, 40)
-    with RedisServer() as redis_srv, TansuBroker() as broker:
+    with RedisServer() as redis_srv, make_broker() as broker:
         broker.create_topic(TOPIC, partitions=2)
         broker.create_topic(f"{TOPIC}-dead-letter", partitions=1)
         train_yaml, serve_yaml, metrics_port, serving_port = _configs(
-            base, broker.bootstrap, redis_srv.url, workdir
+            base, broker.bootstrap, redis_srv.url, workdir, fetch_sessions=broker.fetch_sessions_work
         )
-        out(f"  redis-server {redis_srv.url}   Tansu broker {broker.bootstrap}   workdir {workdir}")
+        out(f"  redis-server {redis_srv.url}   {broker.label} {broker.bootstrap}   workdir {workdir}")
         cli = [sys.executable, "-m", "kelp.cli"]
         trainer = ManagedProcess([*cli, "train", "--config", str(train_yaml)], "train", workdir)
         serving = ManagedProcess([*cli, "serve", "--config", str(serve_yaml)], "serve", workdir)

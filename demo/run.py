@@ -7,7 +7,8 @@ The demo grows with the system. Today it:
    rate, distinct ids per table, how many ids appear only once (what
    frequency admission saves) and how skewed accesses are (what a hot-row
    cache can win);
-3. starts a real redis-server and the Tansu broker on free loopback ports,
+3. starts a real redis-server and a Kafka broker (Apache Kafka where Java
+   runs, Tansu otherwise) on free loopback ports,
    produces the sample (plus three malformed records) into a topic, and runs
    the trainer's loop on it: micro-batches from a consumer group, rows pulled
    from Redis with admission, dlrm-small trained with progressive validation,
@@ -120,7 +121,9 @@ def _poison_records() -> list[bytes]:
     ]
 
 
-def _stream_config(cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str | None) -> KelpConfig:
+def _stream_config(
+    cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str | None, *, fetch_sessions: bool = True
+) -> KelpConfig:
     """The demo config moved onto the production path: Kafka source and (when given) a Redis store."""
     from kelp.config import KafkaSourceConfig, PublisherConfig, StoreConfig
 
@@ -133,7 +136,7 @@ def _stream_config(cfg: KelpConfig, bootstrap: str, topic: str, redis_url: str |
         max_poll_interval_ms=5000,
         session_timeout_ms=6000,
         heartbeat_interval_ms=1000,
-        incremental_fetch_sessions=False,  # Tansu mishandles them for paused partitions
+        incremental_fetch_sessions=fetch_sessions,  # off on Tansu: it mishandles them for paused partitions
     )
     if redis_url is not None:
         stream.store = StoreConfig(backend="redis", urls=[redis_url])
@@ -219,20 +222,20 @@ def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> D
 
     from kelp.consumers.produce import file_messages, produce
     from kelp.demo.serving import demo_serving
-    from kelp.harness import RedisServer, TansuBroker
+    from kelp.harness import RedisServer, make_broker
 
     source = cfg.source
     assert isinstance(source, FileSourceConfig)
     registry = CollectorRegistry()
     try:
-        redis_srv, broker = RedisServer(), TansuBroker()
+        redis_srv, broker = RedisServer(), make_broker()
     except MissingBinaryError as exc:
         out(f"  real services unavailable ({exc})")
         out("  falling back to the embedded path: file source + in-memory store")
         summary = _train(cfg, out, samples if limit is None else min(samples, limit), registry)
         return DemoStream(summary, False, 0, None)
     with redis_srv, broker:
-        out(f"  redis-server {redis_srv.url}   Tansu broker {broker.bootstrap}")
+        out(f"  redis-server {redis_srv.url}   {broker.label} {broker.bootstrap}")
         topic = "criteo-demo"
         broker.create_topic(topic, partitions=2)
         broker.create_topic(f"{topic}-dead-letter", partitions=1)
@@ -249,7 +252,9 @@ def _stream(cfg: KelpConfig, out: Printer, limit: int | None, samples: int) -> D
             f"  produced {produced.records} samples in {produced.messages} columnar messages "
             f"({produced.bytes / 1e6:.1f} MB) + 3 malformed records"
         )
-        stream_cfg = _stream_config(cfg, broker.bootstrap, topic, redis_srv.url)
+        stream_cfg = _stream_config(
+            cfg, broker.bootstrap, topic, redis_srv.url, fetch_sessions=broker.fetch_sessions_work
+        )
         summary = _train(stream_cfg, out, produced.records, registry, publish=True)
         rejected = {
             reason: int(registry.get_sample_value("kelp_records_rejected_total", {"reason": reason}) or 0)
@@ -295,7 +300,7 @@ def run_demo(config_path: Path | None = None, out: Printer = print, limit: int |
     )
     out("[2/4] profile of the real Criteo sample")
     report = _profile(cfg, out)
-    out("[3/4] train: Criteo sample -> Tansu (Kafka protocol) -> kelp train -> Redis store -> dlrm-small")
+    out("[3/4] train: Criteo sample -> Kafka -> kelp train -> Redis store -> dlrm-small")
     stream = _stream(cfg, out, limit, report.samples)
     summary = stream.summary
     report.services_ran = stream.services_ran

@@ -77,7 +77,10 @@ class ApacheKafka:
     """Apache Kafka ``version`` (KRaft, one node); see the module docstring for its listeners.
 
     ``properties`` override or add broker settings (``server.properties`` keys).
-    ``jvm_opts`` replace the default heap and GC flags.
+    ``jvm_opts`` replace the default heap and GC flags. ``workdir`` (default: a
+    new temporary folder, deleted by :meth:`cleanup`) holds the log
+    directories, the certificates and the broker's own log; one passed in is
+    left in place for a post-mortem.
     """
 
     name = "Apache Kafka"
@@ -96,7 +99,9 @@ class ApacheKafka:
         self.start_timeout_s = start_timeout_s
         self.properties = {**_DEFAULTS, **(properties or {})}
         self.jvm_opts = jvm_opts or ["-Xms256m", "-Xmx1g", "-XX:+UseSerialGC", "-Djava.awt.headless=true"]
+        self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kelp-kafka-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.sasl_ssl_port = free_port()
         self.ssl_port = free_port()
@@ -129,6 +134,11 @@ class ApacheKafka:
     @property
     def log_dir(self) -> Path:
         return self.workdir / "data"
+
+    @property
+    def storage(self) -> str:
+        """Where the records live, for reports (the same words as Tansu's storage URL)."""
+        return f"log.dirs={self.log_dir}"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -186,9 +196,10 @@ class ApacheKafka:
         return self._proc is not None and self._proc.alive()
 
     def cleanup(self) -> None:
-        """Stop and delete the work folder (log directories, certificates)."""
+        """Stop; delete the work folder (log directories, certificates) if this broker made it."""
         self.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def log_tail(self, lines: int = 40) -> str:
         return self._proc.log_tail(lines) if self._proc is not None else ""

@@ -44,13 +44,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="M",
         help="chaos: M minutes at a steady rate, no faults; RSS, fds, threads, p99 at start and end",
     )
+    parser.add_argument(
+        "--broker",
+        choices=("kafka", "tansu"),
+        default=None,
+        help="ingest, train, scale, freshness, chaos: the Kafka broker the suite starts "
+        "(default: Apache Kafka where java runs, else Tansu; $KELP_BROKER)",
+    )
     parser.set_defaults(handler=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
     exit_cleanly_on_sigterm()  # a stopped benchmark still stops the services it started
     result = run_suite(
-        args.suite, quick=args.quick, data_dir=args.data, out_dir=args.out, soak_minutes=args.soak_minutes
+        args.suite,
+        quick=args.quick,
+        data_dir=args.data,
+        out_dir=args.out,
+        soak_minutes=args.soak_minutes,
+        broker=args.broker,
     )
     # Always one JSON line, last on stdout (the benchmark contract); --json is accepted for it.
     print(json.dumps(result, sort_keys=True))
