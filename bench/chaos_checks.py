@@ -86,7 +86,13 @@ class OffsetWatcher(threading.Thread):
         while not self._halt.wait(self.interval_s):
             try:
                 if admin is None:
-                    admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
+                    # kafka-python backs off up to 30 s between reconnects; a restarted broker would
+                    # look unread that long (the Java client's 1 s is what the trainer uses too).
+                    admin = KafkaAdminClient(
+                        bootstrap_servers=self.bootstrap,
+                        request_timeout_ms=3000,
+                        reconnect_backoff_max_ms=1000,
+                    )
                 offsets = committed_offsets(admin, self.group, self.topic, self.partitions)
             except Exception:  # the broker is down or restarting: that read did not happen
                 self.failed_reads += 1

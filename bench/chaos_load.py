@@ -61,6 +61,7 @@ class SteadyProducer(threading.Thread):
                 retries=1_000,
                 retry_backoff_ms=200,
                 request_timeout_ms=5_000,
+                reconnect_backoff_max_ms=1_000,  # as a Java producer: back within a second of the broker
                 delivery_timeout_ms=120_000,
                 max_block_ms=60_000,
             )
