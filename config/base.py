@@ -11,9 +11,10 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["StrictModel", "identifier", "split_csv"]
+__all__ = ["StrictModel", "identifier", "kafka_topic", "split_csv"]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 class StrictModel(BaseModel):
@@ -27,6 +28,20 @@ def identifier(value: str, what: str) -> str:
     if not _IDENT.match(value):
         raise ValueError(
             f"{what} must start with a letter or '_' and use letters, digits, '_', '.', '-' only"
+        )
+    return value
+
+
+def kafka_topic(value: str) -> str:
+    """``value`` if Kafka accepts it as a topic name; a ValueError saying what a name may be otherwise.
+
+    The broker (and kafka-python's producer) refuse other names only when the
+    topic is first used, which for a dead-letter topic is the first rejected
+    record, hours into a run: checked with the config instead.
+    """
+    if value in {".", ".."} or not _TOPIC.match(value):
+        raise ValueError(
+            "expected a Kafka topic name: 1 to 249 of the characters a-z A-Z 0-9 . _ -, and not '.' or '..'"
         )
     return value
 

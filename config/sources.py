@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from kelp.config.base import StrictModel, split_csv
+from kelp.config.base import StrictModel, kafka_topic, split_csv
 
 __all__ = [
     "BatchingConfig",
@@ -162,10 +164,52 @@ class KafkaSourceConfig(StrictModel):
     dead_letter_topic: str | None = Field(
         "kelp-dead-letter",
         description="Rejected records go here with the reason in headers. None drops them "
-        "after counting (hazard: nothing to replay).",
+        "after counting (hazard: nothing to replay). A record too big for the dead-letter producer is "
+        "sent truncated, with headers truncated and original_size.",
+    )
+    max_initial_reject_fraction: float | None = Field(
+        0.99,
+        gt=0.0,
+        le=1.0,
+        description="Stop (exit 2, nothing committed) when at least this share of the first "
+        "initial_check_records records read from a partition is rejected: a topic of the wrong format "
+        "would otherwise be dead-lettered and committed whole. None: no check. Hazard: records of a "
+        "partition are held back until the check decides (at most initial_check_records, or until the "
+        "partition is caught up); on a slow topic records released before the check completes commit.",
+    )
+    initial_check_records: int = Field(
+        100,
+        ge=1,
+        le=100_000,
+        description="Records per partition the max_initial_reject_fraction check reads before deciding.",
     )
     auto_offset_reset: Literal["earliest", "latest"] = Field(
         "earliest", description="Where a group with no committed offset starts."
+    )
+    start_from: str = Field(
+        "committed",
+        description="Where each partition starts the first time this process is assigned it. committed: "
+        "the group's committed offset, else auto_offset_reset. earliest / latest: the partition's first "
+        "record / its end. A time, ISO-8601 with a zone (2024-05-01T00:00:00Z) or epoch milliseconds: "
+        "the first record whose timestamp is at or after it, or the end when none is. Commits then go on "
+        "as usual. Hazard: it applies at every start of the process, so a restart with it still set "
+        "replays (or skips) again; set it back to committed once the new position is committed.",
+    )
+    group_instance_id: str | None = Field(
+        None,
+        description="KIP-345 static membership: a member that restarts under the same id within "
+        "session_timeout_ms gets its partitions back and nobody's partitions move. In a trainer group of "
+        "several ranks each rank appends -<RANK>. None: dynamic membership (every restart rebalances). "
+        "Hazard: two live consumers with one id fence each other; a static member that is gone for good "
+        "keeps its partitions idle until session_timeout_ms passes (it never leaves the group).",
+    )
+    partition_assignment: Literal["cooperative-sticky", "sticky", "range", "roundrobin"] = Field(
+        "cooperative-sticky",
+        description="Partition assignor. cooperative-sticky (KIP-429): a rebalance revokes only the "
+        "partitions that move, the others keep being read. sticky, range, roundrobin: eager, every "
+        "rebalance revokes every partition first. Hazard: all members of a group need a common assignor; "
+        "changing between cooperative and eager in a running group needs every member stopped first "
+        "(a new member cannot join a group whose members share no assignor with it).",
     )
     max_poll_records: int = Field(2000, ge=1)
     fetch_max_bytes: int = Field(52_428_800, ge=1024, description="Bytes per fetch response.")
@@ -175,7 +219,23 @@ class KafkaSourceConfig(StrictModel):
     max_poll_interval_ms: int = Field(
         300_000, ge=1000, description="Hazard: the first group join waits up to this long on some brokers."
     )
+    metadata_max_age_ms: int = Field(
+        30_000,
+        ge=100,
+        description="Longest time between two refreshes of the topics' metadata (ms). Partitions added to "
+        "a topic are read only after a refresh shows them, so this bounds how long new partitions sit "
+        "unread (kafka-python's own default is 5 min). A deleted or recreated topic is usually seen "
+        "sooner, through fetch errors. Hazard: each refresh is one request per consumer; very low values "
+        "add load on large groups.",
+    )
     max_message_bytes: int = Field(1_048_576, ge=64, description="Larger records are rejected as oversize.")
+    reconnect_backoff_max_ms: int = Field(
+        1000,
+        ge=50,
+        description="Longest wait between reconnects to a broker that went away. kafka-python's own "
+        "default (30 s) left a trainer idle for most of that after a broker came back within seconds; "
+        "1 s is the Java client's default.",
+    )
     incremental_fetch_sessions: bool = Field(
         True,
         description="KIP-227 incremental fetch sessions. Hazard: on the Tansu test broker a consumer that "
@@ -185,6 +245,61 @@ class KafkaSourceConfig(StrictModel):
 
     _split = field_validator("bootstrap_servers", "topics", mode="before")(split_csv)
 
+    @field_validator("topics")
+    @classmethod
+    def _topic_names(cls, value: list[str]) -> list[str]:
+        for i, name in enumerate(value):
+            try:
+                kafka_topic(name)
+            except ValueError as exc:
+                raise ValueError(f"topics[{i}] {name!r}: {exc}") from None
+        return value
+
+    @field_validator("dead_letter_topic")
+    @classmethod
+    def _dead_letter_name(cls, value: str | None) -> str | None:
+        return None if value is None else kafka_topic(value)
+
+    @field_validator("start_from", mode="before")
+    @classmethod
+    def _start_from(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, str):
+            text = value.strip()
+            if text in _START_KEYWORDS or start_timestamp_ms(text) is not None:
+                return text
+        raise ValueError(
+            "expected committed, earliest, latest, an ISO-8601 time with a zone, or epoch milliseconds"
+        )
+
+    @field_validator("group_instance_id")
+    @classmethod
+    def _instance_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_instance_id(value)
+
+    @property
+    def start_timestamp_ms(self) -> int | None:
+        """``start_from`` as epoch milliseconds when it is a time; None for the keywords."""
+        return start_timestamp_ms(self.start_from)
+
+    def for_rank(self, rank: int, world_size: int) -> KafkaSourceConfig:
+        """This rank's copy: in a group of several ranks the static member id gets ``-<rank>``.
+
+        Ranks share one config (and, under torchrun on one host, one environment),
+        but two live consumers with one ``group.instance.id`` fence each other, so
+        each rank needs its own. torchrun's global rank is unique in the group
+        whichever host a rank runs on.
+        """
+        if self.group_instance_id is None or world_size <= 1:
+            return self
+        member = f"{self.group_instance_id}-{rank}"
+        try:
+            check_instance_id(member)
+        except ValueError as exc:
+            raise ValueError(f"source.group_instance_id: rank {rank}'s id {member!r}: {exc}") from None
+        return self.model_copy(update={"group_instance_id": member})
+
     @model_validator(mode="after")
     def _intervals(self) -> Self:
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
@@ -193,6 +308,45 @@ class KafkaSourceConfig(StrictModel):
                 f"({self.session_timeout_ms})"
             )
         return self
+
+
+_START_KEYWORDS = ("committed", "earliest", "latest")
+_INSTANCE_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+_INSTANCE_ID_MAX = 249  # the broker's limit (JoinGroupRequest.validateGroupInstanceId)
+
+
+def start_timestamp_ms(value: str) -> int | None:
+    """Epoch milliseconds from ``"1714521600000"`` or an ISO-8601 time with a zone; None otherwise.
+
+    A time without a zone is refused (None): read on hosts in different zones it
+    would name different instants.
+
+    >>> start_timestamp_ms("2024-05-01T00:00:00Z"), start_timestamp_ms("1714521600000")
+    (1714521600000, 1714521600000)
+    >>> start_timestamp_ms("2024-05-01T00:00:00") is None
+    True
+    """
+    if value.isascii() and value.isdigit():
+        return int(value)
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if when.tzinfo is None or when.utcoffset() is None:
+        return None
+    ms = int(when.timestamp() * 1000)
+    return ms if ms >= 0 else None  # Kafka timestamps start at the epoch
+
+
+def check_instance_id(value: str) -> str:
+    """``value`` if the broker accepts it as a ``group.instance.id``, else a ValueError saying why."""
+    if not value or value in {".", ".."}:
+        raise ValueError("expected a non-empty id other than '.' or '..'")
+    if len(value) > _INSTANCE_ID_MAX:
+        raise ValueError(f"expected at most {_INSTANCE_ID_MAX} characters, got {len(value)}")
+    if not _INSTANCE_ID.match(value):
+        raise ValueError("expected letters, digits, '.', '_' and '-' only (Kafka's rule for instance ids)")
+    return value
 
 
 SourceConfig = Annotated[KafkaSourceConfig | FileSourceConfig, Field(discriminator="kind")]

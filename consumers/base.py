@@ -55,6 +55,14 @@ class Source(Closeable, ABC):
     def close(self) -> None:
         """Commit what is committable, then release the broker connection or file."""
 
+    def not_ready_reason(self) -> str | None:
+        """Why the source cannot deliver samples now (a topic it reads is gone), or None.
+
+        The trainer answers ``/readyz`` with it. It is a state the source leaves
+        by itself (the topic comes back), not an error: nothing is raised.
+        """
+        return None
+
     def expected_samples(self) -> int | None:
         """About how many samples a finite input holds (for progress lines); None for a stream (Kafka)."""
         return None

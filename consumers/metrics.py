@@ -12,8 +12,17 @@
 ``kelp_consumer_queue_batches``             gauge: batches waiting for the trainer
 ``kelp_consumer_paused``                    gauge: 1 while fetching is paused for back-pressure
 ``kelp_consumer_commits_total``             offset commits sent, by result (ok, failed)
+``kelp_consumer_partitions_assigned_total`` partitions a rebalance handed to this member
+``kelp_consumer_partitions_revoked_total``  partitions taken from it (rebalance, lost membership, close)
+``kelp_consumer_offset_resets_total``       partitions moved to auto_offset_reset, by reason
+                                            (offset_beyond_end, topic_recreated)
+``kelp_consumer_topic_missing``             gauge: 1 while a subscribed topic is gone from the cluster
 ``kelp_records_rejected_total``             rejected samples, by reason (see codec.REASONS)
 ``kelp_consumer_dead_letters_total``        records sent to the dead-letter topic, by result
+``kelp_consumer_rejected_records_total``    records rejected, by topic and reason (a rate over
+                                            ``kelp_consumer_records_total`` is the share rejected)
+``kelp_consumer_dead_letter_truncated_total``  dead-letter records cut to fit the producer's limit
+``kelp_consumer_dead_letter_dropped_bytes_total``  bytes of those records left out of the copy
 ==========================================  =======================================================
 """
 
@@ -47,5 +56,37 @@ class ConsumerMetrics:
         self.queue = m.gauge("queue_batches", "Micro-batches waiting for the trainer.")
         self.paused = m.gauge("paused", "1 while fetching is paused because the batch queue is full.")
         self.commits = m.counter("commits", "Offset commits sent.", ["result"])
+        # Per partition: which partitions a rebalance moved shows whether it was incremental (KIP-429)
+        # or a static member's restart moved nothing (KIP-345).
+        self.assigned = m.counter(
+            "partitions_assigned", "Partitions handed to this member by a rebalance.", ["topic", "partition"]
+        )
+        self.revoked = m.counter(
+            "partitions_revoked",
+            "Partitions taken from this member (by a rebalance, a lost membership or close).",
+            ["topic", "partition"],
+        )
+        self.offset_resets = m.counter(
+            "offset_resets",
+            "Partitions moved to source.auto_offset_reset because their offset was not valid on the "
+            "topic, by reason (offset_beyond_end, topic_recreated).",
+            ["reason"],
+        )
+        self.topic_missing = m.gauge(
+            "topic_missing", "1 while a subscribed topic is absent from the cluster metadata.", ["topic"]
+        )
         self.dead_letters = m.counter("dead_letters", "Records sent to the dead-letter topic.", ["result"])
         self.rejected = root.counter("records_rejected", "Rejected samples, by reason.", ["reason"])
+        # Per topic, in records, so a share of kelp_consumer_records_total is computable (an alert
+        # on a topic of the wrong format); kelp_records_rejected_total keeps its labels for dashboards.
+        self.rejected_records = m.counter(
+            "rejected_records",
+            "Records rejected (whole or some rows), by topic and reason.",
+            ["topic", "reason"],
+        )
+        self.dead_letter_truncated = m.counter(
+            "dead_letter_truncated", "Dead-letter records cut short to fit the producer's max_request_size."
+        )
+        self.dead_letter_dropped_bytes = m.counter(
+            "dead_letter_dropped_bytes", "Bytes of truncated dead-letter records left out of the copy."
+        )

@@ -13,7 +13,7 @@ import msgpack
 import numpy as np
 
 from kelp import progress
-from kelp.consumers.errors import SourceUserError, translate_kafka_error
+from kelp.consumers.errors import SourceUserError, translate_kafka_error, watch_bootstrap
 from kelp.errors import KelpError
 
 __all__ = ["ProduceSummary", "file_messages", "produce"]
@@ -112,9 +112,12 @@ def produce(
     from kafka import KafkaProducer
 
     try:
-        producer = KafkaProducer(
-            linger_ms=20, batch_size=1_048_576, max_request_size=8_388_608, acks="all", **producer_cfg
-        )
+        with watch_bootstrap(producer_cfg):  # a refused login or certificate: a user error, not a timeout
+            producer = KafkaProducer(
+                linger_ms=20, batch_size=1_048_576, max_request_size=8_388_608, acks="all", **producer_cfg
+            )
+    except KelpError:
+        raise
     except Exception as exc:
         raise translate_kafka_error(exc, connecting) from exc
     start = last = time.monotonic()

@@ -14,16 +14,17 @@ Checked: each Redis node of ``store.urls`` (not the memory backend), the
 snapshot channel's ``publisher.redis_url`` (the trainer only when it publishes),
 and, for the trainer, the Kafka bootstrap servers. Wrong credentials are not
 retried: they fail at once as :class:`~kelp.errors.RedisAuthError` or
-:class:`~kelp.consumers.errors.SourceUserError`. ``kelp config validate`` does
+:class:`~kelp.consumers.errors.SourceUserError` (exit 2). Kafka reports a refused
+SASL login or certificate only as a bootstrap that never completes, so those
+fail when the budget is spent, as :class:`~kelp.consumers.errors.SourceAuthError`
+(exit 2), naming the listener and the ``source.security`` setting to check. ``kelp config validate`` does
 not contact anything; this runs only where a process starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from kelp.config import KafkaSourceConfig, KelpConfig
@@ -109,18 +110,21 @@ def _kafka_bootstrap(source: KafkaSourceConfig, budget: float) -> Callable[[], N
     """Bootstrap a throw-away consumer (metadata from any one broker), bounded by the budget itself.
 
     kafka-python retries the bootstrap on its own until ``bootstrap_timeout_ms``,
-    so one attempt covers the budget; its per-attempt error logs are muted (the
-    one line below says it all).
+    so one attempt covers the budget; its per-attempt error logs are kept off the
+    output (the one line below says it all). An attempt refused for credentials
+    or TLS trust makes the failure a :class:`~kelp.consumers.errors.SourceAuthError`
+    (exit 2) rather than "no broker answered": waiting cannot fix those.
     """
     from kafka import KafkaConsumer
 
-    from kelp.consumers.errors import SourceUserError, translate_kafka_error
+    from kelp.consumers.errors import SourceUserError, translate_kafka_error, watch_bootstrap
     from kelp.consumers.kafka_source import client_settings
 
     def probe() -> None:
+        settings = client_settings(source)
         try:
-            with _quiet("kafka"):
-                consumer = KafkaConsumer(**client_settings(source), bootstrap_timeout_ms=int(budget * 1000))
+            with watch_bootstrap(settings):
+                consumer = KafkaConsumer(**settings, bootstrap_timeout_ms=int(budget * 1000))
                 consumer.close()
         except Exception as exc:
             err = translate_kafka_error(exc, "bootstrap")
@@ -140,14 +144,3 @@ def _reason_of(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     name = type(exc).__name__
     return text if text.startswith(name) else f"{name}: {text}"
-
-
-@contextmanager
-def _quiet(logger: str) -> Iterator[None]:
-    log = logging.getLogger(logger)
-    before = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(before)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from kelp.config import KelpConfig
+from kelp.config import KafkaSourceConfig, KelpConfig, SourceConfig
 from kelp.daemon.group import Round, TrainingGroup, launched_world
 from kelp.daemon.health import HealthServer
 from kelp.daemon.ledger import UpdateLedger
@@ -167,6 +167,10 @@ class TrainDaemon:
             return False, self._state
         if self.guard.in_outage:
             return False, "store unavailable, retrying"
+        source = self._source
+        reason = source.not_ready_reason() if source is not None else None
+        if reason:
+            return False, reason
         return True, "ready"
 
     # ------------------------------------------------------------------ run
@@ -183,6 +187,7 @@ class TrainDaemon:
                 f"{self.group.size} ranks (each would train every record); use kind: kafka, "
                 "whose consumer group splits the partitions"
             )
+        source_cfg = self._rank_source()
         started = time.perf_counter()
         threads_before = torch.get_num_threads()
         if self._http and cfg.metrics.enabled:
@@ -200,7 +205,7 @@ class TrainDaemon:
                 self._build_model()
                 publisher = self._build_publisher()
                 try:
-                    with build_source(cfg.source, cfg.features, cfg.batching, self.registry) as source:
+                    with build_source(source_cfg, cfg.features, cfg.batching, self.registry) as source:
                         self._loop(source, store, publisher)
                     self._store_stats = _cheap_stats(store)
                 finally:
@@ -224,6 +229,16 @@ class TrainDaemon:
             if self._health is not None:
                 self._health.stop()
         return self.report
+
+    def _rank_source(self) -> SourceConfig:
+        """``cfg.source`` as this rank uses it: a static member id unique to the rank in a group."""
+        source = self.cfg.source
+        if not isinstance(source, KafkaSourceConfig):
+            return source
+        try:
+            return source.for_rank(self.group.rank, self.group.size)
+        except ValueError as exc:
+            raise UserError(f"{self.origin}: {exc}") from None
 
     def _build_model(self) -> None:
         from kelp.trainer import ProgressiveValidator, TrainStep, build_model, resolve_device

@@ -6,6 +6,9 @@ restart). A fatal error exits 1 with one line; a bad config exits 2. A rank of
 a group that drained only because another rank was stopping exits 75, so its
 torchrun agent restarts it (a stopped pod's peers rejoin rather than finish).
 
+``--start-from WHERE`` overrides ``source.start_from`` for this run (a replay
+from a point in time, see :class:`~kelp.config.KafkaSourceConfig`).
+
 ``--nproc K`` (K > 1) starts a trainer group of K ranks on this machine with
 torchrun's own launcher (``torch.distributed.run --standalone``): the same as
 ``torchrun --standalone --nproc-per-node K --max-restarts R -m kelp.cli train
@@ -23,7 +26,9 @@ import signal
 import sys
 from types import FrameType
 
-from kelp.config import load_config
+from pydantic import ValidationError
+
+from kelp.config import KafkaSourceConfig, KelpConfig, load_config
 from kelp.errors import UserError
 
 __all__ = ["register"]
@@ -44,12 +49,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--nproc", type=int, default=1, help="ranks of a trainer group on this machine (torchrun's launcher)"
     )
     parser.add_argument(
+        "--start-from",
+        default=None,
+        metavar="WHERE",
+        help="override source.start_from: committed, earliest, latest, an ISO-8601 time with a zone, or "
+        "epoch milliseconds (a replay: applied again at every start while the flag is given)",
+    )
+    parser.add_argument(
         "--max-restarts",
         type=int,
         default=3,
         help="with --nproc: group restarts after a rank dies (default 3)",
     )
     parser.set_defaults(handler=_train)
+
+
+def _override_start(cfg: KelpConfig, value: str | None) -> None:
+    """Apply ``--start-from`` to ``source.start_from``, checked like the config field."""
+    if value is None:
+        return
+    if not isinstance(cfg.source, KafkaSourceConfig):
+        raise UserError(f"--start-from needs source.kind: kafka, not {cfg.source.kind}")
+    try:
+        cfg.source.start_from = value
+    except ValidationError as exc:
+        reason = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+        raise UserError(f"--start-from: got {value!r}: {reason}") from None
 
 
 def _launch_group(args: argparse.Namespace) -> int:
@@ -59,6 +84,7 @@ def _launch_group(args: argparse.Namespace) -> int:
     from torch.distributed.run import get_args_parser, run
 
     cfg = load_config(args.config)  # a bad config fails here, once, not in K ranks
+    _override_start(cfg, args.start_from)
     if cfg.source.kind != "kafka":
         raise UserError(
             f"{args.config}: --nproc {args.nproc} needs source.kind: kafka (a consumer group splits "
@@ -77,6 +103,8 @@ def _launch_group(args: argparse.Namespace) -> int:
     ]
     if args.max_steps is not None:
         argv += ["--max-steps", str(args.max_steps)]
+    if args.start_from is not None:
+        argv += ["--start-from", args.start_from]
     try:
         run(get_args_parser().parse_args(argv))
     except SignalException as exc:
@@ -108,6 +136,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     if args.max_steps is not None:
         cfg.trainer.max_steps = args.max_steps
+    _override_start(cfg, args.start_from)
     preflight(cfg, args.config, role="train")  # config mistakes first, then the endpoints
     check_endpoints(cfg, "train")  # a wrong address fails within trainer.startup_timeout_s
     daemon = TrainDaemon(cfg, origin=args.config)

@@ -1,13 +1,11 @@
-"""Kafka security settings reach kafka-python unchanged (config level: the test broker has no SASL/TLS).
+"""Kafka security settings reach kafka-python unchanged (config level, no broker).
 
-Tansu 0.6.0, the broker the tests run, lists ``--authentication``, ``--cert``
-and ``--key`` in ``kafka_broker broker --help``, but its CLI refuses ``--cert`` with
-``--key`` and a kafka-python TLS client never completed a handshake with it, so
-SASL and TLS cannot be exercised end to end here (README, "Kafka security").
-What this checks instead: ``source.security`` becomes kafka-python's own
-option names and values for the consumer, the dead-letter producer and admin
-clients, every name is one kafka-python accepts (it rejects unknown options at
-construction), and the secrets come from the environment, never the file.
+``source.security`` becomes kafka-python's own option names and values for the
+consumer, the dead-letter producer and admin clients, every name is one
+kafka-python accepts (it rejects unknown options at construction), and the
+secrets come from the environment, never the file. The same settings working
+against a real broker (SASL_SSL with SCRAM-SHA-512, and mutual TLS), and each
+refusal failing with one line, is ``test_kafka_security_e2e.py``.
 """
 
 from __future__ import annotations
@@ -97,3 +95,25 @@ def test_a_sasl_mechanism_without_its_password_is_refused(tmp_path: Path) -> Non
     security = {"protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u"}
     with pytest.raises(ConfigError, match="sasl_password"):
         _cfg(tmp_path, security)
+
+
+def test_a_sasl_listener_closing_every_login_is_a_refusal_but_an_outage_is_not() -> None:
+    """kafka-python may lose the broker's SASL failure and see only closed connections; an outage refuses."""
+    from kafka.errors import KafkaConnectionError
+
+    from kelp.consumers.errors import SourceAuthError, _refusal
+
+    settings = {
+        "bootstrap_servers": ["broker:9093"],
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "kelp",
+    }
+    closed = [KafkaConnectionError("socket disconnected")] * 3
+    refusal = _refusal(closed, settings)
+    assert isinstance(refusal, SourceAuthError)
+    assert "broker:9093 (SASL_SSL)" in str(refusal) and "source.security.sasl_password" in str(refusal)
+    outage = [*closed, KafkaConnectionError("111 ECONNREFUSED")]
+    assert _refusal(outage, settings) is None
+    assert _refusal(closed[:1], settings) is None
+    assert _refusal(closed, {**settings, "security_protocol": "SSL"}) is None

@@ -59,14 +59,18 @@ def _kelp_containers(docs: list[Manifest]) -> list[tuple[Manifest, dict[str, Any
     ]
 
 
-def _fake_secret_env(container: dict[str, Any]) -> dict[str, str]:
-    """The container's environment, with every Secret (or pod field) reference replaced by a placeholder."""
+def _fake_secret_env(container: dict[str, Any], pod_name: str = "kelp-trainer-0") -> dict[str, str]:
+    """The container's environment, with every Secret (or pod field) reference replaced by a placeholder.
+
+    ``metadata.name`` becomes ``pod_name``: the config checks what it feeds (the consumer's instance id).
+    """
     env: dict[str, str] = {}
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = str(var["value"])
         elif "fieldRef" in var["valueFrom"]:
-            env[var["name"]] = f"field:{var['valueFrom']['fieldRef']['fieldPath']}"
+            path = var["valueFrom"]["fieldRef"]["fieldPath"]
+            env[var["name"]] = pod_name if path == "metadata.name" else f"field:{path}"
         else:
             ref = var["valueFrom"]["secretKeyRef"]
             env[var["name"]] = f"secret:{ref['name']}/{ref['key']}"
@@ -277,7 +281,9 @@ def test_secrets_become_kelp_env_overrides(production_manifests: list[Manifest])
     values = load_values(PRODUCTION_VALUES)["secrets"]
     for _doc, container in _kelp_containers(production_manifests):
         refs = {
-            var["name"]: var["valueFrom"]["secretKeyRef"] for var in container["env"] if "valueFrom" in var
+            var["name"]: var["valueFrom"]["secretKeyRef"]
+            for var in container["env"]
+            if "secretKeyRef" in var.get("valueFrom", {})
         }
         assert refs["KELP_STORE__PASSWORD"] == {
             "name": values["store"]["password"]["existingSecret"],
@@ -399,6 +405,38 @@ def test_trainer_group_runs_torchrun_with_a_c10d_rendezvous_on_pod_0(render: Ren
     # Every rank still reads the one config and joins the one consumer group.
     cfg = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
     assert cfg["source"]["group_id"] == "kelp-trainer"
+
+
+@pytest.mark.parametrize(("values", "replicas"), [({}, 1), ({"trainer": {"replicas": 3}}, 3)])
+def test_trainer_pods_are_static_group_members_named_after_the_pod(
+    render: Render, values: dict[str, Any], replicas: int
+) -> None:
+    """KIP-345: the pod name (stable across a StatefulSet pod's restarts) is the consumer's instance id.
+
+    A restarted pod then rejoins the group as the same member and no partition moves. With several
+    ranks each rank's id gets its rank, so the ids are distinct within the group.
+    """
+    docs = render(values)
+    trainer = find(docs, "StatefulSet", "-trainer")
+    (container,) = pod_spec(trainer)["containers"]
+    env = {var["name"]: var for var in container["env"]}
+    assert env["KELP_SOURCE__GROUP_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    data = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    ids = set()
+    for rank in range(replicas):
+        pod = f"{trainer['metadata']['name']}-{rank}"
+        cfg = parse_config(data, pod, _fake_secret_env(container, pod))
+        assert cfg.source.kind == "kafka" and cfg.source.group_instance_id == pod
+        ids.add(cfg.source.for_rank(rank, replicas).group_instance_id)
+    assert len(ids) == replicas
+
+
+def test_an_instance_id_in_the_config_replaces_the_pod_name(render: Render) -> None:
+    docs = render({"config": {"source": {"group_instance_id": "trainer-a"}}})
+    (container,) = pod_spec(find(docs, "StatefulSet", "-trainer"))["containers"]
+    assert "KELP_SOURCE__GROUP_INSTANCE_ID" not in {var["name"] for var in container["env"]}
+    cfg = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    assert cfg["source"]["group_instance_id"] == "trainer-a"
 
 
 @pytest.mark.parametrize("replicas", [2, 3, 12])
@@ -629,7 +667,11 @@ def test_packaged_chart_renders_the_same(tmp_path: Path, production_manifests: l
 def _env_refs(container: dict[str, Any]) -> dict[str, dict[str, str]]:
     names = [var["name"] for var in container["env"]]
     assert len(names) == len(set(names)), f"duplicate env vars: {names}"
-    return {var["name"]: var["valueFrom"]["secretKeyRef"] for var in container["env"] if "valueFrom" in var}
+    return {
+        var["name"]: var["valueFrom"]["secretKeyRef"]
+        for var in container["env"]
+        if "secretKeyRef" in var.get("valueFrom", {})  # not the pod fields (fieldRef)
+    }
 
 
 def test_trainer_and_serving_log_in_as_their_own_redis_users(render: Render) -> None:
