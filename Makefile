@@ -39,9 +39,10 @@ lint: setup
 	PY=$(PY) bash scripts/lint-imports.sh
 
 # The Kafka tests run on Apache Kafka (KRaft); its jars are fetched by Maven into
-# ~/.cache/kelp first, so no test pays for the download. Without java or mvn
-# this prints that the tests fall back to Tansu.
-kafka-jars: setup
+# ~/.cache/kelp first, so no test pays for the download. system-deps-test installs
+# java and mvn when apt-get can; without them this prints that the tests fall back
+# to Tansu.
+kafka-jars: setup system-deps-test
 	$(PY) -m kelp.harness.kafka_dist
 
 test: setup system-deps-test lint kafka-jars

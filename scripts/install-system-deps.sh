@@ -6,7 +6,10 @@
 #                                                     every Redis-backed run need (`make demo`, `make setup`)
 #   scripts/install-system-deps.sh --with-test-tools  also promtool (Debian package `prometheus`): a
 #                                                     test-only tool, the deploy tests check the alert
-#                                                     rules and the dashboard's PromQL with it (`make test`)
+#                                                     rules and the dashboard's PromQL with it (`make test`);
+#                                                     and, best effort, Java 17 and Maven (`openjdk-17-jre-headless`,
+#                                                     `maven`) for the Apache Kafka test broker: where they
+#                                                     cannot be installed the tests fall back to Tansu
 #   ... --dry-run                                     print what would be installed, install nothing
 set -euo pipefail
 
@@ -26,6 +29,34 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 if [ "$with_test_tools" -eq 1 ]; then
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 fi
+
+# The Kafka test broker's needs: wanted, not required (the tests fall back to Tansu without them).
+optional=()
+if [ "$with_test_tools" -eq 1 ]; then
+  command -v java >/dev/null 2>&1 || optional+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null 2>&1 || optional+=(maven)
+fi
+
+install_optional() {
+  [ ${#optional[@]} -eq 0 ] && return 0
+  if [ "$dry_run" -eq 1 ]; then
+    echo "kelp: would install ${optional[*]} with apt-get (optional: the Apache Kafka test broker)" >&2
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "kelp: ${optional[*]} missing and apt-get is not available; the Kafka tests will run on Tansu" >&2
+    return 0
+  fi
+  local sudo_opt=()
+  [ "$(id -u)" -ne 0 ] && sudo_opt=(sudo)
+  echo "kelp: installing ${optional[*]} with apt-get (the Apache Kafka test broker)" >&2
+  "${sudo_opt[@]}" apt-get update -qq || true
+  if ! "${sudo_opt[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${optional[@]}"; then
+    echo "kelp: could not install ${optional[*]}; the Kafka tests will run on Tansu" >&2
+  fi
+}
+
+install_optional
 
 if [ ${#missing[@]} -eq 0 ]; then
   [ "$dry_run" -eq 1 ] && echo "kelp: nothing to install" >&2

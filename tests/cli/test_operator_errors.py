@@ -348,6 +348,9 @@ def _deps(tmp_path: Path, *args: str) -> str:
 def test_the_demo_installs_no_test_only_system_package(tmp_path: Path) -> None:
     assert "would install redis-server redis-tools with apt-get" in _deps(tmp_path)
     assert "prometheus" in _deps(tmp_path, "--with-test-tools")
+    # Java and Maven for the Apache Kafka test broker: wanted by the tests, never by the demo.
+    assert "openjdk-17-jre-headless maven" in _deps(tmp_path, "--with-test-tools")
+    assert "openjdk" not in _deps(tmp_path) and "maven" not in _deps(tmp_path)
 
     def recipe(target: str) -> str:
         made = subprocess.run(
