@@ -42,6 +42,9 @@ def decode_body(raw: bytes, content_type: str) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):
+            # Too deep for orjson is too deep for a request; Python 3.12's json would parse it.
+            raise BadRequestError("bad_json", f"the body is not JSON: {exc}") from None
         try:
             return json.loads(raw)
         except (ValueError, RecursionError):
