@@ -30,7 +30,8 @@ from kelp.bench.runner import progress
 from kelp.bench.synth import synth_messages
 from kelp.config import BatchingConfig, KafkaSourceConfig
 from kelp.consumers.criteo import criteo_feature_spec
-from kelp.consumers.kafka_source import KafkaSource, consumer_settings
+from kelp.consumers.kafka_settings import consumer_settings
+from kelp.consumers.kafka_source import KafkaSource
 from kelp.consumers.produce import produce
 from kelp.harness import make_broker
 

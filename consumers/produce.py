@@ -13,7 +13,8 @@ import msgpack
 import numpy as np
 
 from kelp import progress
-from kelp.consumers.errors import SourceUserError, translate_kafka_error, watch_bootstrap
+from kelp.consumers.bootstrap_check import watch_bootstrap
+from kelp.consumers.errors import SourceUserError, translate_kafka_error
 from kelp.errors import KelpError
 
 __all__ = ["ProduceSummary", "file_messages", "produce"]

@@ -117,8 +117,9 @@ def _kafka_bootstrap(source: KafkaSourceConfig, budget: float) -> Callable[[], N
     """
     from kafka import KafkaConsumer
 
-    from kelp.consumers.errors import SourceUserError, translate_kafka_error, watch_bootstrap
-    from kelp.consumers.kafka_source import client_settings
+    from kelp.consumers.bootstrap_check import watch_bootstrap
+    from kelp.consumers.errors import SourceUserError, translate_kafka_error
+    from kelp.consumers.kafka_settings import client_settings
 
     def probe() -> None:
         settings = client_settings(source)

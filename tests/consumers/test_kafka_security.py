@@ -16,7 +16,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from kelp.config import parse_config
-from kelp.consumers.kafka_source import client_settings, consumer_settings
+from kelp.consumers.kafka_settings import client_settings, consumer_settings
 
 
 def _source(tmp_path: Path, security: dict[str, object]) -> dict[str, object]:
@@ -101,7 +101,8 @@ def test_a_sasl_listener_closing_every_login_is_a_refusal_but_an_outage_is_not()
     """kafka-python may lose the broker's SASL failure and see only closed connections; an outage refuses."""
     from kafka.errors import KafkaConnectionError
 
-    from kelp.consumers.errors import SourceAuthError, _refusal
+    from kelp.consumers.bootstrap_check import _refusal
+    from kelp.consumers.errors import SourceAuthError
 
     settings = {
         "bootstrap_servers": ["broker:9093"],
