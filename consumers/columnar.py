@@ -9,7 +9,7 @@ Messages entirely in the packed one-id-per-sample form ``kelp produce``
 writes go through :class:`PackedRun` instead: it only checks byte lengths
 and joins each column's bytes across the run, so a run of 90 messages costs
 one ``frombuffer`` per column rather than 30 numpy calls per message
-(issue 14: 2.4M -> see docs/performance.md). Anything else takes
+(docs/performance.md). Anything else takes
 :func:`read_columnar`, which gives every reject reason.
 """
 

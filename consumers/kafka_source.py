@@ -467,8 +467,8 @@ class KafkaSource(Source):
 
         A commit is a broker round trip on this thread, and the trainer reports
         every batch: in a profile of the poll thread the synchronous commits
-        took 11% of its time, while records waited to be decoded (issue 14,
-        docs/performance.md). Reports are therefore gathered and committed at
+        took a large share of its time while records waited to be decoded
+        (docs/performance.md). Reports are therefore gathered and committed at
         most every ``_COMMIT_INTERVAL_S`` (the old per-report commit gathered
         only what came in between two polls), except when a caller waits
         (``commit(..., wait=True)``) and at shutdown (``final``); revocations

@@ -14,7 +14,7 @@ policy                                counts sightings  stores the init row now 
 :class:`AdmitByChance` (p)            no                yes                       discarded
 ====================================  ================  ========================  ======================
 
-A new rule (issue 13: per-sample counts, hashed fallback rows) is a new
+A new rule (such as per-sample counts or hashed fallback rows) is a new
 subclass plus a line in :func:`build_admission`, not a new branch in the backends.
 
 >>> AdmitAfterCount(min_count=3).admit(4, np.array([1, 2, 3, 4])).tolist()

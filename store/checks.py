@@ -187,7 +187,7 @@ def check_multi_table(make_store: MakeStore) -> None:
 
 def check_one_id_table_first(make_store: MakeStore) -> None:
     """A pull whose first table has one id (a serving request's user feature) keeps every other
-    table's rows in order, whichever shard that one id lives on (found broken on 3 shards in issue 14)."""
+    table's rows in order, whichever shard that one id lives on (this once broke on 3 shards)."""
     with make_store([TableSpec(name="user", dim=2), TableSpec(name="item", dim=2)]) as store:
         ids = np.arange(1, 65, dtype=np.uint64)
         rows = np.repeat(ids.astype(np.float32)[:, None], 2, axis=1)

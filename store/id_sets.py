@@ -4,8 +4,8 @@
 paths one side is small or already sorted: the hot tier checks ~1k raced ids per
 table against the rows a pull keeps, and the update ledger patches each pull's
 sorted ids with each newer step's sorted update ids, 26 tables at a time. Sorting
-only the other side (when it is not sorted yet) and searching it is 1.3-7x cheaper
-(docs/performance.md, stop 24).
+only the other side (when it is not sorted yet) and searching it is cheaper
+(docs/performance.md).
 """
 
 from __future__ import annotations
