@@ -37,26 +37,27 @@ if [ "$with_test_tools" -eq 1 ]; then
   command -v mvn >/dev/null 2>&1 || optional+=(maven)
 fi
 
-install_optional() {
-  [ ${#optional[@]} -eq 0 ] && return 0
-  if [ "$dry_run" -eq 1 ]; then
-    echo "kelp: would install ${optional[*]} with apt-get (optional: the Apache Kafka test broker)" >&2
-    return 0
-  fi
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "kelp: ${optional[*]} missing and apt-get is not available; the Kafka tests will run on Tansu" >&2
-    return 0
-  fi
-  local sudo_opt=()
-  [ "$(id -u)" -ne 0 ] && sudo_opt=(sudo)
-  echo "kelp: installing ${optional[*]} with apt-get (the Apache Kafka test broker)" >&2
-  "${sudo_opt[@]}" apt-get update -qq || true
-  if ! "${sudo_opt[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${optional[@]}"; then
-    echo "kelp: could not install ${optional[*]}; the Kafka tests will run on Tansu" >&2
-  fi
+# apt_install WHY PACKAGE...: one apt-get install for these packages; its status is apt-get's.
+apt_install() {
+  local why="$1"
+  shift
+  local sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  echo "kelp: installing $* with apt-get${why:+ ($why)}" >&2
+  "${sudo_cmd[@]}" apt-get update -qq || return 1
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
 }
 
-install_optional
+# The Kafka test broker's needs first: wanted, not required, so nothing here stops the script.
+if [ ${#optional[@]} -gt 0 ]; then
+  if [ "$dry_run" -eq 1 ]; then
+    echo "kelp: would install ${optional[*]} with apt-get (optional: the Apache Kafka test broker)" >&2
+  elif ! command -v apt-get >/dev/null 2>&1; then
+    echo "kelp: ${optional[*]} missing and apt-get is not available; the Kafka tests will run on Tansu" >&2
+  elif ! apt_install "the Apache Kafka test broker" "${optional[@]}"; then
+    echo "kelp: could not install ${optional[*]}; the Kafka tests will run on Tansu" >&2
+  fi
+fi
 
 if [ ${#missing[@]} -eq 0 ]; then
   [ "$dry_run" -eq 1 ] && echo "kelp: nothing to install" >&2
@@ -73,12 +74,6 @@ if ! command -v apt-get >/dev/null 2>&1; then
   exit 1
 fi
 
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then
-  sudo_cmd=(sudo)
-fi
-echo "kelp: installing ${missing[*]} with apt-get" >&2
-"${sudo_cmd[@]}" apt-get update -qq
 # The `prometheus` package also ships the server (its service may be enabled);
 # Kelp only uses promtool from it, and only in tests.
-"${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+apt_install "" "${missing[@]}"
