@@ -8,11 +8,14 @@ and ``kelp serve`` as child processes, a steady criteo-synth producer and a
 light scoring client. The faults (:mod:`kelp.bench.chaos_faults`), one after
 another, each followed by its recovery:
 
-* ``--quick``: 3 trainer kill -9s, a Redis restart, a Redis stall, a broker
-  restart and the replica's store going away (7 faults, about 90 s on 2
-  shared cores: the contract's 60 s is not met, each trainer restart costs a
+* ``--quick``: 3 trainer kill -9s, a Redis restart, poisoned rows, a Redis
+  stall, a broker restart and the replica's store going away (8 faults; on 2
+  shared cores the contract's 60 s is not met, each trainer restart costs a
   Python start, a torch import and a consumer-group join);
-* the full run: 10 trainer kill -9s and each other fault twice (18 faults).
+* the full run: 10 trainer kill -9s and each other fault twice (20 faults).
+
+Poisoned rows come just before a trainer kill, so the next incarnation, whose
+hot tier starts empty, reads them from Redis too.
 
 Invariants reported (each must be 0):
 
@@ -28,7 +31,10 @@ Invariants reported (each must be 0):
   (and ``trainer_unexpected_exits``: trainers that exited without being
   killed, e.g. on an error a fault provoked; ``invariants_ok`` wants 0 too);
 * ``acked_updates_lost_fsync_always``: row updates Redis acknowledged before
-  its SIGKILL and did not have after the restart.
+  its SIGKILL and did not have after the restart;
+* ``nonfinite_published``: published snapshots holding a non-finite tensor,
+  read straight from the channel (:class:`~kelp.bench.chaos_poison.SnapshotAuditor`);
+* ``serve_nonfinite_scores``: answers 200 holding a null (non-finite) score.
 
 ``--soak-minutes M`` runs the rig M minutes without faults instead
 (:mod:`kelp.bench.chaos_soak`).
@@ -47,6 +53,7 @@ from typing import Any
 
 from kelp.bench.chaos_checks import account_records, committed_offsets
 from kelp.bench.chaos_faults import Health, inject
+from kelp.bench.chaos_poison import SnapshotAuditor
 from kelp.bench.chaos_rig import CLIENT_TIMEOUT_S, PARTITIONS, Rig
 from kelp.bench.chaos_soak import soak
 from kelp.bench.runner import progress
@@ -63,27 +70,32 @@ def schedule(quick: bool) -> list[str]:
     """The faults in order: trainer kills spread between the others.
 
     >>> schedule(quick=True)  # doctest: +NORMALIZE_WHITESPACE
-    ['trainer_kill9', 'redis_restart', 'trainer_kill9', 'redis_stall', 'broker_restart',
+    ['trainer_kill9', 'redis_restart', 'poisoned_rows', 'trainer_kill9', 'redis_stall', 'broker_restart',
      'trainer_kill9', 'replica_store_away']
+    >>> len(schedule(quick=False)), schedule(quick=False).count("poisoned_rows")
+    (20, 2)
     """
-    others = ["redis_restart", "redis_stall", "broker_restart", "replica_store_away"]
+    others = ["redis_restart", "poisoned_rows", "redis_stall", "broker_restart", "replica_store_away"]
     if quick:
         return [
             "trainer_kill9",
             others[0],
-            "trainer_kill9",
             others[1],
-            others[2],
             "trainer_kill9",
+            others[2],
             others[3],
+            "trainer_kill9",
+            others[4],
         ]
     out: list[str] = []
     extra = others * 2
-    for i in range(10):
+    for _ in range(10):
+        if extra and extra[0] == "poisoned_rows":
+            out.append(extra.pop(0))
         out.append("trainer_kill9")
-        if i < len(extra):
-            out.append(extra[i])
-    return out + extra[10:]
+        if extra:
+            out.append(extra.pop(0))
+    return out + extra
 
 
 def run(quick: bool, soak_minutes: float | None = None, broker: str | None = None) -> dict[str, Any]:
@@ -114,6 +126,8 @@ def _describe(rig: Rig) -> dict[str, Any]:
 def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
     rng = random.Random(15)
     health = Health()
+    auditor = SnapshotAuditor(rig.cfg)
+    auditor.start()
     faults = []
     for kind in schedule(quick):
         record = inject(rig, health, kind, rng)
@@ -121,6 +135,7 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
         faults.append(record)
         progress(f"  {kind}: {_brief(record)}")
     settle = _settle(rig, health)
+    audit = auditor.finish()
     final = _stop(rig)
     books = account_records(rig.broker.bootstrap, rig.topic, rig.producer.acked, final["committed"])
     answers = rig.client.counts()
@@ -135,6 +150,8 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
         "serve_5xx_other_than_503": failures,
         "trainer_crash_loops": health.crash_loops,
         "acked_updates_lost_fsync_always": sum(probes),
+        "nonfinite_published": audit["nonfinite_published"],
+        "serve_nonfinite_scores": rig.client.nonfinite_scores,
         "faults_by_kind": {
             k: sum(1 for f in faults if f["fault"] == k) for k in dict.fromkeys(schedule(quick))
         },
@@ -153,11 +170,12 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
         "trainer_unexpected_exits": health.unexpected_exits,
         "trainer_incarnations": rig.trainer.incarnations,
         "acked_rows_probed": sum(f["acked_rows"] for f in faults if f["fault"] == "redis_restart"),
+        **{k: v for k, v in audit.items() if k != "nonfinite_published"},
         **settle,
         **final["summary"],
         "faults": faults,
     }
-    out["invariants_ok"] = out["faults_injected"] >= (6 if quick else 14) and all(
+    out["invariants_ok"] = out["faults_injected"] >= (8 if quick else 20) and all(
         out[k] == 0
         for k in (
             "lost_records",
@@ -166,13 +184,16 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
             "trainer_crash_loops",
             "trainer_unexpected_exits",
             "acked_updates_lost_fsync_always",
+            "nonfinite_published",
+            "serve_nonfinite_scores",
         )
     )
     progress(
         f"faults {out['faults_injected']}, lost {out['lost_records']}, "
         f"regressions {out['offset_regressions']}, "
         f"bad serve answers {failures}, crash loops {health.crash_loops}, "
-        f"acked updates lost {out['acked_updates_lost_fsync_always']}"
+        f"acked updates lost {out['acked_updates_lost_fsync_always']}, "
+        f"non-finite snapshots {out['nonfinite_published']}, null scores {out['serve_nonfinite_scores']}"
     )
     return out
 

@@ -17,7 +17,9 @@ again, the replica answering 200 again, by themselves.
 * ``broker_restart``: SIGKILL of the broker, then a start on the same storage
   (Apache Kafka's log directories, or Tansu's S3 bucket);
 * ``replica_store_away``: redis-server down for a few seconds while the
-  replica answers (it must answer 503, never hang), then back.
+  replica answers (it must answer 503, never hang), then back;
+* ``poisoned_rows``: NaN rows and wrong-length values written over rows both
+  processes read (:mod:`kelp.bench.chaos_poison`); they must be quarantined.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kelp.bench.chaos_durability import probe_acked_updates
+from kelp.bench.chaos_poison import poisoned_rows
 from kelp.bench.chaos_procs import Metrics, total
 from kelp.bench.chaos_rig import STORE_SOCKET_TIMEOUT_S, Rig
 from kelp.bench.runner import progress
@@ -79,6 +82,8 @@ def trainer_view(m: Metrics) -> dict[str, float]:
         "store_errors": total(m, "kelp_store_errors_total"),
         "commits_ok": total(m, "kelp_consumer_commits_total", result="ok"),
         "commits_failed": total(m, "kelp_consumer_commits_total", result="failed"),
+        "rows_quarantined": total(m, "kelp_store_rows_quarantined_total"),
+        "steps_skipped": total(m, "kelp_trainer_steps_skipped_total"),
     }
 
 
@@ -90,6 +95,7 @@ def serve_view(m: Metrics) -> dict[str, float]:
         "answered_503": total(m, "kelp_serving_requests_total", status="503"),
         "store_retries": total(m, "kelp_store_retries_total"),
         "store_errors": total(m, "kelp_store_errors_total"),
+        "rows_quarantined": total(m, "kelp_store_rows_quarantined_total"),
     }
 
 
@@ -217,4 +223,5 @@ FAULTS: dict[str, Callable[[Rig, Health, random.Random], dict[str, Any]]] = {
     "redis_stall": redis_stall,
     "broker_restart": broker_restart,
     "replica_store_away": replica_store_away,
+    "poisoned_rows": poisoned_rows,
 }

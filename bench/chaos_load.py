@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import threading
 import time
 from collections import Counter
@@ -133,11 +134,22 @@ def score_request(candidates: int = 20, seed: int = 3) -> bytes:
     return json.dumps(body).encode()
 
 
+def _all_scores_finite(answer: bytes) -> bool:
+    """Every score of a ``/v1/score`` answer is a number (JSON has no NaN: a non-finite one reads as null)."""
+    try:
+        scores = json.loads(answer).get("scores")
+    except ValueError:
+        return False
+    flat = [x for row in scores for x in (row if isinstance(row, list) else [row])] if scores else []
+    return bool(flat) and all(isinstance(x, (int, float)) and math.isfinite(x) for x in flat)
+
+
 class ScoreClient(threading.Thread):
     """``rate`` requests/s to ``127.0.0.1:port`` until :meth:`finish`; a reply later than ``timeout_s`` hangs.
 
     ``statuses`` counts answers by HTTP status (0: transport error, -1: hang);
-    ``samples`` holds ``(sent at, status, seconds)`` for every request.
+    ``samples`` holds ``(sent at, status, seconds)`` for every request;
+    ``nonfinite_scores`` counts answers 200 holding a null (JSON's non-finite) or missing score.
     """
 
     HANG = -1
@@ -150,6 +162,7 @@ class ScoreClient(threading.Thread):
         self.timeout_s = timeout_s
         self.body = score_request()
         self.statuses: Counter[int] = Counter()
+        self.nonfinite_scores = 0
         self.samples: list[tuple[float, int, float]] = []
         self._lock = threading.Lock()
         self._halt = threading.Event()
@@ -167,8 +180,11 @@ class ScoreClient(threading.Thread):
                     conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s)
                 conn.request("POST", "/v1/score/candidates", body=self.body, headers=headers)
                 resp = conn.getresponse()
-                resp.read()
+                answer = resp.read()
                 status = resp.status
+                if status == 200 and not _all_scores_finite(answer):
+                    with self._lock:
+                        self.nonfinite_scores += 1
             except TimeoutError:
                 status = self.HANG
             except (OSError, http.client.HTTPException):

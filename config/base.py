@@ -1,4 +1,4 @@
-"""What every config section shares: strict models and two small field helpers.
+"""What every config section shares: strict models and small field helpers.
 
 Every section forbids unknown keys (a typo is an error, never a silent
 default) and validates assignments, so a config changed in code (tests, the
@@ -11,7 +11,9 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["StrictModel", "identifier", "kafka_topic", "split_csv"]
+from kelp.redaction import redact_url
+
+__all__ = ["StrictModel", "identifier", "kafka_topic", "split_csv", "url_with_plain_userinfo"]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -51,3 +53,22 @@ def split_csv(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def url_with_plain_userinfo(url: str, what: str) -> str:
+    """``url`` unless an ``@`` follows its host part; a ValueError naming ``what`` (never the password).
+
+    A password holding an unencoded ``/``, ``?`` or ``#`` ends the host part
+    early: clients then read the rest of the password as the host, port or
+    database, connect elsewhere, and name that "host" in their errors.
+    """
+    _scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    if "@" in rest[min(ends, default=len(rest)) :]:
+        raise ValueError(
+            f"{what} {redact_url(url)!r} has an '@' after its host part: percent-encode the password's "
+            "'/', '?', '#' and '@' (%2F, %3F, %23, %40), or set the password in its own field"
+        )
+    return url

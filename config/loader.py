@@ -10,12 +10,15 @@ expect from twelve-factor apps::
     KELP_DEPLOYMENT=prod                # top-level fields need no "__"
 
 A value that starts with ``[`` or ``{`` is parsed as YAML; anything else stays
-a string and pydantic converts it to the field's type. Variables without
+a string and pydantic converts it to the field's type. Secret fields
+(:mod:`kelp.config.secrets`) always take the value verbatim. Variables without
 ``__`` that are not top-level fields (``KELP_CONFIG``...) are not overrides.
 
-Every failure becomes one :class:`~kelp.errors.ConfigError` whose lines name
-the field, the value that was given (and where it came from), and what was
-expected.
+The file is read within the bounds of :mod:`kelp.config.yaml_reader` (size,
+aliases, nesting, no duplicate keys). Every failure becomes one
+:class:`~kelp.errors.ConfigError` whose lines name the field, the value that
+was given (and where it came from), and what was expected; the value of a
+secret field is never shown, and passwords in URLs are redacted.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from kelp.config.root import CONFIG_VERSION, KelpConfig
+from kelp.config.secrets import is_secret_field
 from kelp.config.sources import FileSourceConfig
+from kelp.config.yaml_reader import InvalidYamlError, parse_yaml_text, read_config_file
 from kelp.errors import ConfigError
+from kelp.redaction import REDACTED, redact_text, redact_url
 
 __all__ = [
     "DEPRECATED_KEYS",
@@ -61,21 +66,7 @@ with a hint instead, see :func:`_moved_fields`).
 
 def _read_yaml(path: Path) -> dict[str, Any] | None:
     """The file's top-level mapping; None when it holds nothing (only whitespace or comments)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} cannot be decoded)") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}:{where}: invalid YAML: {problem}") from None
+    data = read_config_file(path)
     if data is None:
         return None
     if not isinstance(data, dict):
@@ -83,12 +74,19 @@ def _read_yaml(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _env_value(raw: str) -> Any:
+def _env_value(name: str, raw: str, path: list[str]) -> Any:
+    """The value of ``KELP_...`` variable ``name`` for field ``path``.
+
+    Secret fields take it verbatim: a password is a string whatever its first
+    character, and is never parsed (a parse error would quote it).
+    """
+    if is_secret_field(KelpConfig, path):
+        return raw
     stripped = raw.strip()
     if stripped.startswith(("[", "{")):
         try:
-            return yaml.safe_load(stripped)
-        except yaml.YAMLError:
+            return parse_yaml_text(stripped, f"env {name}")
+        except InvalidYamlError:
             return raw
     return raw
 
@@ -113,7 +111,7 @@ def apply_env_overrides(
         path = [p.lower() for p in rest.split("__")]
         if any(not p for p in path):
             raise ConfigError(f"env {name}: empty path segment (use single '__' between levels)")
-        loc = _set_path(result, path, _env_value(environ[name]), name)
+        loc = _set_path(result, path, _env_value(name, environ[name], path), name)
         sources[loc] = name
     return result, sources
 
@@ -256,9 +254,24 @@ def format_validation_error(
         if prefixed:  # a cross-section rule names its own field
             lines.append(f"{origin}: {prefixed.group(1)}: {prefixed.group(2)}")
             continue
-        shown = "" if isinstance(given, dict) else f"got {given!r}{origin_note}: "
+        shown = "" if isinstance(given, dict) else f"got {_shown(loc, given)}{origin_note}: "
         lines.append(f"{origin}: {field}: {shown}{_expected(msg)}")
-    return "\n".join(lines)
+    return "\n".join(redact_text(line) for line in lines)
+
+
+def _shown(loc: tuple[int | str, ...], given: Any) -> str:
+    """``given`` as an error shows it: never a secret field's value, never a URL's password."""
+    if is_secret_field(KelpConfig, loc):
+        return REDACTED
+    return repr(_without_passwords(given))
+
+
+def _without_passwords(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_url(value) if "://" in value or "@" in value else value
+    if isinstance(value, list | tuple):
+        return [_without_passwords(v) for v in value]
+    return value
 
 
 def _env_note(loc: tuple[int | str, ...], sources: Mapping[tuple[str | int, ...], str]) -> str:

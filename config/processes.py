@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from kelp.config.base import StrictModel
+from kelp.config.base import StrictModel, url_with_plain_userinfo
 
 __all__ = ["LoggingConfig", "MetricsConfig", "PublisherConfig", "ServingConfig"]
 
@@ -19,6 +19,11 @@ class PublisherConfig(StrictModel):
     keep_versions: int = Field(5, ge=1, description="Older snapshots are deleted.")
     redis_url: str | None = Field(None, description="Defaults to the store's first url.")
     path: Path | None = Field(None, description="Directory for channel=filesystem.")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        return None if value is None else url_with_plain_userinfo(value, "url")
 
     @model_validator(mode="after")
     def _path(self) -> Self:
@@ -50,6 +55,23 @@ class ServingConfig(StrictModel):
         gt=0,
         description="A score request's body must arrive within this many seconds of its headers, else 408 "
         "(a slow-body client holds one connection, never a scoring thread).",
+    )
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="Bytes of one request's head (request line and headers); over it: 431 and the "
+        "connection closed, before the rest is read. Hazard: a proxy that adds long headers "
+        "(forwarding chains, cookies) needs room here.",
+    )
+    max_headers: int = Field(
+        100, ge=1, description="Header lines of one request; more: 431 and the connection closed."
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request's head must be complete this many seconds after it began (after the "
+        "connection opened, for the first request), else 408 and the connection closed; a connection "
+        "that sends nothing is closed then. Hazard: a client on a very slow link needs more.",
     )
     auth_token_file: Path | None = Field(
         None,

@@ -12,7 +12,8 @@ from typing import Literal, Self
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from kelp.config.base import StrictModel, split_csv
+from kelp.config.base import StrictModel, split_csv, url_with_plain_userinfo
+from kelp.redaction import redact_url
 
 __all__ = ["HotCacheConfig", "RedisTls", "RetrySpec", "RowLayoutSpec", "StoreConfig"]
 
@@ -193,7 +194,8 @@ class StoreConfig(StrictModel):
             raise ValueError(f"backend '{self.backend}' needs at least one url (redis://host:port)")
         for url in self.urls + [u for group in self.replicas for u in group]:
             if not url.startswith(("redis://", "rediss://", "unix://")):
-                raise ValueError(f"url {url!r} must start with redis://, rediss:// or unix://")
+                raise ValueError(f"url {redact_url(url)!r} must start with redis://, rediss:// or unix://")
+            url_with_plain_userinfo(url, "url")
         if self.replicas and len(self.replicas) != len(self.urls):
             raise ValueError(f"replicas has {len(self.replicas)} groups but urls has {len(self.urls)} shards")
         if self.layout.kind == "buckets" and self.backend != "redis":

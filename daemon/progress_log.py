@@ -11,8 +11,10 @@ starts a new run: its progressive metrics start again)::
      "samples_per_s": 25000.0}
 
 Points are written at every 1% of a file source and every
-``trainer.progress_every_s``; a write that fails (full disk, read-only volume)
-is logged once and the record stops, training does not.
+``trainer.progress_every_s`` in which samples were trained (on a topic gone
+quiet, one more point covers the last batch, then none until samples arrive);
+a write that fails (full disk, read-only volume) is logged once and the record
+stops, training does not.
 """
 
 from __future__ import annotations

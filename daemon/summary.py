@@ -40,6 +40,8 @@ class RunSummary:
     store_bytes: int | None = None
     admitted: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
+    skipped_steps: dict[str, int] = field(default_factory=dict)
+    """Steps not trained (a NaN or infinite loss or gradient), by reason; not in ``steps``."""
     checkpoint: str | None = None
     waiting: dict[str, int] = field(default_factory=dict)
     """Ids seen but not admitted yet (their admission counters), per table, where cheap to count."""
@@ -69,6 +71,10 @@ class RunSummary:
             out.append(f"store memory: {self.store_bytes / 1e6:,.1f} MB")
         rejected = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.rejected.items())) or "none"
         out.append(f"records rejected: {rejected}")
+        if any(self.skipped_steps.values()):
+            skipped = sum(self.skipped_steps.values())
+            reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.skipped_steps.items()))
+            out.append(f"steps skipped, not trained (NaN or inf loss/gradient): {skipped:,} ({reasons})")
         if self.world_size > 1:
             out.append(f"rank {self.rank} of {self.world_size}")
         if self.checkpoint:
@@ -107,6 +113,7 @@ def summarize(
         store_bytes=stats.bytes if stats is not None else None,
         admitted=_by_label(registry, "kelp_store_admissions_total", "table"),
         rejected=_by_label(registry, "kelp_records_rejected_total", "reason"),
+        skipped_steps=_by_label(registry, "kelp_trainer_steps_skipped_total", "reason"),
         checkpoint=report.checkpoint,
         waiting={t: n for t, n in stats.admission_counters.items() if n} if stats is not None else {},
         progress_log=progress_log,

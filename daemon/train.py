@@ -11,7 +11,9 @@ its updates, hand them to the write-behind pusher, which pushes and commits
 the batch's offsets once the store says those pushes are durable
 (``store.flush(force=False)``; see :mod:`kelp.daemon.pipeline`). Dense checkpoints every
 ``checkpoint_every_steps`` or ``checkpoint_every_s``; a snapshot for serving
-every ``publisher.interval_s``.
+every ``publisher.interval_s`` while the model changes. These run after every
+round of the loop, with a batch or without (an idle topic), so a burst's last
+model is checkpointed and published without waiting for the next batch.
 
 Stopping (SIGTERM/SIGINT, ``max_steps``, or an exhausted file source) drains
 within ``trainer.drain_timeout_s``: stop fetching, finish the batch in hand,
@@ -329,14 +331,13 @@ class TrainDaemon:
         log.info("training (prefetch %d, write-behind %d)", cfg.prefetch_batches, cfg.push_queue_batches)
         self._last_checkpoint_s = time.monotonic()
         self._last_checkpoint_step = self.step_no
+        self._published_step = self.step_no  # what serving has already (a restored model is not news)
         self._last_log = (time.monotonic(), self.report.samples)
         try:
             while True:
                 self._last_tick = time.monotonic()
                 writer.check()
                 agreed = self._group_step(prefetcher, ledger, writer)
-                if agreed is None:
-                    continue
                 if agreed.exhausted:
                     self.request_stop("source exhausted")
                 if agreed.stop or agreed.exhausted:
@@ -344,10 +345,7 @@ class TrainDaemon:
                     break
                 if cfg.max_steps is not None and self.step_no - self.report.first_step >= cfg.max_steps:
                     self.request_stop("max_steps")
-                self._maybe_checkpoint(force=False, clock_due=agreed.checkpoint)
-                self._maybe_publish(publisher, force=False)
-                self._maybe_log()
-                self._maybe_record()
+                self._periodic(publisher, agreed)
         except BaseException:
             self._state = "failed"
             self.metrics.ready.set(0)
@@ -362,11 +360,12 @@ class TrainDaemon:
         self.step.sparse_optimizer = dataclasses.replace(self.step.sparse_optimizer, keep_grads=True)
         return self.step.sparse_optimizer
 
-    def _group_step(self, prefetcher: Prefetcher, ledger: UpdateLedger, writer: PushWriter) -> Round | None:
+    def _group_step(self, prefetcher: Prefetcher, ledger: UpdateLedger, writer: PushWriter) -> Round:
         """Train this rank's next batch, or join the group's step with none; the group's agreement.
 
-        Alone, nothing to do returns None (poll again). In a group every call is
-        one all-reduce (see :mod:`kelp.daemon.group`): a rank without a batch
+        Alone, nothing to do (no batch within a tick) is an empty round, so the
+        loop's periodic work still runs on an idle topic. In a group every call
+        is one all-reduce (see :mod:`kelp.daemon.group`): a rank without a batch
         ready contributes nothing rather than waiting, so uneven partitions never block.
         """
         stop = self._stop.is_set()
@@ -381,7 +380,7 @@ class TrainDaemon:
                 item = got
                 self.metrics.stage_seconds.labels(stage="fetch").observe(time.perf_counter() - wait_started)
         if item is None and not (stop or self._exhausted or self.group.distributed):
-            return None
+            return Round(samples=0, stop=False, exhausted=False, checkpoint=self._checkpoint_clock_due())
         flags = {"stop": stop, "exhausted": self._exhausted, "checkpoint": self._checkpoint_clock_due()}
         rounds: list[Round] = []
 
@@ -416,6 +415,11 @@ class TrainDaemon:
         for r in batch.sources:
             key = (r.topic, r.partition)
             self.offsets[key] = max(self.offsets.get(key, 0), r.last_offset + 1)
+        if result.skipped is not None:  # nothing applied or pushed; the empty push still commits its offsets
+            self.metrics.steps_skipped.labels(reason=result.skipped).inc()
+            if self._on_step is not None:
+                self._on_step(self.step_no, batch, result)
+            return
         self.report.steps += 1
         self.report.samples += batch.size
         self.report.losses.append(result.loss)
@@ -431,6 +435,22 @@ class TrainDaemon:
 
     # ------------------------------------------------------------------ periodic work
 
+    def _periodic(self, publisher: Any, agreed: Round) -> None:
+        """After every round, trained or empty: each job runs when its own interval is due.
+
+        Not only after a step: a burst trained within one interval would
+        otherwise wait for the next batch (on a quiet topic, forever) before
+        its model is published, checkpointed, recorded and its AUC exported.
+        Alone an empty round comes every tick (the prefetcher's wait), in a
+        group every ``idle_wait_s``; each job is one clock read when not due.
+        In a group ``agreed.checkpoint`` is the same on every rank, so ranks
+        decide a checkpoint together with or without a batch.
+        """
+        self._maybe_checkpoint(force=False, clock_due=agreed.checkpoint)
+        self._maybe_publish(publisher, force=False)
+        self._maybe_log()
+        self._maybe_record()
+
     def _checkpoint_clock_due(self) -> bool:
         return time.monotonic() - self._last_checkpoint_s >= self.cfg.trainer.checkpoint_every_s
 
@@ -442,6 +462,7 @@ class TrainDaemon:
         replicas differ, and the leader alone writes the file.
         """
         from kelp.trainer.checkpoint import save_checkpoint
+        from kelp.trainer.finite import NonFiniteError
 
         cfg = self.cfg.trainer
         due = self.step_no - self._last_checkpoint_step >= cfg.checkpoint_every_steps or clock_due
@@ -461,6 +482,10 @@ class TrainDaemon:
                 offsets=offsets,
                 ranks=ranks,
             )
+        except NonFiniteError as exc:  # the previous checkpoint stays; training goes on
+            self.metrics.checkpoints.labels(result="refused_nonfinite").inc()
+            log.error("%s; %s keeps its previous checkpoint", exc, cfg.checkpoint_dir)
+            return
         except OSError as exc:
             self.metrics.checkpoints.labels(result="failed").inc()
             log.error("checkpoint to %s failed: %s", cfg.checkpoint_dir, exc)
@@ -476,7 +501,13 @@ class TrainDaemon:
         log.debug("checkpoint %s", path.name)
 
     def _maybe_publish(self, publisher: Any, force: bool) -> None:
-        if publisher is None:
+        """A snapshot every ``publisher.interval_s`` while the model changes, and on ``force`` (the drain).
+
+        Unchanged weights since the last snapshot (an idle topic) are not
+        published again: serving already has them, and a new version would make
+        every replica swap to an identical model.
+        """
+        if publisher is None or (not force and self.step_no == self._published_step):
             return
         started = time.perf_counter()
         try:
@@ -494,6 +525,7 @@ class TrainDaemon:
             log.error("publishing a snapshot failed (serving keeps the previous one): %s", exc)
             return
         if version is not None:
+            self._published_step = self.step_no
             self.report.published_version = version
             self.metrics.stage_seconds.labels(stage="publish").observe(time.perf_counter() - started)
 
@@ -502,7 +534,10 @@ class TrainDaemon:
         now = time.monotonic()
         since, samples_then = self._last_log
         if self.report.samples == samples_then:
-            return  # nothing trained since the last line (an idle group step): say nothing
+            if now - since >= self.cfg.trainer.log_every_s:  # idle for an interval: no line, rate 0
+                self._last_log = (now, samples_then)
+                self.metrics.samples_per_second.set(0.0)
+            return
         fraction = self._file_fraction()
         new_step = fraction is not None and int(fraction * 20) > self._progress_twentieths
         if now - since < self.cfg.trainer.log_every_s and not new_step:

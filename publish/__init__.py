@@ -8,6 +8,7 @@ step; replicas read the same channel (:func:`build_channel`). Modules:
 * :mod:`~kelp.publish.redis_channel`, :mod:`~kelp.publish.fs_channel`: the two channels;
 * :mod:`~kelp.publish.publisher`: the interval/force logic and metrics;
 * :mod:`~kelp.publish.errors`: the error tree (channel failures, rejected snapshots).
+* :mod:`~kelp.publish.channel_check`: may the channel's Redis evict its keys (``kelp config validate``).
 
 Sparse rows are never published: serving reads the store the trainer writes.
 """
@@ -16,6 +17,7 @@ from kelp.publish.base import SnapshotChannel, Subscription
 from kelp.publish.errors import (
     REJECT_REASONS,
     ChannelError,
+    ChannelStateError,
     ChannelUnavailableError,
     SnapshotError,
     SnapshotMissingError,
@@ -36,6 +38,7 @@ __all__ = [
     "REJECT_REASONS",
     "SNAPSHOT_FORMAT_VERSION",
     "ChannelError",
+    "ChannelStateError",
     "ChannelUnavailableError",
     "Publisher",
     "PublisherMetrics",

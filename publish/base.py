@@ -15,7 +15,19 @@ Rules every channel keeps:
   :class:`~kelp.publish.errors.SnapshotMissingError` if it was pruned;
   corruption is caught by the checksum (:func:`~kelp.publish.snapshot.verify_snapshot`);
 * versions are allocated by the channel (``next_version``), so they stay
-  monotonic across publisher restarts.
+  monotonic across publisher restarts;
+* a version number is never reused: a version is written once (a second write
+  of the same number is refused), only above every version the channel holds
+  or points at, and ``next_version`` refuses with
+  :class:`~kelp.publish.errors.ChannelStateError` when the channel's record of
+  what it handed out is gone or behind (a deleted or evicted key, a wiped
+  directory) instead of starting the numbering again. ``floor`` is the caller's
+  own memory of the highest version it published, which catches a channel that
+  lost *everything*; a publisher started after that cannot tell it from a new
+  deployment, and replicas then refuse to go below the version they serve
+  (:mod:`kelp.serving.watcher`);
+* pruning keeps ``latest`` and everything above it, so the version just
+  written is never deleted.
 """
 
 from __future__ import annotations
@@ -44,14 +56,25 @@ class SnapshotChannel(Closeable, abc.ABC):
     """Where snapshots are written and read (see the module docstring for the rules)."""
 
     name: str = "abstract"
+    where: str = "abstract"  # where it lives, for messages (never a password)
 
     @abc.abstractmethod
-    def next_version(self) -> int:
-        """A new version number, larger than any this channel has handed out or stored."""
+    def next_version(self, floor: int = 0) -> int:
+        """A new version number, larger than any this channel has handed out or stored and than ``floor``.
+
+        Raises :class:`~kelp.publish.errors.ChannelStateError` (nothing changed)
+        when the channel's own record is missing, garbled or below what it holds
+        or below ``floor``: handing out a number then could reuse a version.
+        """
 
     @abc.abstractmethod
     def write(self, snapshot: Snapshot) -> None:
-        """Store ``snapshot`` under its manifest's version, then move ``latest`` to it and notify."""
+        """Store ``snapshot`` under its manifest's version, then move ``latest`` to it and notify.
+
+        Write-once: raises :class:`~kelp.publish.errors.ChannelStateError` (nothing
+        written) if that version already exists, or is not above ``latest`` and
+        every stored version.
+        """
 
     @abc.abstractmethod
     def versions(self) -> list[int]:
@@ -59,7 +82,11 @@ class SnapshotChannel(Closeable, abc.ABC):
 
     @abc.abstractmethod
     def latest_version(self) -> int | None:
-        """The version ``latest`` points at; None if nothing was ever published."""
+        """The version ``latest`` points at; None if nothing was ever published.
+
+        Raises :class:`~kelp.publish.errors.ChannelStateError` when ``latest``
+        holds something that is not a version number.
+        """
 
     @abc.abstractmethod
     def read_raw(self, version: int) -> tuple[bytes, bytes]:
@@ -67,7 +94,7 @@ class SnapshotChannel(Closeable, abc.ABC):
 
     @abc.abstractmethod
     def delete(self, versions: list[int]) -> None:
-        """Remove these versions (never called with the latest one)."""
+        """Remove these versions (never called with ``latest`` or above; a channel may skip those too)."""
 
     @abc.abstractmethod
     def subscribe(self) -> Subscription:
@@ -84,12 +111,19 @@ class SnapshotChannel(Closeable, abc.ABC):
         return snapshot
 
     def prune(self, keep: int) -> list[int]:
-        """Delete all but the newest ``keep`` versions (the latest is always kept); returns those deleted."""
+        """Delete all but the newest ``keep`` versions; returns those deleted.
+
+        Only versions *below* ``latest`` go, so the live version and one just
+        written are kept whatever the stored list looks like; with no readable
+        ``latest`` nothing is deleted (what is live is unknown).
+        """
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         stored = self.versions()
         latest = self.latest_version()
-        old = [v for v in stored[:-keep] if v != latest]
+        if latest is None:
+            return []
+        old = [v for v in stored[:-keep] if v < latest]
         if old:
             self.delete(old)
         return old

@@ -12,10 +12,16 @@ same non-retriable class the store raises), and the filesystem channel's
 * :class:`ChannelError`: the channel refused the operation (Redis OOM, wrong
   key type, a read-only directory); retrying the same way will not help.
 * :class:`SnapshotRejectedError`: a snapshot that was read is not acceptable
-  (``reason``: ``checksum``, ``format``, ``incompatible``); a replica keeps its
+  (``reason``: ``checksum``, ``format``, ``incompatible``, ``nonfinite``: a weight
+  is NaN or infinite); a replica keeps its
   current model and counts the reason in ``kelp_serving_snapshots_rejected_total``.
 * :class:`SnapshotMissingError`: the version is gone (pruned between listing and
   reading); the reader just looks at ``latest`` again.
+* :class:`ChannelStateError`: the channel's own bookkeeping (``seq``, ``latest``,
+  a version that already exists) is missing or contradicts itself, e.g. after
+  Redis evicted or someone deleted a key; publishing refuses rather than hand
+  out or overwrite a version a replica may already hold, and the message says
+  which key or file to repair.
 """
 
 from __future__ import annotations
@@ -25,14 +31,17 @@ from kelp.errors import KelpError
 __all__ = [
     "REJECT_REASONS",
     "ChannelError",
+    "ChannelStateError",
     "ChannelUnavailableError",
     "SnapshotError",
     "SnapshotMissingError",
     "SnapshotRejectedError",
 ]
 
-# Every value of the `reason` label of kelp_serving_snapshots_rejected_total.
-REJECT_REASONS: tuple[str, ...] = ("checksum", "format", "incompatible")
+# Every value of the `reason` label of kelp_serving_snapshots_rejected_total; the last two are
+# counted by the watcher itself: `older` a `latest` below the served version (never loaded),
+# `pointer` a `latest` that is not a version number or names a version the channel does not hold.
+REJECT_REASONS: tuple[str, ...] = ("checksum", "format", "incompatible", "nonfinite", "older", "pointer")
 
 
 class SnapshotError(KelpError):
@@ -47,6 +56,14 @@ class ChannelUnavailableError(ChannelError):
     """The snapshot channel could not be reached; trying again later can help."""
 
     retriable = True
+
+
+class ChannelStateError(ChannelError):
+    """The channel's bookkeeping is missing or inconsistent; an operator must repair it (not retriable).
+
+    Raised instead of reusing or overwriting a version: a replica that already
+    serves version N must never receive other weights under the same number.
+    """
 
 
 class SnapshotMissingError(SnapshotError):

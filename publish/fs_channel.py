@@ -18,12 +18,23 @@ version that ``latest`` does not point at yet.
 There is no notification: :class:`FilesystemSubscription` checks ``latest``'s
 identity (inode, mtime) every ``check_every_s`` (0.1 s), a ``stat`` call, so
 replicas still notice a new version within a fraction of a second.
-One publisher per directory: versions are ``max(stored, latest) + 1``.
+
+One publisher per directory: versions are ``max(stored, latest) + 1``, where
+"stored" counts any ``snap-*`` file (a crash's orphan weights included), so a
+number is never handed out twice. Version files are written once: a write
+whose files already exist, or whose version is not above every stored one and
+``latest``, is refused with :class:`~kelp.publish.errors.ChannelStateError`.
+A directory found empty by a publisher that already published (``floor``: it
+was wiped or another one mounted) is refused the same way, and an empty one
+otherwise starts at 1 with a warning. A ``latest`` that is not Kelp's JSON is
+reported by :meth:`FilesystemChannel.latest_version` (a replica logs it once)
+and replaced by the next publish.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -33,13 +44,21 @@ from pathlib import Path
 
 from kelp.files import atomic_write
 from kelp.publish.base import SnapshotChannel, Subscription
-from kelp.publish.errors import ChannelError, ChannelUnavailableError, SnapshotMissingError
+from kelp.publish.errors import (
+    ChannelError,
+    ChannelStateError,
+    ChannelUnavailableError,
+    SnapshotMissingError,
+)
 from kelp.publish.snapshot import Snapshot
 
 __all__ = ["FilesystemChannel", "FilesystemSubscription", "translate_os_errors"]
 
+log = logging.getLogger("kelp.publish")
+
 LATEST = "latest"
 _MANIFEST = re.compile(r"^snap-(\d{12})\.json$")
+_ANY_PART = re.compile(r"^snap-(\d{12})\.(?:json|safetensors)$")
 
 
 @contextmanager
@@ -89,6 +108,7 @@ class FilesystemChannel(SnapshotChannel):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.where = str(self.path)
         with translate_os_errors(str(self.path)):
             self.path.mkdir(parents=True, exist_ok=True)
 
@@ -98,21 +118,59 @@ class FilesystemChannel(SnapshotChannel):
     def _manifest(self, version: int) -> Path:
         return self.path / f"snap-{version:012d}.json"
 
-    def next_version(self) -> int:
-        stored = self.versions()
-        return max([*stored, self.latest_version() or 0]) + 1
+    def next_version(self, floor: int = 0) -> int:
+        high, _ = self._highest(_ANY_PART)
+        if high < floor:
+            raise ChannelStateError(
+                f"snapshot channel {self.path}: this publisher already published v{floor} but the directory "
+                f"holds nothing above v{high} (wiped, or another directory mounted?); refusing to publish "
+                "rather than reuse a version number: restore the directory, or write "
+                f'{{"version": N}} into {LATEST} there, N at least the highest version any replica serves'
+            )
+        if high == 0:
+            log.warning(
+                "snapshot channel %s holds no snapshots: numbering starts at v1 (a new deployment; if this "
+                "deployment published before, its files were removed, and replicas keep serving their "
+                "version until the new numbering passes it)",
+                self.path,
+            )
+        return high + 1
 
     def write(self, snapshot: Snapshot) -> None:
         version = snapshot.manifest.version
         with translate_os_errors(str(self.path)):
+            if self._weights(version).exists() or self._manifest(version).exists():
+                raise ChannelStateError(
+                    f"snapshot channel {self.path}: v{version} already exists and versions are written once; "
+                    "refusing to overwrite it"
+                )
+            high, garbled = self._highest(_MANIFEST)
+            if version <= high:
+                raise ChannelStateError(
+                    f"snapshot channel {self.path}: v{version} is not above v{high}, which the directory "
+                    "holds (a publisher is ahead); not written"
+                )
             atomic_write(self._weights(version), snapshot.weights)
             atomic_write(self._manifest(version), snapshot.manifest.to_json())
-            current = self.latest_version() or 0
-            if version > current:  # latest only moves forward
-                atomic_write(self.path / LATEST, json.dumps({"version": version}).encode())
+            atomic_write(self.path / LATEST, json.dumps({"version": version}).encode())
             for tmp in self.path.glob(".*.tmp"):
                 if time.time() - tmp.stat().st_mtime > 60:  # a crashed writer's leftovers
                     tmp.unlink(missing_ok=True)
+        if garbled is not None:
+            log.warning("%s; the publish of v%d replaced it", garbled, version)
+
+    def _highest(self, files: re.Pattern[str]) -> tuple[int, str | None]:
+        """The highest version among the ``files`` present and ``latest`` (0: none), and ``latest``'s problem.
+
+        A ``latest`` that is not Kelp's JSON is left out: the files are the record.
+        """
+        with translate_os_errors(str(self.path)):
+            names = os.listdir(self.path)
+        high = max([int(m.group(1)) for n in names if (m := files.match(n))], default=0)
+        try:
+            return max(high, self.latest_version() or 0), None
+        except ChannelStateError as exc:
+            return high, str(exc)
 
     def versions(self) -> list[int]:
         with translate_os_errors(str(self.path)):
@@ -126,9 +184,16 @@ class FilesystemChannel(SnapshotChannel):
             except FileNotFoundError:
                 return None
         try:
-            return int(json.loads(raw)["version"])
+            version = json.loads(raw)["version"]
         except (ValueError, TypeError, KeyError):
-            return None  # never written by Kelp; treated as "nothing published"
+            version = None
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            text = raw[:40].decode(errors="replace") + ("..." if len(raw) > 40 else "")
+            raise ChannelStateError(
+                f'snapshot channel {self.path / LATEST} holds {text!r}, not {{"version": N}}; the '
+                "trainer's next publish rewrites it"
+            )
+        return version
 
     def read_raw(self, version: int) -> tuple[bytes, bytes]:
         with translate_os_errors(str(self.path)):

@@ -1,7 +1,7 @@
 """The publisher's Prometheus metrics (subsystem ``publisher``), in the trainer's registry.
 
 ===================================================  ==============================================
-``kelp_publisher_snapshots_total``                   snapshots published, by result (ok, failed)
+``kelp_publisher_snapshots_total``                   snapshots, by result (ok, failed, refused_nonfinite)
 ``kelp_publisher_version``                           gauge: version of the last published snapshot
 ``kelp_publisher_last_publish_timestamp_seconds``    gauge: unix time of the last published snapshot
 ``kelp_publisher_snapshot_bytes``                    gauge: size of the last snapshot (weights + manifest)
@@ -24,7 +24,7 @@ class PublisherMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         m = MetricFactory("publisher", registry)
         self.registry = m.registry
-        self.snapshots = m.counter("snapshots", "Dense snapshots published.", ["result"])
+        self.snapshots = m.counter("snapshots", "Dense snapshot publish attempts, by result.", ["result"])
         self.version = m.gauge("version", "Version of the last published snapshot.")
         self.last_publish = m.gauge(
             "last_publish_timestamp", "Unix time of the last published snapshot.", unit="seconds"

@@ -12,6 +12,18 @@ unreachable channel) and are counted as ``result="failed"``; the next attempt
 waits another ``interval_s`` (no hot loop against a Redis that is down). A
 prune failure after a successful write is logged, not raised: the snapshot is
 already live.
+
+Weights holding a NaN or an infinity are never published: the attempt is
+counted as ``result="refused_nonfinite"``, logged as an error naming the first
+bad tensor, and returns None; the channel's ``latest`` stays where it was, so
+serving keeps the last good model, and the trainer goes on.
+
+A channel whose bookkeeping was lost or contradicts itself (an evicted
+``seq``, a wiped directory) raises
+:class:`~kelp.publish.errors.ChannelStateError` (``result="failed"``) rather
+than reuse a version number. The publisher passes the last version it
+published as the channel's ``floor``, so even a channel that lost every key
+is caught while this process runs.
 """
 
 from __future__ import annotations
@@ -26,8 +38,10 @@ from torch import nn
 from kelp.config import FeatureSpec, KelpConfig, PublisherConfig, StoreConfig, TrainerConfig
 from kelp.errors import KelpError
 from kelp.publish.base import SnapshotChannel
+from kelp.publish.errors import ChannelStateError
 from kelp.publish.metrics import PublisherMetrics
 from kelp.publish.snapshot import build_snapshot
+from kelp.trainer.finite import NonFiniteError, first_nonfinite
 
 __all__ = ["Publisher", "build_channel", "build_publisher"]
 
@@ -74,7 +88,7 @@ class Publisher:
         offsets: Mapping[tuple[str, int], int],
         force: bool = False,
     ) -> int | None:
-        """Publish if due (or ``force``); returns the new version, else None.
+        """Publish if due (or ``force``); returns the new version, else None (not due, or refused).
 
         ``offsets`` maps ``(topic, partition)`` to the next offset to consume
         (Kafka commit semantics) of the data the weights have seen.
@@ -83,16 +97,33 @@ class Publisher:
             return None
         return self.publish(model, step=step, offsets=offsets)
 
-    def publish(self, model: nn.Module, *, step: int, offsets: Mapping[tuple[str, int], int]) -> int:
-        """Publish now; returns the version. Raises a KelpError if the channel fails."""
+    def publish(self, model: nn.Module, *, step: int, offsets: Mapping[tuple[str, int], int]) -> int | None:
+        """Publish now; returns the version, or None when the weights are not finite (nothing written).
+
+        Raises a KelpError if the channel fails. The weights are checked before
+        a version is allocated, so a refused snapshot leaves no gap in the versions.
+        """
         self._last_attempt = self._clock()
         started = time.perf_counter()
         try:
-            version = self.channel.next_version()
+            bad = first_nonfinite(model.state_dict())
+            if bad is not None:
+                raise NonFiniteError(f"snapshot of step {int(step)} refused", bad)
+            # The channel refuses a number not above what this process published (its keys were lost).
+            version = self.channel.next_version(floor=self.last_version or 0)
+            if self.last_version is not None and version <= self.last_version:
+                raise ChannelStateError(
+                    f"snapshot channel {self.channel.where} handed out v{version}, not above "
+                    f"v{self.last_version} that this publisher already published; not published"
+                )
             snapshot = build_snapshot(
                 model, self.spec, self.trainer_cfg, version=version, step=step, offsets=offsets
             )
             self.channel.write(snapshot)
+        except NonFiniteError as exc:
+            self.metrics.snapshots.labels(result="refused_nonfinite").inc()
+            log.error("%s; the channel's latest snapshot stays, serving keeps it", exc)
+            return None
         except KelpError:
             self.metrics.snapshots.labels(result="failed").inc()
             raise

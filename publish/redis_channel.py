@@ -11,10 +11,30 @@ all atomically)::
     {k1:<deployment>:model}:notify            pub/sub channel; message = the version
 
 One Lua script stores the hash, adds the version to the set, moves ``latest``
-forward only (an older publisher can never move it back) and publishes the
-notification: a replica that hears of a version can always read it whole.
-Pub/sub is best-effort (a replica that was disconnected misses messages); the
-replica's poll of ``latest`` every ``serving.poll_interval_s`` covers that.
+forward and publishes the notification: a replica that hears of a version can
+always read it whole. Pub/sub is best-effort (a replica that was disconnected
+misses messages); the replica's poll of ``latest`` every
+``serving.poll_interval_s`` covers that.
+
+Version numbers are never reused. ``seq`` is the record of every number handed
+out, so each Lua script checks the keys against each other before it changes
+anything, and refuses with :class:`~kelp.publish.errors.ChannelStateError`
+(naming the key to repair) when they disagree:
+
+* allocating (``next_version``): ``seq`` must exist once ``latest`` or
+  ``versions`` do, must not be below them, and must not be below the caller's
+  ``floor`` (the highest version this publisher process published: a channel
+  whose keys were *all* evicted or flushed looks new, and would start at 1);
+* writing: the version's hash must not exist (write-once), ``seq`` must have
+  handed the number out, and it must be above ``latest`` and every listed version
+  (a ``latest`` that is not a number is overwritten, with a warning: ``seq`` and
+  ``versions`` are the record, so nothing it could have named is above ``seq``);
+* pruning deletes only versions below ``latest``.
+
+These keys must not be evicted: give the channel a Redis with
+``maxmemory-policy noeviction`` (docs/deploy.md). A channel found empty by a
+publisher with no memory of its own (a new deployment, or every key lost while
+the trainer was restarting) starts at 1 and says so in a warning.
 
 Connections and error translation are the store's Redis boundary
 (:mod:`kelp.store.connection`), with this channel's :data:`CHANNEL_ERRORS`: an
@@ -27,12 +47,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from typing import Any
 
 from kelp.config import PublisherConfig, StoreConfig
 from kelp.errors import KelpError, UserError
 from kelp.publish.base import SnapshotChannel, Subscription
-from kelp.publish.errors import ChannelError, ChannelUnavailableError, SnapshotMissingError
+from kelp.publish.errors import (
+    ChannelError,
+    ChannelStateError,
+    ChannelUnavailableError,
+    SnapshotMissingError,
+)
 from kelp.publish.snapshot import Snapshot
 from kelp.store.connection import (
     ErrorRoom,
@@ -47,6 +73,8 @@ from kelp.store.keys import KEY_LAYOUT_VERSION
 
 __all__ = ["CHANNEL_ERRORS", "RedisChannel", "RedisSubscription", "channel_prefix"]
 
+log = logging.getLogger("kelp.publish")
+
 
 def _unavailable(where: str, reason: str) -> ChannelUnavailableError:
     return ChannelUnavailableError(f"snapshot channel {where} unavailable: {reason}")
@@ -55,16 +83,85 @@ def _unavailable(where: str, reason: str) -> ChannelUnavailableError:
 CHANNEL_ERRORS = ErrorRoom("snapshot channel", _unavailable, ChannelError)
 """How the snapshot channel names Redis failures (see ``kelp.store.connection.translate_redis_errors``)."""
 
-_PUBLISH = """
-redis.call('HSET', KEYS[1], 'manifest', ARGV[2], 'weights', ARGV[3])
-redis.call('ZADD', KEYS[2], tonumber(ARGV[1]), ARGV[1])
-local current = tonumber(redis.call('GET', KEYS[3]) or '0')
-if tonumber(ARGV[1]) > current then
-  redis.call('SET', KEYS[3], ARGV[1])
-  redis.call('PUBLISH', KEYS[4], ARGV[1])
+# Shared by the scripts: a key's value as a version number (nil: missing or not a plain integer),
+# and the highest version `latest` and the `versions` set know of, with what `latest` holds when it
+# is not a number (ignored: `seq` and `versions` are the record; a publish overwrites it).
+_LUA_HELPERS = """
+local function int(raw)
+  if raw and string.match(raw, '^%d+$') then return tonumber(raw) end
+  return nil
 end
-return current
+local function known(latest_key, versions_key)
+  local raw = redis.call('GET', latest_key)
+  local latest = int(raw) or 0
+  local garbage = nil
+  if raw and not int(raw) then garbage = raw end
+  local top = redis.call('ZRANGE', versions_key, -1, -1, 'WITHSCORES')
+  local stored = 0
+  if top[2] then stored = tonumber(top[2]) end
+  return math.max(latest, stored), garbage
+end
 """
+
+# KEYS: seq, latest, versions. ARGV: floor. Returns {code, ...}; only 'ok' and 'new' change anything.
+_NEXT = (
+    _LUA_HELPERS
+    + """
+local high = known(KEYS[2], KEYS[3])
+local floor = tonumber(ARGV[1])
+local raw = redis.call('GET', KEYS[1])
+if not raw then
+  if high > 0 then return {'seq_missing', high} end
+  if floor > 0 then return {'lost', -1, floor} end
+  return {'new', redis.call('INCR', KEYS[1])}
+end
+local seq = int(raw)
+if not seq then return {'seq_garbage', raw} end
+if seq < high then return {'seq_behind', seq, high} end
+if seq < floor then return {'lost', seq, floor} end
+return {'ok', redis.call('INCR', KEYS[1])}
+"""
+)
+
+# KEYS: the version's hash, versions, latest, notify, seq. ARGV: version, manifest, weights.
+_PUBLISH = (
+    _LUA_HELPERS
+    + """
+local version = tonumber(ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
+local seq = int(redis.call('GET', KEYS[5]))
+if not seq or seq < version then return {'unallocated', seq or -1} end
+local high, garbage = known(KEYS[3], KEYS[2])
+if version <= high then return {'stale', high} end
+redis.call('HSET', KEYS[1], 'manifest', ARGV[2], 'weights', ARGV[3])
+redis.call('ZADD', KEYS[2], version, ARGV[1])
+redis.call('SET', KEYS[3], ARGV[1])
+redis.call('PUBLISH', KEYS[4], ARGV[1])
+if garbage then return {'repaired', garbage} end
+return {'ok'}
+"""
+)
+
+# KEYS: latest, versions, then one hash per version. ARGV: those versions. Only versions below
+# `latest` go (none when `latest` is unreadable); returns how many were deleted.
+_DELETE = (
+    _LUA_HELPERS
+    + """
+local latest = int(redis.call('GET', KEYS[1]))
+if not latest then return 0 end
+local n = 0
+for i = 3, #KEYS do
+  if tonumber(ARGV[i - 2]) < latest then
+    redis.call('DEL', KEYS[i])
+    redis.call('ZREM', KEYS[2], ARGV[i - 2])
+    n = n + 1
+  end
+end
+return n
+"""
+)
+
+_REPAIR = "keep the channel's Redis on maxmemory-policy noeviction, docs/deploy.md"
 
 
 def channel_prefix(deployment: str) -> str:
@@ -119,7 +216,9 @@ class RedisChannel(SnapshotChannel):
         self.where = node_name(where) if "://" in where else where  # never a password in a message
         self._errors = errors
         self.prefix = channel_prefix(deployment)
-        self._script = client.register_script(_PUBLISH)
+        self._publish = client.register_script(_PUBLISH)
+        self._next = client.register_script(_NEXT)
+        self._delete = client.register_script(_DELETE)
 
     @classmethod
     def from_config(cls, pub: PublisherConfig, store: StoreConfig, deployment: str) -> RedisChannel:
@@ -155,15 +254,78 @@ class RedisChannel(SnapshotChannel):
 
     # -- the channel ----------------------------------------------------------------------------
 
-    def next_version(self) -> int:
+    def next_version(self, floor: int = 0) -> int:
+        keys = [self._key("seq"), self._key("latest"), self._key("versions")]
         with translate_redis_errors(self.where, self._errors):
-            return int(self._client.incr(self._key("seq")))
+            code, *rest = self._next(keys=keys, args=[int(floor)])
+        code = _text(code)
+        if code == "new":
+            log.warning(
+                "snapshot channel %s holds no snapshots under %s: numbering starts at v1 (a new deployment; "
+                "if this deployment published before, its keys were evicted or deleted, and replicas keep "
+                "serving their version until the new numbering passes it; %s)",
+                self.where,
+                self.prefix,
+                _REPAIR,
+            )
+        if code not in ("ok", "new"):
+            raise self._refusal(code, rest)
+        return int(rest[0])
 
     def write(self, snapshot: Snapshot) -> None:
         version = snapshot.manifest.version
-        keys = [self._version_key(version), self._key("versions"), self._key("latest"), self._key("notify")]
+        keys = [
+            self._version_key(version),
+            self._key("versions"),
+            self._key("latest"),
+            self._key("notify"),
+            self._key("seq"),
+        ]
         with translate_redis_errors(self.where, self._errors):
-            self._script(keys=keys, args=[version, snapshot.manifest.to_json(), snapshot.weights])
+            code, *rest = self._publish(
+                keys=keys, args=[version, snapshot.manifest.to_json(), snapshot.weights]
+            )
+        code = _text(code)
+        if code == "repaired":
+            log.warning(
+                "snapshot channel %s: %s held %s, not a version number; the publish of v%d replaced it",
+                self.where,
+                self._key("latest"),
+                _shown(rest[0]),
+                version,
+            )
+        elif code != "ok":
+            raise self._refusal(code, rest, version)
+
+    def _refusal(self, code: str, rest: list[Any], version: int = 0) -> ChannelStateError:
+        """The one-line error for a script's refusal: what is wrong, which key, how to repair it."""
+        seq = self._key("seq")
+        now = "missing" if rest and isinstance(rest[0], int) and rest[0] < 0 else (rest or ["?"])[0]
+        fix = f"restore it with SET {seq} N, N at least the highest version any replica serves"
+        match code:
+            case "seq_missing":
+                what = f"{seq} is missing but the channel holds v{rest[0]} (evicted or deleted?); {fix}"
+            case "seq_behind":
+                what = f"{seq} is {now}, below v{rest[1]} that the channel holds; {fix} and >= {rest[1]}"
+            case "lost":
+                what = (
+                    f"this publisher already published v{rest[1]} but {seq} is {now} and nothing above it "
+                    f"is stored (its keys were evicted, flushed or deleted?); {fix} and >= {rest[1]}"
+                )
+            case "seq_garbage":
+                what = f"{seq} holds {_shown(rest[0])}, not a version counter; {fix}"
+            case "exists":
+                what = f"v{version} already exists and versions are written once ({seq} was lowered?); {fix}"
+            case "unallocated":
+                what = f"v{version} was not handed out by {seq} (it is {now}: evicted or deleted?); {fix}"
+            case "stale":
+                what = f"v{version} is not above v{rest[0]}, which the channel holds (a publisher is ahead)"
+            case _:
+                what = f"unexpected answer {code!r} from the publish script"
+        return ChannelStateError(
+            f"snapshot channel {self.where}: {what}; refusing to publish rather than reuse a version number; "
+            + _REPAIR
+        )
 
     def versions(self) -> list[int]:
         with translate_redis_errors(self.where, self._errors):
@@ -172,7 +334,14 @@ class RedisChannel(SnapshotChannel):
     def latest_version(self) -> int | None:
         with translate_redis_errors(self.where, self._errors):
             raw = self._client.get(self._key("latest"))
-        return None if raw is None else int(raw)
+        if raw is None:
+            return None
+        if not raw.isdigit():
+            raise ChannelStateError(
+                f"snapshot channel {self.where}: {self._key('latest')} holds {_shown(raw)}, not a version "
+                "number; the trainer's next publish rewrites it (or SET it to the newest stored version)"
+            )
+        return int(raw)
 
     def read_raw(self, version: int) -> tuple[bytes, bytes]:
         with translate_redis_errors(self.where, self._errors):
@@ -184,14 +353,22 @@ class RedisChannel(SnapshotChannel):
     def delete(self, versions: list[int]) -> None:
         if not versions:
             return
+        keys = [self._key("latest"), self._key("versions"), *[self._version_key(v) for v in versions]]
         with translate_redis_errors(self.where, self._errors):
-            pipe = self._client.pipeline()
-            pipe.delete(*[self._version_key(v) for v in versions])
-            pipe.zrem(self._key("versions"), *[str(v) for v in versions])
-            pipe.execute()
+            self._delete(keys=keys, args=[str(v) for v in versions])
 
     def subscribe(self) -> RedisSubscription:
         return RedisSubscription(self._client, self._key("notify"), self.where, self._errors)
 
     def close(self) -> None:
         self._client.close()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _shown(raw: Any) -> str:
+    """A key's unexpected value for a one-line message: quoted, and cut short."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return repr(text[:40] + ("..." if len(text) > 40 else ""))

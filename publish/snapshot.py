@@ -22,6 +22,11 @@ part, a truncated weights blob, or weights paired with another version's
 manifest is detected before anything is deserialized. Sparse rows are never in
 a snapshot: serving reads them from the same store the trainer writes.
 
+A weight that is NaN or infinite is refused at both ends: :func:`build_snapshot`
+raises :class:`~kelp.trainer.finite.NonFiniteError` (so it is never published),
+and :func:`load_model` rejects it as ``nonfinite`` (so a replica never serves
+one that got into the channel some other way). The error names the tensor.
+
 >>> import torch
 >>> from kelp.consumers.criteo import criteo_feature_spec
 >>> from kelp.config import TrainerConfig
@@ -50,6 +55,7 @@ from torch import nn
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.publish.errors import SnapshotRejectedError
 from kelp.trainer.checkpoint import config_hash
+from kelp.trainer.finite import NonFiniteError, first_nonfinite
 from kelp.trainer.models import build_model
 
 __all__ = [
@@ -158,8 +164,14 @@ def build_snapshot(
     offsets: Mapping[tuple[str, int], int],
     created_at: float | None = None,
 ) -> Snapshot:
-    """Serialize ``model`` (any device) into a snapshot of ``version``."""
+    """Serialize ``model`` (any device) into a snapshot of ``version``.
+
+    Raises :class:`~kelp.trainer.finite.NonFiniteError` when a tensor holds NaN or an infinity.
+    """
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    bad = first_nonfinite(tensors)
+    if bad is not None:
+        raise NonFiniteError(f"snapshot v{int(version)} (step {int(step)}) refused", bad)
     weights = st_save(tensors)
     manifest = SnapshotManifest(
         version=int(version),
@@ -197,7 +209,8 @@ def load_model(snapshot: Snapshot, expected_spec: FeatureSpec | None = None) -> 
     With ``expected_spec`` (the replica's own config) the snapshot must have
     been trained on exactly those features: serving computes inputs from its
     config, so a mismatch would score garbage. Raises :class:`SnapshotRejectedError`
-    ``incompatible`` (spec or shapes differ) or ``format`` (unreadable weights).
+    ``incompatible`` (spec or shapes differ), ``format`` (unreadable weights) or
+    ``nonfinite`` (a weight is NaN or infinite: every score would be NaN).
     """
     m = snapshot.manifest
     try:
@@ -217,6 +230,11 @@ def load_model(snapshot: Snapshot, expected_spec: FeatureSpec | None = None) -> 
         tensors = st_load(snapshot.weights)
     except (SafetensorError, ValueError) as exc:
         raise SnapshotRejectedError("format", f"snapshot v{m.version}: unreadable weights: {exc}") from None
+    bad = first_nonfinite(tensors)
+    if bad is not None:
+        raise SnapshotRejectedError(
+            "nonfinite", f"snapshot v{m.version}: tensor {bad!r} holds a non-finite value (NaN or infinity)"
+        )
     model = build_model(spec, trainer_cfg)
     try:
         model.load_state_dict(tensors, strict=True)

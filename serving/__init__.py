@@ -13,6 +13,7 @@ both under uvicorn. Modules, one job each:
 * :mod:`~kelp.serving.scorer`: rows + model -> scores;
 * :mod:`~kelp.serving.replica`: lifecycle and readiness;
 * :mod:`~kelp.serving.app`, :mod:`~kelp.serving.middleware`: the HTTP layer;
+* :mod:`~kelp.serving.protocol`: uvicorn's HTTP/1.1 protocol with bounded request heads;
 * :mod:`~kelp.serving.dispatch`: the score routes' own ASGI handler (the hot path) and scoring thread;
 * :mod:`~kelp.serving.metrics`: ``kelp_serving_*``.
 """

@@ -18,8 +18,12 @@ endpoints without the bearer token when ``serving.auth_token_file`` is set
 ``serving.body_timeout_s``, 413 for a body above
 ``max_body_bytes`` or more samples than ``max_samples_per_request``, 422 for
 anything else the input gets wrong (the reason names it: ``too_many_ids``,
-``unknown_feature``, ``bad_dense``...), 503 when there is no model yet or the
-store is unreachable. Bad input is never a 5xx.
+``unknown_feature``, ``bad_dense``...; ``nonfinite_score`` when an item's score
+came out NaN or infinite, never a ``null`` score), 503 when there is no model yet or the
+store is unreachable. Bad input is never a 5xx. Before the app, the HTTP
+protocol (:mod:`kelp.serving.protocol`) answers 431 ``header_too_large`` and 408
+``header_timeout`` for request heads over ``serving.max_header_bytes`` /
+``max_headers`` or slower than ``header_timeout_s``.
 
 Concurrency: the score endpoints read the raw body on the event loop and do
 everything else (parse with orjson/msgpack, check, fetch rows, forward,
@@ -83,7 +87,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     },
     408: {"model": ErrorResponse, "description": "the body took longer than serving.body_timeout_s"},
     413: {"model": ErrorResponse, "description": "body or sample count over the configured limits"},
-    422: {"model": ErrorResponse, "description": "invalid input; `error` names the reason"},
+    422: {
+        "model": ErrorResponse,
+        "description": "invalid input; `error` names the reason (`nonfinite_score`: an item's score "
+        "came out NaN or infinite, `detail` names it)",
+    },
     503: {"model": ErrorResponse, "description": "no model loaded yet, or the store is unreachable"},
 }
 

@@ -9,7 +9,9 @@ orjson is strict JSON: it refuses ``NaN`` and integers beyond 64 bits. The
 standard library parser takes both, so a body orjson refuses is parsed again
 with it, and the feature checks then reject the value with its precise reason
 (``bad_dense``, ``bad_id``) instead of ``bad_json``. Only broken bodies pay
-for the second parse.
+for the second parse. An integer with more digits than Python converts
+(``sys.get_int_max_str_digits()``) becomes a :class:`LongInteger` there, which
+no check accepts, so it too is refused naming its field.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import orjson
 
 from kelp.serving.errors import BadRequestError
 
-__all__ = ["MSGPACK", "decode_body", "encode_body", "wants_msgpack"]
+__all__ = ["MSGPACK", "LongInteger", "decode_body", "encode_body", "wants_msgpack"]
 
 MSGPACK = "application/msgpack"
 _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
@@ -30,6 +32,25 @@ _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
 
 def _is_msgpack(content_type: str) -> bool:
     return content_type.split(";", 1)[0].strip().lower() in _MSGPACK_TYPES
+
+
+class LongInteger:
+    """A JSON integer too long for ``int()``: only its digit count is kept, for the error message."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> int | LongInteger:
+    try:
+        return int(text)
+    except ValueError:  # past the interpreter's digit limit
+        return LongInteger(len(text.lstrip("-")))
 
 
 def decode_body(raw: bytes, content_type: str) -> Any:
@@ -46,7 +67,7 @@ def decode_body(raw: bytes, content_type: str) -> Any:
             # Too deep for orjson is too deep for a request; Python 3.12's json would parse it.
             raise BadRequestError("bad_json", f"the body is not JSON: {exc}") from None
         try:
-            return json.loads(raw)
+            return json.loads(raw, parse_int=_parse_int)
         except (ValueError, RecursionError):
             raise BadRequestError("bad_json", f"the body is not JSON: {exc}") from None
 

@@ -49,6 +49,7 @@ from kelp.serving.errors import BadRequestError, RequestError
 __all__ = ["RequestParser"]
 
 U64_LIMIT = 1 << 64
+_SHOWN_CHARS = 40  # of a refused value's repr in an error message
 _SPARSE_ONLY = {"sparse": None}.keys()
 _NO_IDS: list[int] = []
 Given = tuple[dict[int, float], dict[int, "int | list[int]"]]
@@ -57,6 +58,22 @@ Given = tuple[dict[int, float], dict[int, "int | list[int]"]]
 
 def _invalid(message: str) -> BadRequestError:
     return BadRequestError("invalid_request", message)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut short: an error names the value it refuses without echoing a huge one back."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str()
+        return "<an integer too long to show>"
+    return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
+
+
+def _out_of_range(where: str, value: Any) -> BadRequestError:
+    """An integer too large for a float: ``math.isfinite`` raised OverflowError converting it."""
+    return BadRequestError(
+        "bad_dense", f"{where}: {_shown(value)} is not a finite number (beyond float range)"
+    )
 
 
 class RequestParser:
@@ -107,7 +124,7 @@ class RequestParser:
                 raise _invalid(f"{key!r} is required")
         extra = [k for k in body if k not in required and k not in optional]
         if extra:
-            raise _invalid(f"unknown field {extra[0]!r}; expected {', '.join((*required, *optional))}")
+            raise _invalid(f"unknown field {_shown(extra[0])}; expected {', '.join((*required, *optional))}")
 
     def _rows(self, value: Any, what: str) -> list[Any]:
         if not isinstance(value, list):
@@ -129,23 +146,30 @@ class RequestParser:
             raise _invalid(f"{where} is {type(value).__name__}, expected an object")
         extra = [k for k in value if k not in ("dense", "sparse")]
         if extra:
-            raise _invalid(f"{where}: unknown field {extra[0]!r}; expected dense, sparse")
+            raise _invalid(f"{where}: unknown field {_shown(extra[0])}; expected dense, sparse")
         return self._dense(value.get("dense", {}), where), self._sparse(value.get("sparse", {}), where)
 
     def _dense(self, value: Any, where: str) -> dict[int, float]:
         if not isinstance(value, dict):
             raise BadRequestError("bad_dense", f"{where}.dense is {type(value).__name__}, expected an object")
         out: dict[int, float] = {}
-        for name, x in value.items():
-            j = self.dense_index.get(name)
-            if j is None:
-                raise BadRequestError("unknown_feature", f"{where}.dense: {name!r} is not a dense feature")
-            if x is None:
-                continue
-            t = type(x)
-            if (t is not float and t is not int) or not math.isfinite(x):
-                raise BadRequestError("bad_dense", f"{where}.dense.{name}: {x!r} is not a finite number")
-            out[j] = x
+        try:
+            for name, x in value.items():
+                j = self.dense_index.get(name)
+                if j is None:
+                    raise BadRequestError(
+                        "unknown_feature", f"{where}.dense: {_shown(name)} is not a dense feature"
+                    )
+                if x is None:
+                    continue
+                t = type(x)
+                if (t is not float and t is not int) or not math.isfinite(x):
+                    raise BadRequestError(
+                        "bad_dense", f"{where}.dense.{name}: {_shown(x)} is not a finite number"
+                    )
+                out[j] = x
+        except OverflowError:  # an int beyond float range; the loop's name and x are the culprit
+            raise _out_of_range(f"{where}.dense.{name}", x) from None
         return out
 
     def _sparse(self, value: Any, where: str) -> dict[int, int | list[int]]:
@@ -156,7 +180,9 @@ class RequestParser:
         for name, x in value.items():
             i = index.get(name)
             if i is None:
-                raise BadRequestError("unknown_feature", f"{where}.sparse: {name!r} is not a sparse feature")
+                raise BadRequestError(
+                    "unknown_feature", f"{where}.sparse: {_shown(name)} is not a sparse feature"
+                )
             if type(x) is int and 0 <= x < U64_LIMIT and self.id_limits[i]:  # the common case: one id
                 out[i] = x
                 continue
@@ -170,7 +196,8 @@ class RequestParser:
             for v in ids:
                 if type(v) is not int or not 0 <= v < U64_LIMIT:
                     raise BadRequestError(
-                        "bad_id", f"{where}.sparse.{name}: {v!r} is not an id (an integer in [0, 2**64))"
+                        "bad_id",
+                        f"{where}.sparse.{name}: {_shown(v)} is not an id (an integer in [0, 2**64))",
                     )
             out[i] = ids
         return out
@@ -230,11 +257,11 @@ class RequestParser:
         self._keys(raw, required=("count",), optional=("dense", "sparse"))
         n = raw["count"]
         if type(n) is not int or n < 1:
-            raise _invalid(f"candidates.count is {n!r}, expected a count >= 1")
+            raise _invalid(f"candidates.count is {_shown(n)}, expected a count >= 1")
         if n > self.max_samples:
             raise RequestError(
                 "too_many_samples",
-                f"{n} candidates, more than serving.max_samples_per_request ({self.max_samples})",
+                f"{_shown(n)} candidates, more than serving.max_samples_per_request ({self.max_samples})",
                 status=413,
             )
         user_dense, user_sparse = user
@@ -245,7 +272,9 @@ class RequestParser:
         for name, col in columns.items():
             j = self.dense_index.get(name)
             if j is None:
-                raise BadRequestError("unknown_feature", f"candidates.dense: {name!r} is not a dense feature")
+                raise BadRequestError(
+                    "unknown_feature", f"candidates.dense: {_shown(name)} is not a dense feature"
+                )
             dense[:, j] = self._dense_column(col, n, name)
         sparse: dict[str, JaggedIds] = {}
         columns = raw.get("sparse") or {}
@@ -254,7 +283,7 @@ class RequestParser:
         unknown = [k for k in columns if k not in self.sparse_index]
         if unknown:
             raise BadRequestError(
-                "unknown_feature", f"candidates.sparse: {unknown[0]!r} is not a sparse feature"
+                "unknown_feature", f"candidates.sparse: {_shown(unknown[0])} is not a sparse feature"
             )
         for i, name in enumerate(self.sparse_names):
             if name in columns and columns[name] is not None:
@@ -273,10 +302,15 @@ class RequestParser:
             return np.frombuffer(col, dtype="<f4")
         if not isinstance(col, list) or len(col) != n:
             raise BadRequestError("bad_dense", f"candidates.dense.{name}: expected {n} numbers or f32 bytes")
-        for x in col:
-            t = type(x)
-            if (t is not float and t is not int) or not math.isfinite(x):
-                raise BadRequestError("bad_dense", f"candidates.dense.{name}: {x!r} is not a finite number")
+        try:
+            for x in col:
+                t = type(x)
+                if (t is not float and t is not int) or not math.isfinite(x):
+                    raise BadRequestError(
+                        "bad_dense", f"candidates.dense.{name}: {_shown(x)} is not a finite number"
+                    )
+        except OverflowError:  # an int beyond float range
+            raise _out_of_range(f"candidates.dense.{name}", x) from None
         return np.asarray(col, dtype=np.float64)
 
     def _sparse_column(self, col: Any, n: int, i: int) -> JaggedIds:
@@ -301,7 +335,10 @@ class RequestParser:
             if isinstance(lengths, bytes):
                 lengths = np.frombuffer(lengths, dtype="<i4") if len(lengths) == 4 * n else None
             elif isinstance(lengths, list) and all(type(x) is int for x in lengths):
-                lengths = np.asarray(lengths, dtype=np.int64)
+                try:
+                    lengths = np.asarray(lengths, dtype=np.int64)
+                except OverflowError:  # beyond int64: refused below like any bad count
+                    lengths = None
             else:
                 lengths = None
             if lengths is None or len(lengths) != n or (lengths < 0).any():
@@ -328,7 +365,7 @@ class RequestParser:
     def _check_ids(ids: list[Any], name: str) -> None:
         for v in ids:
             if type(v) is not int or not 0 <= v < U64_LIMIT:
-                raise BadRequestError("bad_id", f"candidates.sparse.{name}: {v!r} is not an id")
+                raise BadRequestError("bad_id", f"candidates.sparse.{name}: {_shown(v)} is not an id")
 
     # ------------------------------------------------------------------ assembly
 

@@ -8,7 +8,8 @@
 ``kelp_serving_model_created_timestamp_seconds``   gauge: creation time of that model (publish side)
 ``kelp_serving_model_age_seconds``                 gauge: seconds since that model was created (at scrape)
 ``kelp_serving_swaps_total``                       hot swaps to a new model version
-``kelp_serving_snapshots_rejected_total``          snapshots refused, by reason (checksum, format, ...)
+``kelp_serving_snapshots_rejected_total``          snapshots refused, by reason (checksum, nonfinite, ...)
+``kelp_serving_nonfinite_scores_total``            scores that came out NaN or infinite (answered 422)
 ``kelp_serving_store_fetch_seconds``               histogram: one batched embedding fetch from the store
 ``kelp_serving_rows_total``                        embedding rows used, by result (stored, default)
 ``kelp_serving_embedding_age_seconds``             histogram: age of the stored rows a request used
@@ -50,6 +51,9 @@ class ServingMetrics:
         self.model_age.set_function(self._model_age)
         self.swaps = m.counter("swaps", "Hot swaps to a new model version.")
         self.snapshots_rejected = m.counter("snapshots_rejected", "Snapshots refused.", ["reason"])
+        self.nonfinite_scores = m.counter(
+            "nonfinite_scores", "Scores that came out NaN or infinite; their request answered 422."
+        )
         self.store_fetch_seconds = m.histogram("store_fetch_seconds", "One batched embedding fetch.")
         self.rows = m.counter("rows", "Embedding rows used by requests.", ["result"])
         self.embedding_age = m.histogram(

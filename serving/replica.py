@@ -77,7 +77,7 @@ class ServingReplica:
         self.parser = RequestParser(self.spec, cfg.serving)
         self.slot = ModelSlot()
         self.fetcher = RowFetcher(self.store, self.metrics, cfg.serving.local_cache_ttl_ms)
-        self.scorer = Scorer(self.spec, self.slot, self.fetcher)
+        self.scorer = Scorer(self.spec, self.slot, self.fetcher, self.metrics)
         self.watcher = SnapshotWatcher(
             self.channel, self.spec, self.slot, self.metrics, cfg.serving.poll_interval_s
         )

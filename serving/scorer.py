@@ -8,6 +8,12 @@ Everything here is synchronous and CPU-bound or blocking on Redis, so the app
 runs it in a worker thread (never on the event loop). The model is read from
 the slot once per request: the scores and the reported version always belong
 to the same snapshot.
+
+A score is never NaN (JSON ``null``): the replica refuses snapshots with
+non-finite weights, but a non-finite embedding row (or any other way a NaN or
+an infinity reaches the forward pass) would still make one. Such a request is
+answered ``422 nonfinite_score`` naming the first affected item, and the
+affected scores are counted in ``kelp_serving_nonfinite_scores_total``.
 """
 
 from __future__ import annotations
@@ -20,11 +26,34 @@ import torch
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import MicroBatch
 from kelp.serving.embeddings import RowFetcher
-from kelp.serving.errors import NoModelError
-from kelp.serving.model import ModelSlot
+from kelp.serving.errors import NoModelError, RequestError
+from kelp.serving.metrics import ServingMetrics
+from kelp.serving.model import ModelSlot, ServedModel
 from kelp.serving.pooling import PoolPlan
 
-__all__ = ["ScoreResult", "Scorer"]
+__all__ = ["NonFiniteScoreError", "ScoreResult", "Scorer"]
+
+
+class NonFiniteScoreError(RequestError):
+    """The model's output for an item is NaN or infinite; 422 with reason ``nonfinite_score``.
+
+    Not a 5xx: the replica and the store work, and retrying elsewhere gives the
+    same answer for the same ids. ``detail`` names the first item (its index in
+    request order) and the model version, so the client can report the ids.
+    """
+
+    status = 422
+
+    def __init__(self, served: ServedModel, logits: np.ndarray) -> None:
+        bad = np.flatnonzero(~np.isfinite(logits))
+        first = int(bad[0])
+        super().__init__(
+            "nonfinite_score",
+            f"the score of item {first} (samples[{first}] or candidates[{first}], request order) is not "
+            f"finite: model v{served.version} computed {float(logits[first])!r} from its features and "
+            f"embedding rows; {bad.size} of {logits.size} items affected",
+        )
+        self.count = int(bad.size)
 
 
 @dataclass(frozen=True)
@@ -53,11 +82,14 @@ class ScoreResult:
 class Scorer:
     """Scores micro-batches with the slot's current model and rows from the fetcher."""
 
-    def __init__(self, spec: FeatureSpec, slot: ModelSlot, fetcher: RowFetcher) -> None:
+    def __init__(
+        self, spec: FeatureSpec, slot: ModelSlot, fetcher: RowFetcher, metrics: ServingMetrics | None = None
+    ) -> None:
         self.spec = spec
         self.slot = slot
         self.fetcher = fetcher
         self.plan = PoolPlan(spec)
+        self._nonfinite = metrics.nonfinite_scores if metrics is not None else None
 
     def score(self, batch: MicroBatch) -> ScoreResult:
         served = self.slot.current  # read once: this request uses this version throughout
@@ -68,6 +100,11 @@ class Scorer:
         with torch.inference_mode():
             pooled = self.plan.pool(batch, ids, fetched.rows)
             logits = served.module(torch.from_numpy(batch.dense), pooled)
+            if not bool(torch.isfinite(logits).all()):
+                error = NonFiniteScoreError(served, logits.numpy())
+                if self._nonfinite is not None:
+                    self._nonfinite.inc(error.count)
+                raise error
             scores = torch.sigmoid(logits).tolist()
         ages = fetched.ages_s
         return ScoreResult(

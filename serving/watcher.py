@@ -10,9 +10,20 @@ replica's, its weights loaded into a fresh module, and only then swapped in.
 A bad snapshot (checksum mismatch, unreadable, incompatible) is counted in
 ``kelp_serving_snapshots_rejected_total{reason}``, logged once, and remembered,
 so it is not re-read every poll; the replica keeps serving its current model
-and swaps to the next good version. A ``latest`` *below* the served version
-(the channel was reset) is loaded only if its snapshot is newer by
-``created_at``.
+and swaps to the next good version.
+
+A replica never goes back to a lower version. A ``latest`` *below* the served
+version (the channel's keys were evicted, flushed or reset, and the numbering
+started again) is not loaded: it is counted once per version as
+``reason="older"``, one warning is logged, and the replica keeps its model
+until the channel's numbering passes it. To roll back on purpose, point
+``latest`` at the old version and restart the replicas (a fresh replica loads
+whatever ``latest`` names).
+
+A broken ``latest`` (not a version number, or naming a version the channel
+does not hold) is counted as ``reason="pointer"`` and logged once per value,
+not once per poll; the replica keeps serving, and ``last_error`` (shown by
+``/readyz`` before the first load) says what is wrong.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ import time
 from kelp.config import FeatureSpec
 from kelp.errors import KelpError
 from kelp.publish.base import SnapshotChannel, Subscription
-from kelp.publish.errors import SnapshotMissingError, SnapshotRejectedError
+from kelp.publish.errors import ChannelStateError, SnapshotMissingError, SnapshotRejectedError
 from kelp.publish.snapshot import load_model
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.model import ModelSlot, ServedModel
@@ -52,6 +63,8 @@ class SnapshotWatcher:
         self.poll_interval_s = poll_interval_s
         self.skipped: set[int] = set()  # rejected or older versions: not read again
         self.last_error: str | None = None
+        self._pointer_problem: str | None = None  # the broken `latest` last reported, to say it once
+        self._behind_reported = False  # a `latest` below the served version was reported
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._check_lock = threading.Lock()
@@ -59,23 +72,32 @@ class SnapshotWatcher:
     def check_once(self) -> bool:
         """Load ``latest`` if it is new and good; True if a model was swapped in. Raises channel errors."""
         with self._check_lock:
-            latest = self.channel.latest_version()
+            try:
+                latest = self.channel.latest_version()
+            except ChannelStateError as exc:
+                self._report_pointer(str(exc))
+                return False
             current = self.slot.current
             if (
                 latest is None
                 or latest in self.skipped
                 or (current is not None and latest == current.version)
             ):
+                self._pointer_problem = None
+                return False
+            if current is not None and latest < current.version:
+                self._refuse_older(latest, current.version)
                 return False
             try:
                 snapshot = self.channel.read(latest)
-                older = current is not None and latest < current.version
-                if older and snapshot.manifest.created_at <= current.created_at:  # type: ignore[union-attr]
-                    self.skipped.add(latest)
-                    return False
                 module = load_model(snapshot, self.spec)
             except SnapshotMissingError:
-                return False  # pruned between the pointer read and the read; the next check sees a newer one
+                if self.channel.latest_version() == latest:  # not a prune race: `latest` names nothing
+                    self._report_pointer(
+                        f"snapshot channel {self.channel.where}: latest names v{latest}, which the channel "
+                        "does not hold (evicted or deleted?)"
+                    )
+                return False  # otherwise pruned between the pointer read and the read: the next check
             except SnapshotRejectedError as exc:
                 self.skipped.add(latest)
                 self.metrics.snapshots_rejected.labels(reason=exc.reason).inc()
@@ -87,6 +109,8 @@ class SnapshotWatcher:
                     f"v{current.version}" if current else "nothing",
                 )
                 return False
+            self._pointer_problem = None
+            self._behind_reported = False
             served = ServedModel(module, snapshot.manifest)
             previous = self.slot.set(served)
             self.metrics.model_loaded(served.version, served.created_at)
@@ -95,10 +119,36 @@ class SnapshotWatcher:
             log.info("serving model v%d (step %d)", served.version, snapshot.manifest.step)
             return True
 
+    def _report_pointer(self, problem: str) -> None:
+        """Count and log a broken ``latest`` once per distinct problem; the replica keeps its model."""
+        if problem == self._pointer_problem:
+            return
+        self._pointer_problem = problem
+        self.metrics.snapshots_rejected.labels(reason="pointer").inc()
+        current = self.slot.current
+        log.warning("%s; still serving %s", problem, f"v{current.version}" if current else "nothing")
+
+    def _refuse_older(self, latest: int, served: int) -> None:
+        """A ``latest`` below the served version: never loaded; counted once per version, logged once."""
+        self.skipped.add(latest)
+        self.metrics.snapshots_rejected.labels(reason="older").inc()
+        if not self._behind_reported:
+            self._behind_reported = True
+            log.warning(
+                "snapshot channel %s: latest is v%d, below the served v%d; not loaded, a replica never goes "
+                "back (were the channel's keys evicted or flushed? docs/deploy.md); serving v%d until the "
+                "channel's versions pass it",
+                self.channel.where,
+                latest,
+                served,
+                served,
+            )
+
     def start(self) -> None:
         """Try one load now (so a replica with a published model is ready at once), then watch."""
         try:
             self.check_once()
+            self.last_error = self._pointer_problem
         except KelpError as exc:
             self.last_error = str(exc)
             log.warning("could not load a snapshot at start: %s", exc)
@@ -117,7 +167,7 @@ class SnapshotWatcher:
                 if notified or time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self.poll_interval_s
                     self.check_once()
-                self.last_error = None
+                self.last_error = self._pointer_problem
             except KelpError as exc:
                 if self.last_error != str(exc):
                     log.warning("snapshot channel: %s (retrying every %.1f s)", exc, self.poll_interval_s)
@@ -126,8 +176,11 @@ class SnapshotWatcher:
                     sub.close()
                     sub = None
                 self._stop.wait(min(1.0, self.poll_interval_s))
-            except Exception:  # a bug must not kill the thread silently: log it and keep watching
-                log.exception("snapshot watcher failed; retrying")
+            except Exception as exc:  # a bug must not kill the thread silently: log it and keep watching
+                text = f"{type(exc).__name__}: {exc}"
+                if self.last_error != text:  # a traceback once, not every retry
+                    log.exception("snapshot watcher failed; retrying every %.1f s", self.poll_interval_s)
+                self.last_error = text
                 self._stop.wait(min(1.0, self.poll_interval_s))
         if sub is not None:
             sub.close()

@@ -11,7 +11,8 @@ Modules: ``base`` (interface, result types), ``backend`` (the pull/push flow on
 backend primitives), ``admission`` / ``eviction`` (policy strategy classes),
 ``slots`` (id -> slot columns), ``memory``, ``redis_plan`` / ``redis_backend`` /
 ``redis`` / ``redis_cluster`` (Redis), ``hot_cache``, ``connection``,
-``errors``, ``codec`` / ``keys`` (versioned wire formats), ``factory``.
+``errors``, ``codec`` / ``keys`` (versioned wire formats), ``quarantine``
+(stored rows that are no valid finite row, non-finite pushes), ``factory``.
 """
 
 from kelp.store.admission import AdmissionPolicy, AdmitAfterCount, AdmitByChance, AlwaysAdmit

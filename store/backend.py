@@ -8,12 +8,16 @@ makes one pipelined round trip per shard for each step (its ``op`` label of
 
     pull_many(ids_by_table, count)
       1. _read_rows({table: ids}, now, touch=count)   -> {table: StoredRows}      [pull]
+         stored values that are not valid finite rows are quarantined here
+         (kelp.store.quarantine): count=True reads them as fresh init rows,
+         admitted (the next push overwrites them), count=False as the default row
          only with count=True, for ids without a stored row:
       2. _count_sightings({table: (ids, ttl_s)}, now) -> {table: int64 counts}    [admit]
          (tables whose AdmissionPolicy counts sightings)
       3. _store_init_rows({table: InitRows}, now)     store where absent, drop     [admit]
          (tables whose policy stores admitted ids)     their counters
     push_many(updates)
+         pushed rows holding a NaN or an infinity are dropped (counted, logged)
       4. _write_rows({table: RowWrite}, now)          -> {table: rows kept}        [push]
 
 Steps 2 and 3 are skipped when no table needs them. Which ids they cover is
@@ -34,7 +38,9 @@ from prometheus_client import CollectorRegistry
 
 from kelp.config import TableSpec
 from kelp.store.base import EmbeddingStore, PullResult, Table
+from kelp.store.codec import FAULT_REASONS, NONFINITE, finite_rows
 from kelp.store.metrics import StoreMetrics
+from kelp.store.quarantine import Quarantine
 
 __all__ = ["BackendStore", "InitRows", "RowWrite", "StoredRows"]
 
@@ -48,7 +54,11 @@ class StoredRows:
       present (the flow overwrites those);
     * ``updated_s``: uint32[n], the row's last update (unix s), 0 where not present;
     * ``handle``: the backend's own note about this read (the memory backend:
-      the slots read), handed back to :meth:`BackendStore._store_init_rows`.
+      the slots read), handed back to :meth:`BackendStore._store_init_rows`;
+    * ``fault``: uint8[n], why a present value is no valid row of the table
+      (:data:`~kelp.store.codec.FAULT_REASONS`; 0: valid), from a backend that
+      decodes stored bytes; None from one that holds rows as floats (memory),
+      whose rows the flow checks for NaN and infinity itself.
     """
 
     present: np.ndarray
@@ -56,6 +66,7 @@ class StoredRows:
     state: np.ndarray
     updated_s: np.ndarray
     handle: Any = None
+    fault: np.ndarray | None = None
 
 
 @dataclass
@@ -105,11 +116,16 @@ class BackendStore(EmbeddingStore):
     ) -> None:
         super().__init__(tables, initial_state, seed)
         self.metrics = StoreMetrics(registry)
+        self.quarantine = Quarantine(self.metrics)
         self._clock = clock
         self._op_lock: AbstractContextManager[Any] = nullcontext()
 
     def _ready(self) -> None:
         """Hook: a backend's one-time checks before its first pull or push (Redis: the layout marker)."""
+
+    def _where(self, table: str, ids: np.ndarray) -> list[str]:
+        """Hook: where each id's row is stored, for a quarantine log line (Redis: its key and shard)."""
+        return [""] * len(ids)
 
     # -- the primitives -------------------------------------------------------------------------
 
@@ -157,11 +173,18 @@ class BackendStore(EmbeddingStore):
         with self._op_lock:
             now = self._clock()
             stored = self._read_rows(batch, now, touch=count)
+            bad = {
+                name: self._quarantined(self.tables[name], batch[name], s, count)
+                for name, s in stored.items()
+            }
             missing = {name: self._missing(self.tables[name], stored[name]) for name in batch}
             out = {
                 name: PullResult(s.rows, s.state, s.present.copy(), s.updated_s, np.zeros_like(s.present))
                 for name, s in stored.items()
             }
+            if not count:  # serving reads a quarantined row as an id that is not admitted
+                for name, b in bad.items():
+                    out[name].admitted[b] = False
             admitted = self._admit(batch, stored, missing, now, occurrences or {}) if count else {}
             for name, ids in batch.items():
                 t, result, miss = self.tables[name], out[name], missing[name]
@@ -175,6 +198,31 @@ class BackendStore(EmbeddingStore):
                         result.admitted_now[new] = True
         self.metrics.latency.labels(op="pull").observe(time.perf_counter() - started)
         return out
+
+    def _quarantined(self, t: Table, ids: np.ndarray, stored: StoredRows, count: bool) -> np.ndarray:
+        """Positions whose stored value is no valid finite row (:mod:`kelp.store.quarantine`): counted,
+        logged, and replaced in ``stored`` by what the flow reads instead. Training (``count``) gets the
+        id's init row and ``initial_state``, as an admitted id would, so its next push overwrites the
+        bad value; serving gets the default row. The common all-valid batch costs one ``any``."""
+        if stored.fault is None:  # rows this process holds as floats: only NaN and infinity can be wrong
+            fine = finite_rows(stored.rows, stored.state) | ~stored.present
+            if fine.all():
+                return np.zeros(0, dtype=np.int64)
+            fault = np.where(fine, 0, NONFINITE).astype(np.uint8)
+        else:
+            if not stored.fault.any():
+                return np.zeros(0, dtype=np.int64)
+            fault = stored.fault
+        bad = np.flatnonzero(stored.present & (fault != 0))
+        if not len(bad):
+            return bad
+        for code in np.unique(fault[bad]).tolist():
+            found = ids[bad[fault[bad] == code]]
+            self.quarantine.found(t.name, FAULT_REASONS[code], found, lambda some: self._where(t.name, some))
+        stored.rows[bad] = t.init_rows(ids[bad]) if count else t.default_rows(ids[bad])
+        stored.state[bad] = t.initial_state
+        stored.updated_s[bad] = 0
+        return bad
 
     def _missing(self, t: Table, stored: StoredRows) -> np.ndarray:
         """Positions without a stored row; their state reads ``initial_state``. Counts the row metrics."""
@@ -234,6 +282,9 @@ class BackendStore(EmbeddingStore):
         for name, (raw_ids, raw_rows, raw_state) in updates.items():
             t = self.table(name)
             ids, rows, state = t.check_push(raw_ids, raw_rows, raw_state)
+            keep = self.quarantine.refuse_nonfinite(name, ids, rows, state)
+            if keep is not None:
+                ids, rows, state = ids[keep], rows[keep], state[keep]
             writes[name] = RowWrite(ids, rows, state, create=t.admission.push_creates_rows)
         self._push(writes, lambda now: self._write_rows(writes, now))
 
@@ -252,6 +303,9 @@ class BackendStore(EmbeddingStore):
             grads = np.ascontiguousarray(raw_grads, dtype=np.float32)
             if grads.shape != rows.shape:
                 raise ValueError(f"table {name!r}: grads {grads.shape} do not match rows {rows.shape}")
+            keep = self.quarantine.refuse_nonfinite(name, ids, rows, state, grads)
+            if keep is not None:
+                ids, rows, state, grads = ids[keep], rows[keep], state[keep], grads[keep]
             writes[name] = RowWrite(ids, rows, state, create=t.admission.push_creates_rows, grads=grads)
         self._push(writes, lambda now: self._apply_adagrad(writes, lr, eps, now))
 

@@ -16,10 +16,18 @@ vectorized through a numpy structured dtype: ``encode`` makes one buffer and
 slices it into per-row ``bytes`` (what redis-py needs for MSET), ``decode``
 joins the values and reads them back with one ``frombuffer``.
 
+Decoding never raises on a bad value: a value Kelp cannot train through (another
+length, another version, dtype or dim, a NaN or an infinity in the embedding or
+the Adagrad state) is marked in :attr:`DecodedRows.fault`, one code per
+position, and the store quarantines it (:mod:`kelp.store.quarantine`); the rest
+of the batch decodes as usual. The all-good batch stays a few numpy calls.
+
 >>> codec = RowCodec(dim=2, dtype="float32")
 >>> values = codec.encode(np.array([[1.0, 2.0]], np.float32), np.array([0.5], np.float32), updated_s=7)
 >>> len(values[0]), codec.decode(values).rows.tolist()
 (24, [[1.0, 2.0]])
+>>> [FAULT_REASONS[f] for f in codec.decode([values[0], b"short", None]).fault]
+['', 'wrong_length', '']
 """
 
 from __future__ import annotations
@@ -32,24 +40,58 @@ from typing import Literal
 
 import numpy as np
 
-from kelp.store.errors import RowFormatError
-
-__all__ = ["HEADER_BYTES", "ROW_FORMAT_VERSION", "DecodedRows", "RowCodec"]
+__all__ = [
+    "BAD_HEADER",
+    "FAULT_REASONS",
+    "HEADER_BYTES",
+    "NONFINITE",
+    "ROW_FORMAT_VERSION",
+    "WRONG_LENGTH",
+    "DecodedRows",
+    "RowCodec",
+    "finite_rows",
+]
 
 ROW_FORMAT_VERSION = 1
 HEADER_BYTES = 16
 _DTYPE_CODES = {"float32": 0, "float16": 1}
 
+NONFINITE, WRONG_LENGTH, BAD_HEADER = 1, 2, 3
+"""Fault codes of a stored value (:attr:`DecodedRows.fault`; 0: a valid row)."""
+FAULT_REASONS: tuple[str, ...] = ("", "nonfinite", "wrong_length", "bad_header")
+"""``FAULT_REASONS[code]``: the ``reason`` label the store counts a fault under."""
+
+
+def finite_rows(rows: np.ndarray, *columns: np.ndarray) -> np.ndarray:
+    """bool[n]: row ``i`` of ``rows`` [n, dim] and element ``i`` of every 1-d or 2-d column is finite.
+
+    One vectorised pass per array (no Python per row): a training pull checks ~45,000 rows.
+
+    >>> finite_rows(np.array([[1.0, 2.0], [np.nan, 0.0]]), np.array([0.0, 1.0])).tolist()
+    [True, False]
+    """
+    ok = np.isfinite(rows).all(axis=1) if rows.ndim == 2 else np.isfinite(rows)
+    for c in columns:
+        ok &= np.isfinite(c).all(axis=1) if c.ndim == 2 else np.isfinite(c)
+    return ok
+
 
 @dataclass
 class DecodedRows:
-    """Decoded values of a batch; ``present[i]`` is False where the value was missing (None)."""
+    """Decoded values of a batch; ``present[i]`` is False where the value was missing (None).
+
+    ``fault[i]`` is 0 where a present value is a valid row of the table, else why
+    it is not (:data:`NONFINITE`, :data:`WRONG_LENGTH`, :data:`BAD_HEADER`); such a
+    position is still ``present`` (a value is stored), its columns hold whatever
+    could be read (zeros for a wrong length), and nothing may train through it.
+    """
 
     present: np.ndarray  # bool[n]
     rows: np.ndarray  # float32[n, dim]; zeros where not present
     state: np.ndarray  # float32[n]
     count: np.ndarray  # uint32[n]
     updated_s: np.ndarray  # uint32[n]
+    fault: np.ndarray  # uint8[n]; 0 where absent or valid
 
     def part(self, start: int, end: int) -> DecodedRows:
         """Rows ``start:end`` (views): one decode of several tables' values, split per table."""
@@ -128,16 +170,29 @@ class RowCodec:
     def decode(self, values: list[bytes | None]) -> DecodedRows:
         """n values from MGET (``None`` = missing key) -> :class:`DecodedRows` of length n.
 
-        Raises :class:`RowFormatError` if any present value is not a row of this
-        table (wrong length, version, dtype or dim): a batch is never half-garbage.
+        A present value that is not a valid row of this table (wrong length,
+        version, dtype or dim; a non-finite float) is marked in ``fault``; the
+        other positions decode as usual. Never raises for a stored value.
         """
         # C-level passes only (map/compress, no Python per value): a training pull decodes ~45,000.
         flags = list(map(is_not, values, repeat(None)))
         present = np.array(flags, dtype=bool).reshape(len(values))
         stored = values if all(flags) else list(compress(values, flags))
-        if set(map(len, stored)) - {self.nbytes}:  # type: ignore[arg-type]
-            raise RowFormatError(f"stored value has the wrong length for a dim-{self.dim} {self.dtype} row")
-        return self.decode_present(present, np.frombuffer(b"".join(stored), dtype=self._void))  # type: ignore[arg-type]
+        if not set(map(len, stored)) - {self.nbytes}:  # type: ignore[arg-type]
+            return self.decode_present(present, np.frombuffer(b"".join(stored), dtype=self._void))  # type: ignore[arg-type]
+        return self._decode_some_wrong_length(present, stored)  # type: ignore[arg-type]
+
+    def _decode_some_wrong_length(self, present: np.ndarray, stored: list[bytes]) -> DecodedRows:
+        """:meth:`decode` when some stored values have another length: those are marked, the rest decoded."""
+        fits = np.fromiter(map(len, stored), dtype=np.int64, count=len(stored)) == self.nbytes
+        wrong = np.flatnonzero(present)[~fits]
+        readable = present.copy()
+        readable[wrong] = False
+        good = b"".join(compress(stored, fits.tolist()))
+        out = self.decode_present(readable, np.frombuffer(good, dtype=self._void))
+        out.present[wrong] = True
+        out.fault[wrong] = WRONG_LENGTH
+        return out
 
     def decode_present(self, present: np.ndarray, values: np.ndarray) -> DecodedRows:
         """bool[n] ``present`` and the present values as one ``V<nbytes>`` array, in order (what
@@ -147,23 +202,23 @@ class RowCodec:
         state = np.zeros(n, dtype=np.float32)
         count = np.zeros(n, dtype=np.uint32)
         updated = np.zeros(n, dtype=np.uint32)
+        fault = np.zeros(n, dtype=np.uint8)
         if len(values):
             rec = values.view(self.record)
-            self.check(rec)
             whole = len(values) == n
             at = slice(None) if whole else present
             rows[at] = rec["emb"]
             state[at] = rec["state"]
             count[at] = rec["count"]
             updated[at] = rec["updated"]
-        return DecodedRows(present, rows, state, count, updated)
+            fault[at] = self.check(rec)
+        return DecodedRows(present, rows, state, count, updated, fault)
 
-    def check(self, rec: np.ndarray) -> None:
+    def check(self, rec: np.ndarray) -> np.ndarray:
+        """uint8 fault code of each record (0: a valid row): a header of another version, dtype or dim
+        is :data:`BAD_HEADER`, a NaN or an infinity in the embedding or the state :data:`NONFINITE`."""
         bad = (rec["version"] != ROW_FORMAT_VERSION) | (rec["dtype"] != self.code) | (rec["dim"] != self.dim)
-        if bad.any():
-            first = rec[np.argmax(bad)]
-            raise RowFormatError(
-                f"stored row has format version {first['version']}, dtype code {first['dtype']}, dim "
-                f"{first['dim']}; this table expects version {ROW_FORMAT_VERSION}, code {self.code}, "
-                f"dim {self.dim}"
-            )
+        finite = finite_rows(rec["emb"], rec["state"])
+        if not bad.any() and finite.all():
+            return np.zeros(len(rec), dtype=np.uint8)
+        return np.where(bad, BAD_HEADER, np.where(finite, 0, NONFINITE)).astype(np.uint8)

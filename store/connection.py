@@ -177,9 +177,21 @@ def translate_redis_errors(where: str, room: ErrorRoom = STORE_ERRORS) -> Iterat
 
 
 def node_name(url: str) -> str:
-    """``host:port`` of a ``redis://[user:password@]host:port[/db]`` URL: safe for logs, errors and labels."""
-    parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else url.rsplit("@", maxsplit=1)[-1]
+    """``host:port`` of a ``redis://[user:password@]host:port[/db]`` URL: safe for logs, errors and labels.
+
+    Only what follows the URL's last ``@`` is read, and never its query, so no
+    part of a password (one holding an unencoded ``/`` included, or a
+    ``?password=`` parameter) can be named as the host or port.
+    """
+    scheme, sep, rest = url.partition("://")
+    tail = rest.rsplit("@", maxsplit=1)[-1].split("?", 1)[0].split("#", 1)[0]
+    try:
+        parts = urlsplit(f"{scheme}{sep}{tail}")
+        if parts.hostname:
+            return f"{parts.hostname}:{parts.port or 6379}"
+    except ValueError:  # a port that is not a number
+        pass
+    return tail if "@" in rest else f"{scheme}{sep}{tail}"
 
 
 def cluster_name(urls: Sequence[str]) -> str:

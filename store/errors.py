@@ -11,9 +11,13 @@ room, so callers only ever see these classes and can rely on ``retriable``:
 * :class:`~kelp.errors.RedisAuthError` (a :class:`~kelp.errors.UserError`, not
   retriable): wrong password or ACL. ``StoreAuthError`` is the same class under
   its older store name; the publish channel raises it too.
-* :class:`StoreCommandError`: Redis refused a command (OOM, wrong type...).
-* :class:`RowFormatError`: a stored value is not a Kelp row of this table; never
-  decoded into garbage.
+* :class:`StoreCommandError`: Redis refused a command (OOM, wrong type...);
+  :class:`WrongTypeError` when a key of this deployment holds another Redis type
+  (the message names the key and the table).
+* :class:`LayoutMarkerError`: the layout marker holds something Kelp did not write.
+
+A stored *row* that is not a valid row of its table raises nothing: the store
+quarantines it (:mod:`kelp.store.quarantine`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from __future__ import annotations
 from kelp.errors import RedisAuthError, StoreError, StoreUnavailableError
 
 __all__ = [
-    "RowFormatError",
+    "LayoutMarkerError",
     "ShardUnavailableError",
     "StoreAuthError",
     "StoreCommandError",
+    "WrongTypeError",
 ]
 
 
@@ -45,5 +50,12 @@ class StoreCommandError(StoreError):
     """Redis answered a command with an error (for example OOM under maxmemory with noeviction)."""
 
 
-class RowFormatError(StoreError):
-    """A stored value has the wrong length or an unknown format version."""
+class WrongTypeError(StoreCommandError):
+    """Redis answered ``WRONGTYPE``: a key Kelp reads or writes holds another type (a string where a
+    bucket hash belongs, say). Not retriable: the key keeps its type until someone removes it, and
+    Kelp never deletes it on its own (it may be someone's data)."""
+
+
+class LayoutMarkerError(StoreError):
+    """The deployment's layout marker (``kelp:<deployment>:layout``) is not the JSON Kelp records
+    there. Not retriable; the message names the key and what was expected."""

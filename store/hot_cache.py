@@ -40,6 +40,11 @@ Rules it keeps:
   that late. A dirty row is kept until its own update was written back.
 * only admitted rows enter the tier; pulls of other ids go to the store every
   time, so admission counting still sees them.
+* **only finite rows.** Rows enter the tier from the store's pull, which never
+  returns a stored value that is no valid finite row (it quarantines it and
+  reads an init row instead, :mod:`kelp.store.quarantine`); a pushed row
+  holding a NaN or an infinity is refused here as the store refuses it
+  (counted as ``nonfinite_push``), so the tier keeps the row it had.
 
 Rows live in host memory (numpy): the tables of one width share one tagged
 table (:class:`~kelp.store.hot_rows.HotRows`), so each verb is a few numpy
@@ -64,6 +69,7 @@ from kelp.store.base import EmbeddingStore, PullResult, StoreStats
 from kelp.store.hot_rows import HotRows, RowBatch
 from kelp.store.id_sets import member
 from kelp.store.metrics import StoreMetrics
+from kelp.store.quarantine import Quarantine
 from kelp.store.writeback import WritebackSchedule
 
 __all__ = ["HotRowCache"]
@@ -188,6 +194,10 @@ class HotRowCache(EmbeddingStore):
         self.capacity = cfg.capacity_rows
         self._clock = clock
         self.metrics = metrics or getattr(inner, "metrics", None) or StoreMetrics()
+        shared = getattr(inner, "quarantine", None)  # one log rate limit with the store's own refusals
+        self.quarantine = (
+            shared if shared is not None and shared.metrics is self.metrics else Quarantine(self.metrics)
+        )
         widths: dict[int, list[str]] = {}
         for name, t in self.tables.items():
             widths.setdefault(t.dim, []).append(name)
@@ -410,7 +420,9 @@ class HotRowCache(EmbeddingStore):
     def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         """Rows in the tier are written there; the rest go to ``inner`` at once. Then the rows that
         are due are written back (:meth:`_write_back`)."""
-        checked = {name: self.table(name).check_push(*u) for name, u in updates.items()}
+        checked = {
+            name: self._finite_only(name, *self.table(name).check_push(*u)) for name, u in updates.items()
+        }
         with self._push_lock:
             with self._lock:
                 passthrough = {}
@@ -451,6 +463,13 @@ class HotRowCache(EmbeddingStore):
             self._write_back()
             with self._lock:
                 self._update_gauges()
+
+    def _finite_only(
+        self, name: str, ids: np.ndarray, rows: np.ndarray, state: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A push's rows without those holding NaN or infinity (counted and logged as the store does)."""
+        keep = self.quarantine.refuse_nonfinite(name, ids, rows, state)
+        return (ids, rows, state) if keep is None else (ids[keep], rows[keep], state[keep])
 
     def flush(self, force: bool = True) -> bool:
         """Write back what is due (``force``: every dirty row); True once no row is left dirty.

@@ -21,9 +21,21 @@ import numpy as np
 
 from kelp.store.hashing import name_seed, splitmix64
 
-__all__ = ["KEY_LAYOUT_VERSION", "BucketLayout", "KeyLayout"]
+__all__ = ["KEY_LAYOUT_VERSION", "BucketLayout", "KeyLayout", "quote_key"]
 
 KEY_LAYOUT_VERSION = 1
+
+
+def quote_key(raw: bytes) -> str:
+    """A binary key (or hash field) as ``redis-cli`` reads it back: double-quoted, other bytes ``\\xHH``.
+
+    Log lines and errors name keys this way, so an operator can paste one into ``redis-cli``.
+
+    >>> print(quote_key(b'k1:d:t:r:\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x05'))
+    "k1:d:t:r:\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x05"
+    """
+    out = "".join(chr(c) if 32 <= c < 127 and c not in (34, 92) else f"\\x{c:02x}" for c in bytes(raw))
+    return f'"{out}"'
 
 
 class KeyLayout:

@@ -10,6 +10,11 @@ compares its own with it and refuses a mismatch with one line naming the
 setting. Deployments written before the marker existed have none: then the
 store looks for rows of the *other* layout with a bounded ``SCAN`` (a best
 effort on a large shared database) before it writes the marker.
+
+A marker Kelp cannot read (not JSON, not the shape it records, or not a string
+key at all) stops the store with one line naming the key
+(:class:`~kelp.store.errors.LayoutMarkerError`): guessing could hide every row.
+Deleting the key lets the next writer record it again, after the probe above.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kelp.errors import ConfigError
+from kelp.store.errors import LayoutMarkerError
 
 __all__ = ["check_layout_marker", "marker_key"]
 
@@ -42,9 +48,9 @@ def check_layout_marker(
     marker exists. Raises :class:`~kelp.errors.ConfigError` on a mismatch.
     """
     key = marker_key(deployment)
-    raw = clients[0].get(key)
+    raw = _get(clients[0], key)
     if raw is not None:
-        recorded = json.loads(raw)
+        recorded = _parse(key, raw)
         _compare(deployment, recorded, mine)
         new_tables = set(mine.get("buckets", {})) - set(recorded.get("buckets", {}))
         if new_tables:  # tables added since: record their bucket counts too
@@ -60,6 +66,43 @@ def check_layout_marker(
                     f"(keys matching {pattern!r}); set store.layout.kind: {other} to keep using them"
                 )
     _record(clients[0], key, mine, only_new=True)
+
+
+_EXPECTED = 'a JSON object such as {"kind": "keys"} or {"kind": "buckets", "buckets": {"<table>": <count>}}'
+_REMEDY = "delete the key (redis-cli DEL {key}) and restart: the next writer records the layout again"
+
+
+def _get(client: Any, key: str) -> bytes | None:
+    try:
+        raw: bytes | None = client.get(key)
+    except Exception as exc:  # redis-py's ResponseError; translated by the caller unless it is WRONGTYPE
+        if "WRONGTYPE" not in str(exc):
+            raise
+        raise LayoutMarkerError(
+            f"store layout marker {key!r} is not a string key, expected {_EXPECTED}; "
+            + _REMEDY.format(key=key)
+        ) from None
+    return raw
+
+
+def _parse(key: str, raw: bytes) -> dict[str, Any]:
+    """The recorded layout, checked for the shape :func:`_record` writes."""
+    shown = raw[:80].decode("utf-8", "replace") + ("..." if len(raw) > 80 else "")
+    try:
+        recorded = json.loads(raw)
+    except ValueError:  # not JSON, or not UTF-8
+        recorded = None
+    buckets = recorded.get("buckets", {}) if isinstance(recorded, dict) else None
+    if (
+        not isinstance(recorded, dict)
+        or recorded.get("kind") not in ("keys", "buckets")
+        or not isinstance(buckets, dict)
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in buckets.values())
+    ):
+        raise LayoutMarkerError(
+            f"store layout marker {key!r} holds {shown!r}, expected {_EXPECTED}; " + _REMEDY.format(key=key)
+        )
+    return recorded
 
 
 def _record(client: Any, key: str, layout: Mapping[str, Any], only_new: bool) -> None:

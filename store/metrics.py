@@ -34,6 +34,12 @@ class StoreMetrics:
             "Pushed rows dropped because the id is not admitted (never, or evicted)",
             ["table"],
         )
+        self.rows_quarantined = m.counter(
+            "rows_quarantined",
+            "Stored rows not valid for their table, never trained through (reason: nonfinite, "
+            "wrong_length, bad_header), and pushed rows refused as non-finite (nonfinite_push)",
+            ["table", "reason"],
+        )
         self.evictions = m.counter(
             "evictions", "Rows evicted as seen by Kelp (memory backend: ttl or lfu)", ["table", "reason"]
         )

@@ -16,8 +16,12 @@ shard, like ``MSET``.
 
 Where no row is stored, the trainer's own row is written when the table's
 admission lets a push create rows, and skipped otherwise (as ``SET XX``).
-Rows must be float32 (the script reads the row layout of
-:mod:`kelp.store.codec`, format version 1).
+Where the stored value is no valid finite row (another length, version, dtype
+or dim; a NaN or an infinity), the pull quarantined it and the trainer started
+from the init row: its own row replaces the value, so the store heals.
+Only float32 rows compose (the script reads the row layout of
+:mod:`kelp.store.codec`, format version 1); a float16 table's stored row is
+replaced by the trainer's row, as ``overwrite`` does.
 """
 
 from __future__ import annotations
@@ -33,23 +37,30 @@ local px = tonumber(ARGV[5])
 local create = ARGV[6] == '1'
 local ffmt = '<' .. string.rep('f', dim)
 local kept = 0
+local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 for i, key in ipairs(KEYS) do
   local out = nil
   local stored = redis.call('GET', key)
-  if stored then
-    local version, dtype, d, count, _, acc = struct.unpack('<BBHIIf', stored)
-    if version == 1 and dtype == 0 and d == dim then
-      local grad = {struct.unpack(ffmt, ARGV[5 + 2 * i])}
-      local row = {struct.unpack(ffmt, stored, 17)}
-      local g2 = 0
-      for j = 1, dim do g2 = g2 + grad[j] * grad[j] end
-      acc = acc + g2 / dim
-      local denom = math.sqrt(acc) + eps
-      for j = 1, dim do row[j] = row[j] - lr * grad[j] / denom end
-      local header = struct.pack('<BBHIIf', version, dtype, d, count, now, acc)
-      out = header .. struct.pack(ffmt, unpack(row, 1, dim))
+  local row, version, dtype, d, count, updated, acc
+  if stored and #stored == 16 + 4 * dim then
+    version, dtype, d, count, updated, acc = struct.unpack('<BBHIIf', stored)
+    if version == 1 and dtype == 0 and d == dim and finite(acc) then
+      row = {struct.unpack(ffmt, stored, 17)}
+      for j = 1, dim do
+        if not finite(row[j]) then row = nil; break end
+      end
     end
-  elseif create then
+  end
+  if row then
+    local grad = {struct.unpack(ffmt, ARGV[5 + 2 * i])}
+    local g2 = 0
+    for j = 1, dim do g2 = g2 + grad[j] * grad[j] end
+    acc = acc + g2 / dim
+    local denom = math.sqrt(acc) + eps
+    for j = 1, dim do row[j] = row[j] - lr * grad[j] / denom end
+    local header = struct.pack('<BBHIIf', version, dtype, d, count, now, acc)
+    out = header .. struct.pack(ffmt, unpack(row, 1, dim))
+  elseif stored or create then
     out = ARGV[6 + 2 * i]
   end
   if out then

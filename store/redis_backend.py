@@ -11,6 +11,11 @@ memory and why not hashes. Pushes are whole-row last-writer-wins. Per call,
 every table shares one round trip per shard for the reads (op ``pull``), one
 for sighting counters and one for admissions (op ``admit``), one for pushes
 (op ``push``).
+
+A ``WRONGTYPE`` reply (a key of this deployment holding another Redis type)
+fails the call with :class:`~kelp.store.errors.WrongTypeError` naming the key
+and the table: after the error, the keys of the call are asked their ``TYPE``
+(the error path only), and Kelp never deletes such a key itself.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from itertools import chain
 from typing import Any, ClassVar
 
@@ -25,20 +31,29 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from kelp.config import StoreConfig, TableSpec
+from kelp.errors import KelpError
 from kelp.retry import RetryPolicy
 from kelp.store.backend import BackendStore, InitRows, RowWrite, StoredRows
-from kelp.store.base import StoreStats, Table
+from kelp.store.base import PullResult, StoreStats, Table
 from kelp.store.codec import DecodedRows
 from kelp.store.connection import connection_options
 from kelp.store.durability import report_durability
+from kelp.store.errors import StoreCommandError, WrongTypeError
 from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
-from kelp.store.keys import KeyLayout
+from kelp.store.keys import KeyLayout, quote_key
 from kelp.store.redis_adagrad import ADAGRAD_SCRIPT, script_args
 from kelp.store.redis_plan import Gathered, Group, Plan, PlanRunner, adder, chunks, scatter, setter
 from kelp.store.redis_set_rows import set_rows_args
 from kelp.store.resp import pack_runs
 
-__all__ = ["RedisBackend", "retry_policy"]
+__all__ = ["RedisBackend", "TypedKeys", "retry_policy"]
+
+TypedKeys = tuple[int, list[bytes], str, str]
+"""Keys of one shard a call touches, the Redis type they must hold, and what they are:
+``(shard, keys, "hash", "bucket")``."""
+
+_TYPE_CHECKS_AT_MOST = 200_000
+"""Keys asked their ``TYPE`` after a ``WRONGTYPE`` reply, at most (an error path, but not unbounded)."""
 
 
 def retry_policy(cfg: StoreConfig) -> RetryPolicy:
@@ -124,6 +139,96 @@ class RedisBackend(BackendStore):
     def _first_contact(self) -> None:
         """A topology's one-time checks (standalone: the deployment's row layout marker)."""
 
+    # -- the flow, with WRONGTYPE replies named -------------------------------------------------
+
+    def pull_many(
+        self,
+        ids_by_table: Mapping[str, np.ndarray],
+        *,
+        count: bool = True,
+        occurrences: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, PullResult]:
+        with self._naming_wrong_type(ids_by_table):
+            return super().pull_many(ids_by_table, count=count, occurrences=occurrences)
+
+    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        with self._naming_wrong_type({name: u[0] for name, u in updates.items()}):
+            super().push_many(updates)
+
+    def apply_adagrad_many(
+        self,
+        updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        lr: float,
+        eps: float,
+    ) -> None:
+        with self._naming_wrong_type({name: u[0] for name, u in updates.items()}):
+            super().apply_adagrad_many(updates, lr, eps)
+
+    @contextmanager
+    def _naming_wrong_type(self, ids_by_table: Mapping[str, np.ndarray]) -> Iterator[None]:
+        """A ``WRONGTYPE`` reply inside the block becomes a :class:`WrongTypeError` naming the key
+        and the table (found by asking the call's keys their ``TYPE``); other errors pass as they are."""
+        try:
+            yield
+        except WrongTypeError:
+            raise
+        except StoreCommandError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            named = self._find_wrong_type(ids_by_table)
+            if named is None:
+                raise
+            raise named from exc
+
+    def _find_wrong_type(self, ids_by_table: Mapping[str, np.ndarray]) -> WrongTypeError | None:
+        """The first key of the call (table order) that holds another type than Kelp puts there."""
+        budget = _TYPE_CHECKS_AT_MOST
+        try:
+            for name, raw in ids_by_table.items():
+                if name not in self.tables or budget <= 0:
+                    continue
+                ids = self.tables[name].check_ids(raw)
+                for shard, all_keys, expected, what in self._typed_keys(name, ids):
+                    keys = all_keys[: max(budget, 0)]
+                    budget -= len(keys)
+                    for key, kind in zip(keys, self._key_types(shard, keys), strict=True):
+                        if kind not in ("none", expected):
+                            return WrongTypeError(
+                                f"store table {name!r}: key {quote_key(key)} on {self.shard_names[shard]} "
+                                f"holds a {kind}, expected a {expected} ({what}); Kelp leaves it alone: "
+                                "rename or delete it (redis-cli) if it is not someone's data"
+                            )
+        except KelpError:  # the shard went away, or TYPE is not allowed: the WRONGTYPE error itself is raised
+            return None
+        return None
+
+    def _typed_keys(self, table: str, ids: np.ndarray) -> Iterator[TypedKeys]:
+        """The keys a call on ``ids`` of ``table`` touches, per shard, with the type each must hold."""
+        layout = self.layouts[table]
+        for g in self.groups(table, ids):
+            bucket = np.full(len(g.pos), g.bucket)
+            yield g.shard, layout.row_keys(ids[g.pos], bucket), "string", "row"
+            yield g.shard, layout.counter_keys(ids[g.pos], bucket), "string", "admission counter"
+
+    def _key_types(self, shard: int, keys: list[bytes]) -> list[str]:
+        """``TYPE`` of each key of one shard (``"none"`` where there is no such key)."""
+        types: list[Any] = [None] * len(keys)
+        plan = Plan()
+        for i, key in enumerate(keys):
+            plan.add(shard, ("TYPE", key), lambda reply, i=i: types.__setitem__(i, reply))
+        self._runner.run(plan, "inspect")
+        return [t.decode() if isinstance(t, bytes) else str(t) for t in types]
+
+    def _where(self, table: str, ids: np.ndarray) -> list[str]:
+        """Each id's row key (as redis-cli reads it) and its shard."""
+        layout = self.layouts[table]
+        out = [""] * len(ids)
+        for g in self.groups(table, ids):
+            keys = layout.row_keys(ids[g.pos], np.full(len(g.pos), g.bucket))
+            for p, key in zip(g.pos.tolist(), keys, strict=True):
+                out[p] = f"key {quote_key(key)} on {self.shard_names[g.shard]}"
+        return out
+
     # -- the flow's primitives ------------------------------------------------------------------
 
     def _read_rows(
@@ -172,7 +277,9 @@ class RedisBackend(BackendStore):
     def _stored(self, t: Table, decoded: DecodedRows) -> StoredRows:
         """One table's decoded rows (in id order) as the flow wants them; counts the bytes read."""
         self.metrics.bytes_received.labels(table=t.name).inc(int(decoded.present.sum()) * t.codec.nbytes)
-        return StoredRows(decoded.present, decoded.rows, decoded.state, decoded.updated_s)
+        return StoredRows(
+            decoded.present, decoded.rows, decoded.state, decoded.updated_s, fault=decoded.fault
+        )
 
     def _count_sightings(
         self, requests: Mapping[str, tuple[np.ndarray, np.ndarray, float]], now: float
@@ -287,6 +394,10 @@ class RedisBackend(BackendStore):
     def delete(self, table: str, ids: np.ndarray) -> int:
         self._ready()
         ids = self.table(table).check_ids(ids)
+        with self._naming_wrong_type({table: ids}):
+            return self._delete(table, ids)
+
+    def _delete(self, table: str, ids: np.ndarray) -> int:
         layout = self.layouts[table]
         deleted = [0]
         plan = Plan()

@@ -11,8 +11,12 @@ numpy); a script is needed only where a write depends on what is stored:
 * :data:`SET_ROWS_IF`: ``mode`` ``nx`` stores an admitted id's init row unless a
   live row is there (a concurrent admission or a newer row wins, as ``SET NX``);
   ``xx`` overwrites only live rows (a push must not re-create a row that was
-  evicted or expired, as ``SET XX``). Returns how many rows it wrote.
+  evicted or expired, as ``SET XX``). A stored value of another length than the
+  new one is no row (the store quarantines it on read) and is overwritten in
+  either mode, so the store heals. Returns how many rows it wrote.
 * :data:`SWEEP`: deletes the expired rows of the given buckets; returns how many.
+  A key that is not a hash is left alone (reads and writes of its ids name it in
+  their error).
 
 Every key of one call lives on one shard (the standalone store routes whole
 buckets to shards).
@@ -28,13 +32,15 @@ local cutoff = tonumber(ARGV[2])
 local written = 0
 for i, key in ipairs(KEYS) do
   local field = ARGV[2 * i + 1]
+  local value = ARGV[2 * i + 2]
   local old = redis.call('HGET', key, field)
-  local live = old and (cutoff == 0 or struct.unpack('<I4', old, 9) >= cutoff)
-  if old and not live then
+  local broken = old and #old ~= #value
+  local live = old and not broken and (cutoff == 0 or struct.unpack('<I4', old, 9) >= cutoff)
+  if old and not live and not broken then
     redis.call('HDEL', key, field)
   end
-  if (xx and live) or (not xx and not live) then
-    redis.call('HSET', key, field, ARGV[2 * i + 2])
+  if broken or (xx and live) or (not xx and not live) then
+    redis.call('HSET', key, field, value)
     written = written + 1
   end
 end
@@ -45,7 +51,10 @@ SWEEP = """
 local cutoff = tonumber(ARGV[1])
 local removed = 0
 for _, key in ipairs(KEYS) do
-  local all = redis.call('HGETALL', key)
+  local all = {}
+  if redis.call('TYPE', key).ok == 'hash' then
+    all = redis.call('HGETALL', key)
+  end
   local dead = {}
   for j = 1, #all, 2 do
     local value = all[j + 1]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +48,9 @@ from kelp.store.backend import InitRows, RowWrite, StoredRows
 from kelp.store.base import Table
 from kelp.store.connection import translate_redis_errors
 from kelp.store.hashing import rendezvous, splitmix64
-from kelp.store.keys import BucketLayout
+from kelp.store.keys import BucketLayout, quote_key
 from kelp.store.redis import RedisStore
+from kelp.store.redis_backend import TypedKeys
 from kelp.store.redis_bucket_scripts import set_rows_if_args, sweep_args
 from kelp.store.redis_plan import Gathered, Plan, adder, chunks, scatter, split_replies
 from kelp.store.resp import pack_commands, pack_grouped
@@ -241,10 +242,13 @@ class RedisBucketStore(RedisStore):
         return stored
 
     def _hide_expired(self, t: Table, rows: StoredRows, now: float) -> None:
-        """Rows past the table's TTL read as absent (the sweep deletes them later)."""
+        """Rows past the table's TTL read as absent (the sweep deletes them later). A value that is no
+        valid row has no stamp to trust: it stays, to be quarantined (and overwritten) by the flow."""
         if t.ttl is None:
             return
         expired = rows.present & (rows.updated_s < self._cutoff(t, now))
+        if rows.fault is not None:
+            expired &= rows.fault == 0
         if expired.any():
             rows.present[expired] = False
             rows.updated_s[expired] = 0
@@ -359,11 +363,33 @@ class RedisBucketStore(RedisStore):
                     plan.add(s, sweep_args(mine[i : i + _SWEEP_KEYS_PER_CALL], cutoff), adder(got))
         return removed
 
+    # -- where rows live: quarantine log lines and WRONGTYPE errors --------------------------------
+
+    def _where(self, table: str, ids: np.ndarray) -> list[str]:
+        """Each id's bucket key and field (as redis-cli reads them) and its shard."""
+        layout = self.buckets[table]
+        keys = layout.bucket_keys(layout.bucket_of(ids)).tolist()
+        fields = BucketLayout.fields(ids).tolist()
+        shards = self.shard_of(table, ids).tolist()
+        return [
+            f"key {quote_key(k)} field {quote_key(f)} on {self.shard_names[s]}"
+            for k, f, s in zip(keys, fields, shards, strict=True)
+        ]
+
+    def _typed_keys(self, table: str, ids: np.ndarray) -> Iterator[TypedKeys]:
+        """Each bucket the ids fall in (once) must be a hash; their admission counters, strings."""
+        layout = self.buckets[table]
+        buckets = np.unique(layout.bucket_of(ids))
+        shard = self._shard_of_buckets(table, buckets)
+        keys = layout.bucket_keys(buckets)
+        for s in np.unique(shard).tolist():
+            yield s, keys[shard == s].tolist(), "hash", "bucket"
+        for g in self.groups(table, ids):
+            yield g.shard, self.layouts[table].counter_keys(ids[g.pos]), "string", "admission counter"
+
     # -- delete / inspect / stats ---------------------------------------------------------------
 
-    def delete(self, table: str, ids: np.ndarray) -> int:
-        self._ready()
-        ids = self.table(table).check_ids(ids)
+    def _delete(self, table: str, ids: np.ndarray) -> int:
         deleted = [0]
         plan = Plan()
 
@@ -387,7 +413,8 @@ class RedisBucketStore(RedisStore):
         (fused,) = self._fuse({table: ids})
         for shard, pos, payload in self._per_row(fused, "HGET"):
             plan.add_packed(shard, payload, len(pos), scatter(values, pos))
-        self._runner.run(plan, "inspect", readonly=True)
+        with self._naming_wrong_type({table: ids}):
+            self._runner.run(plan, "inspect", readonly=True)
         return values
 
     def count_keys(self) -> dict[str, dict[str, int]]:

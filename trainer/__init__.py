@@ -9,7 +9,8 @@ and a store. (The in-memory oracle the benchmarks compare against lives in
 * :mod:`~kelp.trainer.embedding`: micro-batch -> device tensors -> pooled features;
 * :mod:`~kelp.trainer.optim`: row-wise Adagrad for rows, Adam/Adagrad/SGD for dense;
 * :mod:`~kelp.trainer.evaluation`: progressive validation (binned AUC, log loss);
-* :mod:`~kelp.trainer.step`: one step on pulled rows -> updates to push;
+* :mod:`~kelp.trainer.finite`: NaN/inf guards for steps, checkpoints and snapshots;
+* :mod:`~kelp.trainer.step`: one step on pulled rows -> updates to push (a non-finite one is skipped);
 * :mod:`~kelp.trainer.checkpoint`: atomic safetensors checkpoints of the dense side.
 """
 
@@ -17,6 +18,7 @@ from kelp.trainer.checkpoint import CheckpointInfo, config_hash, load_latest, sa
 from kelp.trainer.device import resolve_device
 from kelp.trainer.embedding import BatchTensors, pool_features
 from kelp.trainer.evaluation import AucResult, ProgressiveValidator, exact_auc
+from kelp.trainer.finite import NonFiniteError, first_nonfinite
 from kelp.trainer.models import DLRM, MODELS, DCNv2, build_model
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
 from kelp.trainer.step import PulledRows, StepResult, TrainStep
@@ -28,6 +30,7 @@ __all__ = [
     "BatchTensors",
     "CheckpointInfo",
     "DCNv2",
+    "NonFiniteError",
     "ProgressiveValidator",
     "PulledRows",
     "RowWiseAdagrad",
@@ -38,6 +41,7 @@ __all__ = [
     "build_model",
     "config_hash",
     "exact_auc",
+    "first_nonfinite",
     "load_latest",
     "pool_features",
     "resolve_device",

@@ -29,6 +29,11 @@ fsynced and ``os.replace``-d into place, then the ``latest`` pointer is
 replaced the same way. A crash leaves either the old or the new ``latest``,
 never a pointer to a partial file; leftover ``*.tmp`` files are ignored and
 cleaned up by the next save. ``latest`` carries the file's SHA-256, checked on load.
+
+A checkpoint whose model or optimizer state holds a NaN or an infinity is never
+written: :func:`save_checkpoint` raises :class:`~kelp.trainer.finite.NonFiniteError`
+naming the first such tensor before touching the directory, so ``latest`` keeps
+pointing at the last good checkpoint and a restart never resumes a broken model.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from torch import nn
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.errors import UserError
 from kelp.files import atomic_write
+from kelp.trainer.finite import NonFiniteError, first_nonfinite
 
 __all__ = [
     "FORMAT_VERSION",
@@ -153,12 +159,19 @@ def save_checkpoint(
 
     ``ranks`` (a trainer group): one JSON-able entry per rank, with that rank's
     trained-through offsets and the digest of its dense parameters.
+
+    Raises :class:`~kelp.trainer.finite.NonFiniteError` (nothing written, the
+    previous checkpoint stays ``latest``) when a model or optimizer tensor holds
+    NaN or an infinity.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
+    tensors, optim_meta = _flatten(model, optimizer)
+    bad = first_nonfinite(tensors)
+    if bad is not None:
+        raise NonFiniteError(f"checkpoint at step {int(step)} refused", bad)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors, optim_meta = _flatten(model, optimizer)
     meta = {
         "format_version": FORMAT_VERSION,
         "step": int(step),

@@ -2,6 +2,7 @@
 
 =================================================  ==================================================
 ``kelp_trainer_steps_total``                       training steps finished (pushed and committed)
+``kelp_trainer_steps_skipped_total``               steps not trained: a NaN or inf loss or gradient, by reason
 ``kelp_trainer_samples_total``                     samples trained
 ``kelp_trainer_samples_per_second``                gauge: throughput over the last log interval
 ``kelp_trainer_loss``                              gauge: mean BCE of the last step (before its update)
@@ -11,7 +12,7 @@
 ``kelp_trainer_queue_depth``                       gauge: batches waiting, by queue (prefetch, push)
 ``kelp_trainer_inflight_rows``                     gauge: rows in the in-flight overlay (pushed, unacked)
 ``kelp_trainer_last_step_timestamp_seconds``       gauge: unix time of the last finished step
-``kelp_trainer_checkpoints_total``                 checkpoints written, by result (ok, failed)
+``kelp_trainer_checkpoints_total``                 checkpoints, by result (ok, failed, refused_nonfinite)
 ``kelp_trainer_last_checkpoint_timestamp_seconds`` gauge: unix time of the last checkpoint written
 ``kelp_trainer_checkpoint_age_seconds``            gauge: seconds since that checkpoint (at scrape)
 ``kelp_trainer_errors_total``                      retried or fatal errors, by stage and kind
@@ -62,6 +63,9 @@ class TrainerMetrics:
         m = MetricFactory("trainer", registry)
         self.registry = m.registry
         self.steps = m.counter("steps", "Training steps finished (pushed and committed).")
+        self.steps_skipped = m.counter(
+            "steps_skipped", "Steps not trained: a non-finite loss or gradient.", ["reason"]
+        )
         self.samples = m.counter("samples", "Samples trained.")
         self.samples_per_second = m.gauge("samples_per_second", "Samples/s over the last log interval.")
         self.loss = m.gauge("loss", "Mean BCE of the last step, before its update.")
@@ -73,7 +77,7 @@ class TrainerMetrics:
         self.last_step = m.gauge(
             "last_step_timestamp", "Unix time of the last finished step.", unit="seconds"
         )
-        self.checkpoints = m.counter("checkpoints", "Checkpoints written.", ["result"])
+        self.checkpoints = m.counter("checkpoints", "Checkpoints written, failed or refused.", ["result"])
         self.last_checkpoint = m.gauge(
             "last_checkpoint_timestamp", "Unix time of the last checkpoint written.", unit="seconds"
         )

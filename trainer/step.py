@@ -6,17 +6,28 @@ Pure compute, no I/O: the daemon pulls rows, calls :class:`TrainStep`, pushes
     batch + pulled rows ──> BatchTensors (device) + per-table leaf rows [U, dim]
       (ids not admitted read their fallback bucket's row, see kelp.store.fallback)
       ──> forward ──> logits f32[B] ──> progressive eval (scored *before* the update)
-      ──> BCE-with-logits ──> backward ──> dense optimizer step
+      ──> BCE-with-logits ──> backward ──> finite? ──> dense optimizer step
       ──> row-wise Adagrad on admitted rows ──> updates {table: (ids, rows, state)}
 
 The forward pass precedes every update, so its logits are exactly the
 predictions a progressive validator wants; no second forward is needed.
 
+A step whose loss, or any gradient it would apply (dense parameters or row
+gradients), is NaN or infinite is *skipped* (:func:`kelp.trainer.finite.step_verdict`,
+one fused check and one device-to-host sync): no dense update, no row is
+pushed (``updates`` is empty, so the daemon still acknowledges and commits the
+batch's offsets), its samples stay out of the progressive metrics, and
+``StepResult.skipped`` says why. One poisoned row or feature would otherwise
+turn every dense parameter into NaN at the next optimizer step.
+
 In a trainer group the daemon passes ``dense_sync``: called between backward
 and the dense optimizer step with the batch's sample count, it replaces the
 local dense gradients with the group's (an all-reduce) and says whether to
 step. A rank without a batch calls :meth:`TrainStep.idle` so the group's
-collective still meets. This module never talks to the process group itself.
+collective still meets. A rank that skips its step still meets it, contributing
+nothing (``dense_sync(0)`` with its gradients dropped), and applies the group's
+update of the other ranks' samples, so the dense replicas stay equal. This
+module never talks to the process group itself.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from kelp.consumers.batch import MicroBatch
 from kelp.store.fallback import Fallback, PullPlan
 from kelp.trainer.embedding import BatchTensors, pool_features, rows_to_leaf
 from kelp.trainer.evaluation import ProgressiveValidator
+from kelp.trainer.finite import SkipLog, step_verdict
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
 
 __all__ = ["STAGES", "DenseSync", "PulledRows", "StageTimer", "StepResult", "TrainStep", "forward_backward"]
@@ -78,7 +90,10 @@ class StepResult:
     * ``updates``: per table, admitted ids and their new rows and state, to ``push``;
     * ``grads``: per table, the row gradients behind ``updates`` (only when the
       sparse optimizer keeps them: ``store.sparse_updates: compose``);
-    * ``timings``: seconds per stage of :data:`STAGES`.
+    * ``timings``: seconds per stage of :data:`STAGES`;
+    * ``skipped``: None for a step that trained, else why it did not
+      (``nonfinite_loss`` or ``nonfinite_grad``): then ``updates`` is empty,
+      nothing was applied and ``loss``/``logits`` may be NaN.
     """
 
     loss: float
@@ -86,6 +101,7 @@ class StepResult:
     updates: dict[str, SparseUpdate]
     timings: dict[str, float] = field(default_factory=dict)
     grads: dict[str, np.ndarray] = field(default_factory=dict)
+    skipped: str | None = None
 
 
 class StageTimer:
@@ -125,18 +141,22 @@ def finish_step(
     loss: Tensor,
     logits: Tensor,
     updates: dict[str, SparseUpdate],
+    skipped: str | None = None,
 ) -> StepResult:
     """The common end of every step: logits to the host, progressive eval, the result.
 
     The logits are those of the forward pass *before* this step's update, so the
-    validator scores each batch before training on it.
+    validator scores each batch before training on it. A ``skipped`` step is not
+    scored: its logits may be NaN, and it was not trained on either.
     """
     logits_np = logits.to("cpu").numpy()
     loss_value = float(loss)
-    if validator is not None:
+    if validator is not None and skipped is None:
         validator.update(labels, logits_np)
     timer.lap("evaluate")
-    return StepResult(loss=loss_value, logits=logits_np, updates=updates, timings=timer.timings)
+    return StepResult(
+        loss=loss_value, logits=logits_np, updates=updates, timings=timer.timings, skipped=skipped
+    )
 
 
 class TrainStep:
@@ -170,6 +190,8 @@ class TrainStep:
         self.validator = validator
         self.sync_timings = sync_timings
         self.steps = 0
+        self.skips = SkipLog()
+        """Steps skipped for a non-finite loss or gradient, by reason (not counted in ``steps``)."""
         self.fallback = Fallback(spec.tables)
         self._warm = {t.name for t in spec.tables if t.admission.fallback_warm_start}
         self._dims = {t.name: t.dim for t in spec.store_tables()}
@@ -252,6 +274,12 @@ class TrainStep:
         loss, logits = forward_backward(self.model, bt, self._lookup_rows(rows, pulled, plan))
         timer.lap("forward_backward")
 
+        dense_grads = [p.grad for group in self.optimizer.param_groups for p in group["params"]]
+        skipped = step_verdict(loss, dense_grads + [leaf.grad for leaf in rows.values()])
+        if skipped is not None:
+            return self._skip(
+                skipped, timer=timer, batch=batch, loss=loss, logits=logits, dense_sync=dense_sync
+            )
         if dense_sync is None or dense_sync(batch.size):
             self.optimizer.step()
         timer.lap("dense_update")
@@ -275,3 +303,35 @@ class TrainStep:
             timer, validator=self.validator, labels=batch.labels, loss=loss, logits=logits, updates=updates
         )
         return replace(result, grads=grads) if grads else result
+
+    def _skip(
+        self,
+        reason: str,
+        *,
+        timer: StageTimer,
+        batch: MicroBatch,
+        loss: Tensor,
+        logits: Tensor,
+        dense_sync: DenseSync | None,
+    ) -> StepResult:
+        """End a step that must not train: drop its gradients, push nothing, score nothing.
+
+        In a group the rank still takes part in the step's all-reduce with no
+        samples, and applies whatever the other ranks' samples agreed on.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        if dense_sync is not None and dense_sync(0):
+            self.optimizer.step()
+        timer.lap("dense_update")
+        timer.lap("sparse_update")
+        result = finish_step(
+            timer,
+            validator=self.validator,
+            labels=batch.labels,
+            loss=loss,
+            logits=logits,
+            updates={},
+            skipped=reason,
+        )
+        self.skips.record(reason, result.loss, batch.size)
+        return result

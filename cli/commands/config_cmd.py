@@ -1,9 +1,15 @@
-"""``kelp config validate FILE`` and ``kelp config show FILE``."""
+"""``kelp config validate FILE`` and ``kelp config show FILE``.
+
+``validate`` also connects to the snapshot channel's Redis once and warns (exit
+status stays 0) when its ``maxmemory-policy`` may evict the channel's keys
+(:mod:`kelp.publish.channel_check`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import yaml
 
@@ -39,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _validate(args: argparse.Namespace) -> int:
     from kelp.daemon.preflight import preflight
+    from kelp.publish.channel_check import check_channel_eviction
 
     cfg = load_config(args.file)
     preflight(cfg, args.file, role=args.role)
@@ -47,6 +54,10 @@ def _validate(args: argparse.Namespace) -> int:
         f"{args.file}: ok (deployment={cfg.deployment}, source={cfg.source.kind}, store={cfg.store.backend}, "
         f"{len(cfg.features.dense)} dense, {len(cfg.features.sparse)} sparse features over {tables} tables)"
     )
+    # Advice, never a failure: a Redis that may evict the snapshot channel's keys (one connection).
+    found = check_channel_eviction(cfg.publisher, cfg.store)
+    if found is not None:
+        print(f"{args.file}: {found}", file=sys.stderr)
     return 0
 
 

@@ -31,7 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kelp.daemon.preflight import preflight
     from kelp.daemon.startup import check_endpoints
     from kelp.serving.app import CONFIG_ENV, create_app
-    from kelp.serving.process import tune_process
+    from kelp.serving.process import tune_process, uvicorn_options
     from kelp.serving.replica import ServingReplica
 
     cfg = load_config(args.config)
@@ -47,6 +47,7 @@ def _serve(args: argparse.Namespace) -> int:
         "log_config": None,
         "access_log": False,
         "timeout_graceful_shutdown": 30,
+        **uvicorn_options(cfg.serving),  # bounds on request heads: kelp.serving.protocol
     }
     if cfg.serving.workers > 1:
         os.environ[CONFIG_ENV] = os.path.abspath(args.config)

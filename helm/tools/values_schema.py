@@ -5,7 +5,8 @@ from the pydantic models (unknown keys, enums and ranges then fail at
 ``helm install`` with the field's path, not later in a crash-looping pod).
 The chart then narrows a few fields to what works across pods: the store must be
 Redis (serving replicas read the trainer's rows), the source Kafka, the
-publisher channel Redis, and the trainer's HTTP endpoint enabled (its probes).
+publisher channel Redis (its ``redis_url`` without credentials, which belong in
+a Secret), and the trainer's HTTP endpoint enabled (its probes).
 
 Run after changing a config model under ``config/`` (``tests/deploy`` fails until you do)::
 
@@ -72,6 +73,13 @@ def _narrow(config: dict[str, Any], defs: dict[str, Any]) -> None:
     defs["PublisherConfig"]["properties"]["channel"] = {
         "const": "redis",
         "description": "Trainer and serving pods share no filesystem, so snapshots travel through Redis.",
+    }
+    defs["PublisherConfig"]["properties"]["redis_url"] = {
+        "anyOf": [{"type": "string", "pattern": "^[^@]*$"}, {"type": "null"}],
+        "default": None,
+        "description": "The snapshot channel's own Redis (default: the store's first url); use one with "
+        "maxmemory-policy noeviction. No credentials here (the config is a ConfigMap): put a URL with a "
+        "password in secrets.publisher.redisUrl.",
     }
     defs["MetricsConfig"]["properties"]["enabled"] = {
         "const": True,

@@ -13,7 +13,9 @@ from kelp.errors import UserError
 
 # helpers of the suites, not suites
 NOT_SUITES = {"runner", "synth", "baseline", "scale_rank", "allreduce_probe", "reference", "streams", "plain"}
-NOT_SUITES |= {f"chaos_{part}" for part in ("checks", "durability", "faults", "load", "procs", "rig", "soak")}
+NOT_SUITES |= {
+    f"chaos_{part}" for part in ("checks", "durability", "faults", "load", "poison", "procs", "rig", "soak")
+}
 
 
 def test_every_listed_suite_has_a_module_with_run() -> None:

@@ -43,13 +43,24 @@ def test_versions_stay_monotonic_across_publisher_restarts(channel: SnapshotChan
 
 
 def test_latest_never_moves_back(channel: SnapshotChannel, cfg: KelpConfig) -> None:
-    from kelp.publish import build_snapshot
+    from kelp.publish import ChannelStateError, build_snapshot
 
     model = build_model(cfg.features, cfg.trainer)
-    for v in (5, 3):  # a slow publisher finishing an older version after a newer one
-        channel.write(build_snapshot(model, cfg.features, cfg.trainer, version=v, step=v, offsets={}))
-    assert channel.latest_version() == 5
-    assert channel.next_version() > 5 or isinstance(channel, RedisChannel)
+    written = []
+    for step in range(2):
+        version = channel.next_version()
+        channel.write(
+            build_snapshot(model, cfg.features, cfg.trainer, version=version, step=step, offsets={})
+        )
+        written.append(version)
+    # a slow publisher finishing an older version after a newer one: refused, nothing moves back
+    with pytest.raises(ChannelStateError):
+        channel.write(
+            build_snapshot(model, cfg.features, cfg.trainer, version=written[0], step=9, offsets={})
+        )
+    assert channel.latest_version() == written[1]
+    assert channel.read(written[0]).manifest.step == 0
+    assert channel.next_version() > written[1]
 
 
 def test_subscription_hears_a_publish(channel: SnapshotChannel, cfg: KelpConfig) -> None:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from kelp.config import InitSpec
-from kelp.store.codec import HEADER_BYTES, RowCodec
-from kelp.store.errors import RowFormatError
+from kelp.store.codec import BAD_HEADER, FAULT_REASONS, HEADER_BYTES, NONFINITE, WRONG_LENGTH, RowCodec
 from kelp.store.hashing import rendezvous
 from kelp.store.index import IdIndex
 from kelp.store.init import init_rows
@@ -47,15 +45,56 @@ def test_codec_roundtrip(batch, dtype, updated) -> None:  # type: ignore[no-unty
     assert (out.rows[missing] == 0).all()
 
 
-def test_codec_rejects_foreign_values() -> None:
+def test_codec_marks_foreign_values_per_position_and_decodes_the_rest() -> None:
+    """A value that is no valid row is marked in ``fault``; it never fails the batch."""
     codec = RowCodec(4)
-    good = codec.encode(np.zeros((1, 4), np.float32), np.zeros(1, np.float32))[0]
-    with pytest.raises(RowFormatError, match="length"):
-        codec.decode([good, b"short"])
-    with pytest.raises(RowFormatError, match="version"):
-        codec.decode([b"\x09" + good[1:]])
-    with pytest.raises(RowFormatError, match="dim"):
-        RowCodec(2, "float32").decode([RowCodec(4, "float16").encode(np.zeros((1, 4)), np.zeros(1))[0]])
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    good = codec.encode(rows, np.ones(3, np.float32), updated_s=9)
+    nan_row = codec.encode(np.array([[1, np.nan, 0, 0]], np.float32), np.zeros(1, np.float32))[0]
+    inf_state = codec.encode(np.zeros((1, 4), np.float32), np.array([np.inf], np.float32))[0]
+    f16 = RowCodec(4, "float16").encode(np.zeros((1, 4)), np.zeros(1))[0]
+    values = [good[0], b"short", None, b"\x09" + good[1][1:], nan_row, inf_state, good[2], f16]
+    out = codec.decode(values)
+    assert out.present.tolist() == [True, True, False, True, True, True, True, True]
+    assert out.fault.tolist() == [0, WRONG_LENGTH, 0, BAD_HEADER, NONFINITE, NONFINITE, 0, WRONG_LENGTH]
+    np.testing.assert_array_equal(out.rows[[0, 6]], rows[[0, 2]])
+    assert (out.updated_s[[0, 6]] == 9).all() and (out.rows[1] == 0).all()
+    assert [FAULT_REASONS[f] for f in out.fault[:5]] == ["", "wrong_length", "", "bad_header", "nonfinite"]
+    other_dim = RowCodec(2, "float32").encode(np.zeros((2, 2)), np.zeros(2))  # same length as dim-4 float16
+    assert RowCodec(4, "float16").decode(other_dim).fault.tolist() == [BAD_HEADER, BAD_HEADER]
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches(), st.data())
+def test_codec_fault_mask_matches_a_per_value_check(batch, data) -> None:  # type: ignore[no-untyped-def]
+    """The vectorised fault mask equals what a plain per-value check says, for any mix of values."""
+    dim, rows, state, _ = batch
+    codec = RowCodec(dim)
+    values: list[bytes | None] = list(codec.encode(rows, state))
+    expected = [0] * len(values)
+    for i in range(len(values)):
+        kind = data.draw(st.sampled_from(["good", "missing", "nan", "inf_state", "short", "version"]))
+        v = values[i]
+        assert v is not None
+        if kind == "missing":
+            values[i] = None
+        elif kind == "nan":
+            values[i] = v[:HEADER_BYTES] + np.float32(np.nan).tobytes() + v[HEADER_BYTES + 4 :]
+            expected[i] = NONFINITE
+        elif kind == "inf_state":
+            values[i] = v[:12] + np.float32(-np.inf).tobytes() + v[16:]
+            expected[i] = NONFINITE
+        elif kind == "short":
+            values[i] = v[:-1]
+            expected[i] = WRONG_LENGTH
+        elif kind == "version":
+            values[i] = b"\x02" + v[1:]
+            expected[i] = BAD_HEADER
+    out = codec.decode(values)
+    assert out.fault.tolist() == expected
+    assert out.present.tolist() == [v is not None for v in values]
+    fine = np.array([v is not None and e == 0 for v, e in zip(values, expected, strict=True)], dtype=bool)
+    np.testing.assert_array_equal(out.rows[fine], rows[fine])
 
 
 @settings(max_examples=40, deadline=None)

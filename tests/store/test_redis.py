@@ -194,7 +194,7 @@ def test_replica_serves_count_false_reads(redis_url: str, redis_server: RedisSer
             assert after == before + 1
 
 
-def test_build_store_rejects_unknown_backend_and_redis_errors_are_typed(redis_url: str) -> None:
+def test_build_store_rejects_unknown_backend_and_garbage_rows_are_quarantined(redis_url: str) -> None:
     with pytest.raises(ValueError, match="unknown store backend"):
         from kelp.store.factory import backend_class
 
@@ -203,10 +203,9 @@ def test_build_store_rejects_unknown_backend_and_redis_errors_are_typed(redis_ur
     spec = TableSpec(name="t", dim=2)
     with _store([redis_url], [spec]) as store:
         r.set(store.layouts["t"].row_keys(np.array([1], np.uint64))[0], b"garbage")
-        from kelp.store.errors import RowFormatError
-
-        with pytest.raises(RowFormatError):
-            store.pull("t", np.array([1], np.uint64))
+        got = store.pull("t", np.array([1], np.uint64), count=False)  # tests/store/test_quarantine.py
+        assert not got.admitted.any()
+        assert store.metrics.rows_quarantined.labels(table="t", reason="wrong_length")._value.get() == 1
     with build_store(StoreConfig(backend="redis", urls=[redis_url]), [spec], "x") as store:
         assert store.backend == "redis"
 

@@ -194,7 +194,8 @@ PLAIN/SCRAM mechanism is configured, so every Kelp container gets the Kafka
 set. The Redis credentials depend on the workload: with
 secrets.store.trainerAuth / servingAuth set, the trainer / serving pods log in
 as their own ACL user (KELP_STORE__USERNAME and KELP_STORE__PASSWORD from that
-Secret); otherwise every pod uses secrets.store.password.
+Secret); otherwise every pod uses secrets.store.password. secrets.publisher.redisUrl
+(the snapshot channel's own Redis, its URL with the password) goes to every pod.
 Call with (dict "root" . "role" "trainer"|"serving"|"probe").
 */}}
 {{- define "kelp.env" -}}
@@ -218,7 +219,8 @@ Call with (dict "root" . "role" "trainer"|"serving"|"probe").
 {{- end }}
 {{- $refs := list
   (list "KELP_SOURCE__SECURITY__SASL_PASSWORD" $root.Values.secrets.kafka.saslPassword)
-  (list "KELP_SOURCE__SECURITY__SSL_PASSWORD" $root.Values.secrets.kafka.sslKeyPassword) }}
+  (list "KELP_SOURCE__SECURITY__SSL_PASSWORD" $root.Values.secrets.kafka.sslKeyPassword)
+  (list "KELP_PUBLISHER__REDIS_URL" (($root.Values.secrets.publisher | default dict).redisUrl | default dict)) }}
 {{- if not $auth.existingSecret }}
 {{- $refs = prepend $refs (list "KELP_STORE__PASSWORD" $root.Values.secrets.store.password) }}
 {{- end }}
