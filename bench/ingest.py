@@ -1,9 +1,11 @@
 """``kelp bench ingest``: Kafka -> decoded, validated, deduplicated micro-batches vs a plain poll.
 
 Starts its own broker (Apache Kafka by default, Tansu with ``--broker tansu``;
-the JSON's ``broker`` names it), produces criteo-synth (synthetic) twice, as
-columnar messages of 256 samples and as single-sample messages, then for
-each topic measures, with the same consumer settings:
+the JSON's ``broker`` names it), produces criteo-synth (synthetic) three
+times, as columnar messages of 256 samples, as single-sample messages and as
+JSON events (one nested object per message, read with ``format: json`` and a
+field mapping: the ``json_`` keys), then for each topic measures, with the
+same consumer settings:
 
 * Kelp's :class:`~kelp.consumers.kafka_source.KafkaSource` yielding
   micro-batches of 4096 whose per-table ``unique_ids`` are computed, with a
@@ -22,14 +24,16 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry
 
 from kelp.bench.runner import progress
-from kelp.bench.synth import synth_messages
+from kelp.bench.synth import CriteoSynth, synth_messages
 from kelp.config import BatchingConfig, KafkaSourceConfig
-from kelp.consumers.criteo import criteo_feature_spec
+from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES, criteo_feature_spec
 from kelp.consumers.kafka_settings import consumer_settings
 from kelp.consumers.kafka_source import KafkaSource
 from kelp.consumers.produce import produce
@@ -42,7 +46,38 @@ BATCH = 4096
 REPS = 3  # runs of each side, alternating (see _side_by_side)
 
 
-def bench_kafka(bootstrap: str, topic: str) -> KafkaSourceConfig:
+JSON_MAPPING = {
+    "label_field": "label",
+    "event_time_field": "ts",
+    "dense_fields": {n: f"counts.{n}" for n in DENSE_NAMES},
+    "sparse_fields": {n: f"ids.{n}" for n in SPARSE_NAMES},
+}
+"""Where criteo-synth's fields sit in its JSON events (:func:`json_messages`)."""
+
+
+def json_messages(samples: int, seed: int = 0, step: int = 65_536) -> Iterator[tuple[bytes, int]]:
+    """(message, 1) per criteo-synth sample as a nested JSON object, as an application would log it::
+
+    {"label": 1.0, "ts": 1700000000.5, "counts": {"I1": 3.0, ...}, "ids": {"C1": 123, ...}}
+    """
+    synth = CriteoSynth(seed=seed)
+    done = 0
+    while done < samples:
+        n = min(step, samples - done)
+        cols = synth.batch(n)
+        dense, sparse = cols.dense.tolist(), cols.sparse.tolist()
+        for i, (label, ts) in enumerate(zip(cols.label.tolist(), cols.ts.tolist(), strict=True)):
+            event = {
+                "label": label,
+                "ts": ts,
+                "counts": dict(zip(DENSE_NAMES, dense[i], strict=True)),
+                "ids": dict(zip(SPARSE_NAMES, sparse[i], strict=True)),
+            }
+            yield orjson.dumps(event), 1
+        done += n
+
+
+def bench_kafka(bootstrap: str, topic: str, **overrides: Any) -> KafkaSourceConfig:
     return KafkaSourceConfig(
         bootstrap_servers=[bootstrap],
         topics=[topic],
@@ -53,12 +88,13 @@ def bench_kafka(bootstrap: str, topic: str) -> KafkaSourceConfig:
         max_poll_interval_ms=5000,
         max_message_bytes=4_194_304,
         max_partition_fetch_bytes=8_388_608,
+        **overrides,
     )
 
 
-def _kelp(bootstrap: str, topic: str, samples: int) -> tuple[float, dict[str, Any]]:
+def _kelp(bootstrap: str, topic: str, samples: int, **overrides: Any) -> tuple[float, dict[str, Any]]:
     src = KafkaSource(
-        bench_kafka(bootstrap, topic),
+        bench_kafka(bootstrap, topic, **overrides),
         criteo_feature_spec(),
         BatchingConfig(batch_size=BATCH, max_batch_delay_ms=200, queue_depth=8),
         CollectorRegistry(),
@@ -117,6 +153,7 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
     # either side in steady state on a shared machine; 600k / 40k take ~0.4 s and ~0.6 s to poll.
     batched_samples = 600_000 if quick else 2_000_000
     single_samples = 40_000 if quick else 200_000
+    json_source = {"format": "json", "json": JSON_MAPPING}
     out: dict[str, Any] = {
         "workload": "criteo-synth (synthetic)",
         "samples_per_message": PER_MESSAGE,
@@ -126,20 +163,29 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
     out["broker"] = service.label
     progress(f"starting {service.label}")
     with service:
-        for label, samples, per in (("", batched_samples, PER_MESSAGE), ("single_", single_samples, 1)):
+        for label, samples, per, source in (
+            ("", batched_samples, PER_MESSAGE, {}),
+            ("single_", single_samples, 1, {}),
+            ("json_", single_samples, 1, json_source),
+        ):
             topic = f"ingest-{label or 'batched_'}{uuid.uuid4().hex[:6]}"
             service.create_topic(topic, 2)
             progress(f"producing {samples:,} samples, {per} per message, to {topic}")
-            summary = produce(
-                {"bootstrap_servers": [service.bootstrap]}, topic, synth_messages(samples, per), quiet=True
-            )
+            messages = json_messages(samples) if source else synth_messages(samples, per)
+            summary = produce({"bootstrap_servers": [service.bootstrap]}, topic, messages, quiet=True)
             progress(
                 f"produced {summary.messages:,} messages, {summary.bytes / 1e6:.1f} MB "
                 f"in {summary.seconds:.1f}s"
             )
             out.update(
                 _side_by_side(
-                    service.bootstrap, topic, samples=samples, messages=summary.messages, per=per, label=label
+                    service.bootstrap,
+                    topic,
+                    samples=samples,
+                    messages=summary.messages,
+                    per=per,
+                    label=label,
+                    source=source,
                 )
             )
             out[f"{label}message_bytes"] = round(summary.bytes / summary.messages, 1)
@@ -147,9 +193,19 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
 
 
 def _side_by_side(
-    bootstrap: str, topic: str, *, samples: int, messages: int, per: int, label: str
+    bootstrap: str,
+    topic: str,
+    *,
+    samples: int,
+    messages: int,
+    per: int,
+    label: str,
+    source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``REPS`` plain polls and Kelp runs, alternating on the same topic; medians and every run.
+
+    ``source`` overrides Kelp's source settings (the record format); the
+    plain poll reads the same records without decoding either way.
 
     One run of each side is a fraction of a second, and on a shared machine
     a neighbour's burst can halve either one; alternating the two and taking
@@ -171,7 +227,7 @@ def _side_by_side(
             if rep:
                 consumer.seek_to_beginning()
             raws.append(_raw(consumer, messages, per))
-            kelp, extra = _kelp(bootstrap, topic, samples)
+            kelp, extra = _kelp(bootstrap, topic, samples, **(source or {}))
             kelps.append(kelp)
             extras.append(extra)
             progress(f"run {rep + 1}/{REPS}: raw poll {raws[-1]:,.0f}, kelp batches {kelp:,.0f} samples/s")

@@ -21,7 +21,7 @@ from torch import nn
 
 from kelp.config import KelpConfig
 from kelp.consumers.batch import MicroBatch
-from kelp.trainer import build_dense_optimizer, build_model
+from kelp.trainer import ModelInput, build_dense_optimizer, build_model
 
 __all__ = ["plain_samples_per_s"]
 
@@ -56,6 +56,7 @@ def plain_samples_per_s(
     for bag in tables.values():
         nn.init.normal_(bag.weight, std=0.01)
     modes = [(f.table_name, f.pooling) for f in spec.sparse]
+    names = [f.name for f in spec.sparse]
     dense_opt = build_dense_optimizer(model.parameters(), cfg.trainer.dense_optimizer)
     sparse_opt = torch.optim.Adagrad(tables.parameters(), lr=cfg.trainer.sparse_optimizer.lr)
     loss_fn = nn.BCEWithLogitsLoss()
@@ -71,7 +72,7 @@ def plain_samples_per_s(
                 counts = torch.diff(offsets, append=offsets.new_tensor([index.numel()])).clamp(min=1)
                 out = out / counts.unsqueeze(1)
             pooled.append(out)
-        loss = loss_fn(model(dense, pooled), labels)
+        loss = loss_fn(model(ModelInput(dense, dict(zip(names, pooled, strict=True)))), labels)
         dense_opt.zero_grad(set_to_none=True)
         sparse_opt.zero_grad(set_to_none=True)
         loss.backward()

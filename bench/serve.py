@@ -70,7 +70,7 @@ from kelp.store import build_store
 from kelp.store.keys import BucketLayout, KeyLayout
 from kelp.store.packed_pipeline import PackedPipeline
 from kelp.store.resp import pack_commands
-from kelp.trainer import build_model
+from kelp.trainer import ModelInput, build_model
 
 __all__ = ["run"]
 
@@ -366,17 +366,17 @@ def _floor(cfg: KelpConfig, requests: list[dict[str, Any]], reps: int) -> float:
             else:
                 pipe.execute_command("MGET", *what)
         replies = pipe.execute()
-        pooled = []
+        pooled = {}  # the criteo spec names each table after its one feature
         for (table, _n, _what), values in zip(reads, replies, strict=True):
             rows = np.frombuffer(bytearray(b"".join(values)), dtype=np.float32).reshape(len(values), -1)[
                 :, 4:
             ]
             t = torch.from_numpy(rows)
-            pooled.append(
+            pooled[table] = (
                 t.expand(CANDIDATES, -1) if table in USER_FEATURES else t[torch.from_numpy(inverse[table])]
             )
         with torch.inference_mode():
-            model(dense, pooled)
+            model(ModelInput(dense, pooled))
         times.append(time.perf_counter() - t0)
     client.close()
     return float(np.median(times) * 1000)

@@ -4,6 +4,7 @@
 
     source: {kind: kafka, bootstrap_servers: [b1:9092], topics: [events], group_id: kelp-trainer}
     source: {kind: file, path: data/train.tsv, format: criteo_tsv}
+    source: {kind: kafka, ..., format: json, json: {label_field: clicked, sparse_fields: {user: user.id}}}
 
 :func:`kelp.consumers.build_source` takes this slice (plus the feature spec and
 ``batching``) and nothing else.
@@ -14,9 +15,9 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from kelp.config.base import StrictModel, kafka_topic, split_csv
 
@@ -26,6 +27,7 @@ __all__ = [
     "CsvMapping",
     "FileSourceConfig",
     "FlagColumns",
+    "JsonMapping",
     "KafkaSecurity",
     "KafkaSourceConfig",
     "SourceConfig",
@@ -72,10 +74,10 @@ class FlagColumns(StrictModel):
 class CsvMapping(StrictModel):
     """Maps a delimited text file (with or without a header row) onto the feature spec.
 
-    Id parsing: a value of ASCII digits only is the integer id itself (it must
-    be below 2**64, else the row is rejected as ``bad_id``); any other value
-    (``-3``, ``0x1f``, ``12.0``, ``alice``) is a string id, hashed with
-    xxh3_64 like string ids in events. An empty value is a missing feature.
+    Id parsing follows the one id rule of every source (:mod:`kelp.consumers.ids`):
+    a value of ASCII digits only below 2**64 is that integer id; any other value
+    (``-3``, ``0x1f``, ``12.0``, ``alice``, digits of 2**64 and beyond) is a
+    string id, hashed with xxh3_64. An empty value is a missing feature.
     """
 
     label_column: str
@@ -108,22 +110,105 @@ class CsvMapping(StrictModel):
         return self
 
 
+_FIELD_PATH = re.compile(r"^[^.]+(\.[^.]+)*$")
+_DECODER_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def _field_path(value: str) -> str:
+    if not _FIELD_PATH.match(value):
+        raise ValueError(f"{value!r} is not a dotted path (keys joined by '.', none empty: user.id)")
+    return value
+
+
+def _named_paths(value: Any) -> Any:
+    """A list of names means each path is the name itself (``[price]`` == ``{price: price}``)."""
+    if isinstance(value, list):
+        if len(set(value)) != len(value):
+            raise ValueError("a feature is listed twice")
+        return {name: name for name in value}
+    return value
+
+
+class JsonMapping(StrictModel):
+    """Maps JSON objects (``format: json``) or a plug-in decoder's samples onto the feature spec.
+
+    Each field is a dotted path into nested objects: ``user.id`` reads
+    ``{"user": {"id": 7}}``. ``dense_fields`` and ``sparse_fields`` map a
+    feature name to its path, or list names whose path is the name itself.
+    A sparse field holds one id or a list of ids, read by the one id rule
+    (:mod:`kelp.consumers.ids`). A missing path or ``null`` is a missing
+    feature (dense: the feature's default; sparse: no id); a missing label
+    rejects the record (``missing_label``).
+    """
+
+    label_field: str = Field(description="Path of the label (a number; 0/1 for a binary label).")
+    dense_fields: dict[str, str] = Field(
+        default_factory=dict, description="dense feature name -> path (or a list of names: path == name)."
+    )
+    sparse_fields: dict[str, str] = Field(
+        default_factory=dict, description="sparse feature name -> path (or a list of names: path == name)."
+    )
+    event_time_field: str | None = Field(
+        None, description="Path of the event's unix time in seconds (the sample's ts); None: no ts."
+    )
+
+    _lists = field_validator("dense_fields", "sparse_fields", mode="before")(_named_paths)
+
+    @field_validator("label_field", "event_time_field")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        return None if value is None else _field_path(value)
+
+    @field_validator("dense_fields", "sparse_fields")
+    @classmethod
+    def _paths(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, path in value.items():
+            try:
+                _field_path(path)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind_per_feature(self) -> Self:
+        both = sorted(set(self.dense_fields) & set(self.sparse_fields))
+        if both:
+            raise ValueError(f"feature(s) {', '.join(both)} in both dense_fields and sparse_fields")
+        return self
+
+
+def _decoder_ref(value: str | None) -> str | None:
+    if value is not None and not _DECODER_REF.match(value):
+        raise ValueError(f"{value!r}: expected package.module:attr (e.g. avro_decoder:ConfluentAvro)")
+    return value
+
+
 class FileSourceConfig(StrictModel):
     """``source.kind: file``: replay a file (the embedded default; demos, backfills, tests)."""
 
+    # ``json`` would shadow BaseModel.json: the field is json_mapping, written ``json`` in configs.
+    model_config = ConfigDict(**StrictModel.model_config, validate_by_name=True, serialize_by_alias=True)
+
     kind: Literal["file"] = "file"
     path: Path = Field(description="The file to replay; relative paths are relative to the config file.")
-    format: Literal["criteo_tsv", "csv", "msgpack"] = Field(
+    format: Literal["criteo_tsv", "csv", "msgpack", "json"] = Field(
         description="criteo_tsv: Criteo's label + 13 ints + 26 hex ids; csv: with a csv mapping; "
-        "msgpack: a log of schema-v1 event records."
+        "msgpack: a log of schema-v1 event records; json: JSON Lines (one object a line) with a json mapping."
     )
     csv: CsvMapping | None = None
+    json_mapping: JsonMapping | None = Field(
+        None, alias="json", description="format json: where each field of an object is (see JsonMapping)."
+    )
     limit: int | None = Field(None, gt=0, description="Stop after this many samples.")
 
     @model_validator(mode="after")
     def _csv_mapping(self) -> Self:
         if self.format == "csv" and self.csv is None:
             raise ValueError("format 'csv' needs a csv mapping (label_column, dense_columns, sparse_columns)")
+        if self.format == "json" and self.json_mapping is None:
+            raise ValueError("format 'json' needs a json mapping (label_field, dense_fields, sparse_fields)")
+        if self.format != "json" and self.json_mapping is not None:
+            raise ValueError(f"a json mapping is read only with format 'json', not {self.format!r}")
         return self
 
 
@@ -153,6 +238,9 @@ class KafkaSecurity(StrictModel):
 
 class KafkaSourceConfig(StrictModel):
     """``source.kind: kafka``: a consumer group on Kafka topics (production)."""
+
+    # ``json`` would shadow BaseModel.json: the field is json_mapping, written ``json`` in configs.
+    model_config = ConfigDict(**StrictModel.model_config, validate_by_name=True, serialize_by_alias=True)
 
     kind: Literal["kafka"] = "kafka"
     bootstrap_servers: list[str] = Field(
@@ -242,8 +330,30 @@ class KafkaSourceConfig(StrictModel):
         "paused partitions (back-pressure) was seen to stop receiving one; tests and demo turn this off.",
     )
     security: KafkaSecurity = Field(default_factory=KafkaSecurity)
+    format: Literal["msgpack", "json"] = Field(
+        "msgpack",
+        description="msgpack: schema-v1 events; json: one JSON object per record, read by the json mapping. "
+        "Ignored when a decoder is set.",
+    )
+    json_mapping: JsonMapping | None = Field(
+        None,
+        alias="json",
+        description="format json or a decoder: where each field of a sample is (see JsonMapping).",
+    )
+    decoder: str | None = Field(
+        None,
+        description="A plug-in decoder for any other format, package.module:attr on the Python path: "
+        "attr(spec, **decoder_args) returns an object whose decode(value) -> dict gives a sample that the "
+        "json mapping reads (docs/consumers.md). Hazard: it runs in the poll thread, on every record.",
+    )
+    decoder_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the decoder (a schema, a path...); relative paths are the "
+        "decoder's to resolve, from the working directory.",
+    )
 
     _split = field_validator("bootstrap_servers", "topics", mode="before")(split_csv)
+    _decoder = field_validator("decoder")(_decoder_ref)
 
     @field_validator("topics")
     @classmethod
@@ -308,6 +418,28 @@ class KafkaSourceConfig(StrictModel):
                 f"({self.session_timeout_ms})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _record_format(self) -> Self:
+        if self.decoder is not None:
+            if self.format == "json":
+                raise ValueError(
+                    "decoder and format 'json' exclude each other: the decoder reads the records"
+                )
+            if self.json_mapping is None:
+                raise ValueError("a decoder needs a json mapping (label_field, dense_fields, sparse_fields)")
+        elif self.decoder_args:
+            raise ValueError("decoder_args given without a decoder")
+        elif self.format == "json" and self.json_mapping is None:
+            raise ValueError("format 'json' needs a json mapping (label_field, dense_fields, sparse_fields)")
+        elif self.format == "msgpack" and self.json_mapping is not None:
+            raise ValueError("a json mapping is read only with format 'json' or a decoder")
+        return self
+
+    @property
+    def mapped(self) -> bool:
+        """Whether records are JSON or plug-in samples read through the json mapping."""
+        return self.decoder is not None or self.format == "json"
 
 
 _START_KEYWORDS = ("committed", "earliest", "latest")

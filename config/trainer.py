@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -13,7 +13,9 @@ from kelp.config.base import StrictModel
 __all__ = ["MODEL_NAMES", "DenseOptimizerSpec", "DistributedConfig", "SparseOptimizerSpec", "TrainerConfig"]
 
 MODEL_NAMES = ("dlrm-small", "dcn-v2", "deepfm")
-"""The models ``kelp.trainer`` builds (a test keeps this equal to ``kelp.trainer.models.MODELS``)."""
+"""The built-in models' short names (a test keeps this equal to ``kelp.trainer.models.MODELS``)."""
+
+_MODEL_REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 class SparseOptimizerSpec(StrictModel):
@@ -60,10 +62,18 @@ class DistributedConfig(StrictModel):
 
 
 class TrainerConfig(StrictModel):
-    model: Literal["dlrm-small", "dcn-v2", "deepfm"] = Field(
+    model: str = Field(
         "dlrm-small",
-        description="A built model: dlrm-small (concatenation, the benchmark reference), dcn-v2 (cross "
-        "network) or deepfm (factorization machine + MLP; needs one dim for every table).",
+        description="A built-in model: dlrm-small (concatenation, the benchmark reference), dcn-v2 (cross "
+        "network) or deepfm (factorization machine + MLP; needs one dim for every table); or your own, as "
+        "an import reference package.module:attr found on the Python path (docs/models.md). Hazard: the "
+        "trainer and every serving replica must have the same source, or replicas refuse its snapshots.",
+        json_schema_extra={"pattern": f"^({'|'.join(MODEL_NAMES)}|{_MODEL_REFERENCE.pattern[1:-1]})$"},
+    )
+    model_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the model's factory, attr(spec, **model_args); JSON values only. "
+        "Built-ins also get bottom_mlp and top_mlp (a model_args key overrides them).",
     )
     seed: int | None = Field(
         0,
@@ -124,6 +134,14 @@ class TrainerConfig(StrictModel):
     )
     max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (demos, tests).")
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if v in MODEL_NAMES or _MODEL_REFERENCE.match(v):
+            return v
+        names = ", ".join(repr(n) for n in MODEL_NAMES)
+        raise ValueError(f"expected {names} or an import reference package.module:attr")
 
     @field_validator("device")
     @classmethod

@@ -12,10 +12,12 @@ from kelp.consumers.batch import JaggedIds, MicroBatch, SourceRange, TableIds, d
 from kelp.consumers.build import build_source
 from kelp.consumers.codec import REASONS, SCHEMA_VERSION, encode_columns, encode_sample, hash_str_id
 from kelp.consumers.criteo import criteo_feature_spec
+from kelp.consumers.plugin_decoder import DecodeError
 
 __all__ = [
     "REASONS",
     "SCHEMA_VERSION",
+    "DecodeError",
     "JaggedIds",
     "MicroBatch",
     "Source",

@@ -23,8 +23,15 @@ little-endian array (the fast form ``kelp produce`` writes): ``label`` float32[n
 per name), sparse ``values`` uint64[N] and ``lengths`` int32[n] (or a bare
 uint64[n] bin for one id per sample).
 
-Ids are ints in ``[0, 2**64)`` or strings; a string id is the xxh3-64 hash
-(seed 0) of its UTF-8 bytes. That hash is part of schema v1 and never changes.
+Ids are ints in ``[0, 2**64)`` or strings, read by the one id rule every
+format and serving share (:mod:`kelp.consumers.ids`): a string of ASCII
+digits with a value below ``2**64`` is that integer (``"258029"`` is
+``258029``), any other string the xxh3-64 hash (seed 0) of its UTF-8 bytes
+(:func:`hash_str_id`; that hash is part of schema v1 and never changes).
+Digit strings in msgpack were hashed too before this rule, a deliberate
+breaking change: a model trained on digit strings sent as msgpack strings
+(``{"C1": "258029"}``) finds those ids under new rows (the integers, which
+CSV files and integer events already used), so it relearns their embeddings.
 """
 
 from __future__ import annotations
@@ -59,11 +66,19 @@ REASONS: tuple[str, ...] = (
     "too_many_ids",  # more ids than the feature's max_ids for one sample
     "bad_id",  # negative, >= 2**64, float or bool id
     "oversize",  # record larger than kafka.max_message_bytes
+    "bad_json",  # format json: not JSON, or not an object
+    "missing_field",  # a plug-in decoder found no field the record must have
+    "bad_payload",  # a plug-in decoder could not read the record (framing, encoding)
+    "unknown_schema",  # a plug-in decoder does not know the record's schema (id)
 )
 
 
 def hash_str_id(value: str) -> int:
-    """The schema-v1 id of a string: ``xxh3_64(value.encode("utf-8"), seed=0)``."""
+    """``xxh3_64(value.encode("utf-8"), seed=0)``: the id of a string that is not a number.
+
+    The id of any string is :func:`kelp.consumers.ids.str_id`, which calls this for
+    every string but a uint64 written in ASCII digits.
+    """
     return xxhash.xxh3_64_intdigest(value.encode("utf-8"))
 
 

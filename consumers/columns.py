@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kelp.config import FeatureSpec
-from kelp.consumers.codec import hash_str_id
+from kelp.consumers.ids import str_id
 from kelp.consumers.transforms import defaults_of
 
 __all__ = [
@@ -128,7 +128,11 @@ def float_column(value: Any, n: int, what: str, dtype: str = "<f4") -> np.ndarra
 
 
 def ids_from_list(items: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """(uint64 ids, bad mask) for a list of int/str ids; bad = negative, too large, float, bool, other."""
+    """(uint64 ids, bad mask) for a list of int/str ids; bad = negative, too large, float, bool, other.
+
+    Integers are converted by numpy in one call; only strings (and odd values) are read one by one,
+    each string by :func:`~kelp.consumers.ids.str_id`.
+    """
     arr = np.array(items) if items else np.empty(0, dtype=np.uint64)
     kind = arr.dtype.kind
     if kind == "u":
@@ -143,8 +147,11 @@ def ids_from_list(items: list[Any]) -> tuple[np.ndarray, np.ndarray]:
         t = type(x)
         if t is int and 0 <= x < U64_LIMIT:
             out[i] = x
-        elif t is str:
-            out[i] = hash_str_id(x)
+        elif t is str:  # digits are that integer, anything else its hash (kelp.consumers.ids)
+            try:
+                out[i] = str_id(x)
+            except UnicodeEncodeError:  # a lone surrogate (a lenient JSON parser's): no bytes to hash
+                bad[i] = True
         else:
             bad[i] = True
     return out, bad

@@ -1,7 +1,9 @@
 """The Criteo display-advertising format: its column names and the feature spec that reads it.
 
 Criteo's TSV rows are ``label, I1..I13, C1..C26``: 13 integer count features
-and 26 categorical features hashed to 8 hex digits. The same names describe
+and 26 categorical features hashed to 8 hex digits (``68fd1e64``; read as ids
+by :func:`kelp.consumers.ids.str_id` like any string id, so a token of digits
+only is that integer and any other its xxh3-64 hash). The same names describe
 the synthetic ``criteo-synth`` benchmark stream (``kelp.bench.synth``), so one
 spec serves the real sample, the synthetic stream and serving requests.
 

@@ -12,9 +12,10 @@ whole public dataset maps without a preprocessing script::
 
 Values become sample fields by fixed rules (written down in the README):
 
-* an id of ASCII digits only is that integer (>= 2**64 is rejected as ``bad_id``);
-  anything else (``-3``, ``0x1f``, ``12.0``, ``alice``) is a string id, hashed
-  with xxh3_64 like string ids in events;
+* an id follows the one id rule of every format (:mod:`kelp.consumers.ids`):
+  ASCII digits with a value below 2**64 are that integer; anything else
+  (``-3``, ``0x1f``, ``12.0``, ``alice``, 20 digits past 2**64) is a string id,
+  hashed with xxh3_64 by the decoder exactly as a string id in an event is;
 * an empty value is a missing feature (dense: the feature's default; sparse: no id);
 * numbers parse as int, then float; anything else is left as text and the decoder
   rejects the row as ``bad_type`` (``label is str``, ``dense 'price' is str``); a
@@ -36,6 +37,7 @@ import msgpack
 
 from kelp.config import CsvJoin, CsvMapping, FlagColumns
 from kelp.consumers.errors import SourceUserError
+from kelp.consumers.ids import digits_id
 from kelp.consumers.textfiles import open_text
 
 __all__ = ["csv_columns", "iter_csv", "iter_csv_numbered", "parse_id", "parse_number"]
@@ -53,12 +55,18 @@ def parse_number(value: str) -> float | int | str:
 
 
 def parse_id(value: str) -> int | str:
-    """ASCII digits -> that integer id; any other text -> itself, a string id the decoder hashes.
+    """A cell as the message's id: the integer when it is one (:mod:`kelp.consumers.ids`), else the text.
 
-    >>> parse_id("42"), parse_id("-3"), parse_id("12.0"), parse_id("٣")
-    (42, '-3', '12.0', '٣')
+    The text stays text in the message (readable in a topic ``kelp produce``
+    filled); the decoder hashes it, so the id is ``str_id(value)`` either way.
+
+    >>> parse_id("42"), parse_id("007"), parse_id("-3"), parse_id("12.0"), parse_id("٣")
+    (42, 7, '-3', '12.0', '٣')
+    >>> parse_id(str(2**64))  # past uint64: a string id, not a rejected number
+    '18446744073709551616'
     """
-    return int(value) if value.isascii() and value.isdigit() else value
+    number = digits_id(value)
+    return value if number is None else number
 
 
 def _header(path: Path, delimiter: str, columns: Sequence[str] | None, encoding: str) -> list[str]:

@@ -1,7 +1,8 @@
-"""File and replay sources: Criteo TSV, generic CSV (header mapped by config), msgpack event log.
+"""File and replay sources: Criteo TSV, generic CSV (header mapped by config), msgpack event log, JSON Lines.
 
-All three go through the same :class:`~kelp.consumers.decode.Decoder` as
-Kafka (rows become schema-v1 samples), so validation, transforms and the
+All go through the same :class:`~kelp.consumers.decode.Decoder` as Kafka
+(rows become schema-v1 samples; JSON Lines are read by the ``json`` mapping,
+:mod:`~kelp.consumers.json_events`), so validation, transforms and the
 ``kelp_records_rejected_total`` counter behave identically; rejected rows are
 counted and logged (there is no dead-letter topic for files) with the place a
 person can open: ``source=FILE:LINE`` (1-based; a CSV header is line 1) for
@@ -11,9 +12,12 @@ and ``commit`` only advances :attr:`FileSource.committed`.
 
 Criteo TSV: ``label, I1..I13, C1..C26``, tab-separated, no header. Empty
 fields are missing (dense -> the feature's default, sparse -> no id); short
-rows are padded with empty fields. The 8-hex-digit categorical values are
-32-bit hashes and become the id ``int(value, 16)``; a field that is not hex
-is rejected as ``bad_id``. Files ending in ``.gz`` are read through gzip.
+rows are padded with empty fields. The categorical values (8 hex digits,
+``68fd1e64``) are ids by the one rule of every format
+(:func:`~kelp.consumers.ids.str_id`): a token of digits only (``12345678``)
+is that integer, any other the xxh3-64 hash of its text, so a client scores
+the raw token as a string and hits the row training wrote. Files ending in
+``.gz`` are read through gzip.
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ from kelp.consumers.batcher import Batcher
 from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES
 from kelp.consumers.csv_rows import iter_csv_numbered, parse_number
 from kelp.consumers.deadletter import LogDeadLetter
-from kelp.consumers.decode import Decoder, Rec
+from kelp.consumers.decode import Rec
 from kelp.consumers.errors import SourceClosedError, SourceUserError
+from kelp.consumers.formats import record_decoder
+from kelp.consumers.ids import str_id
+from kelp.consumers.json_events import iter_json_lines
 from kelp.consumers.metrics import ConsumerMetrics
 from kelp.consumers.offsets import OffsetTracker
 from kelp.consumers.textfiles import open_binary, open_text
@@ -46,18 +53,10 @@ __all__ = ["FileSource", "iter_criteo_tsv", "iter_msgpack_log"]
 log = logging.getLogger(__name__)
 
 _RUN = 4096  # records decoded together
-_BAD_ID = -1  # a placeholder the decoder rejects as bad_id
 
 
 def _pack(sample: dict[str, Any]) -> bytes:
     return msgpack.packb(sample, use_bin_type=True)
-
-
-def _hex_id(value: str) -> int:
-    try:
-        return int(value, 16)
-    except ValueError:
-        return _BAD_ID
 
 
 def iter_criteo_tsv(path: Path, label: str = "label") -> Iterator[bytes]:
@@ -68,7 +67,8 @@ def iter_criteo_tsv(path: Path, label: str = "label") -> Iterator[bytes]:
             if len(fields) < 40:
                 fields += [""] * (40 - len(fields))
             dense = {n: parse_number(v) for n, v in zip(DENSE_NAMES, fields[1:14], strict=True) if v != ""}
-            sparse = {n: _hex_id(v) for n, v in zip(SPARSE_NAMES, fields[14:40], strict=True) if v != ""}
+            # The id itself, not the token: plain int messages take the decoder's fast paths.
+            sparse = {n: str_id(v) for n, v in zip(SPARSE_NAMES, fields[14:40], strict=True) if v != ""}
             sample: dict[str, Any] = {"v": 1, "dense": dense, "sparse": sparse}
             if fields[0] != "":
                 sample[label] = parse_number(fields[0])
@@ -117,7 +117,7 @@ class FileSource(Source):
         self._run_first = 0  # the record offset of the run's first record
         if not Path(cfg.path).exists():
             raise SourceUserError(f"{cfg.path}: no such file")
-        self._decoder = Decoder(spec)
+        self._decoder = record_decoder(cfg, spec)
         self._batcher = Batcher(spec, self.batching.batch_size, math.inf)
         self._tracker = OffsetTracker()
         self._messages = self._iter_messages()
@@ -142,6 +142,8 @@ class FileSource(Source):
             if self.cfg.csv is None:
                 raise SourceUserError(f"{path}: format csv needs a csv mapping")
             return iter_csv_numbered(path, self.cfg.csv, self.spec.label.name)
+        if self.cfg.format == "json":
+            return iter_json_lines(path)
         return enumerate(iter_msgpack_log(path), 1)
 
     def _where(self, rejection: Any) -> str:

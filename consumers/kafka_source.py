@@ -73,8 +73,9 @@ from kelp.consumers.base import Source, ranges_of
 from kelp.consumers.batch import MicroBatch, SourceRange
 from kelp.consumers.batcher import Batcher, Emitted
 from kelp.consumers.deadletter import DeadLetterSink, KafkaDeadLetter, LogDeadLetter
-from kelp.consumers.decode import Chunk, Decoder
+from kelp.consumers.decode import Chunk
 from kelp.consumers.errors import SourceClosedError, translate_kafka_error
+from kelp.consumers.formats import record_decoder
 from kelp.consumers.initial_check import InitialCheck
 from kelp.consumers.kafka_settings import client_settings, consumer_settings
 from kelp.consumers.metrics import ConsumerMetrics
@@ -156,7 +157,7 @@ class KafkaSource(Source):
         self.batching = batching or BatchingConfig()
         self.metrics = ConsumerMetrics(registry)
         self._settings = {**consumer_settings(kafka), **(consumer_overrides or {})}
-        self._decoder = Decoder(spec, kafka.max_message_bytes)
+        self._decoder = record_decoder(kafka, spec)  # format json / a plug-in: MappedDecoder
         self._check = InitialCheck(kafka.initial_check_records, kafka.max_initial_reject_fraction)
         self._epochs: dict[tuple[str, int], int] = {}
         self._next_epoch = 1

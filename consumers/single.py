@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from kelp.consumers.codec import hash_str_id
 from kelp.consumers.columns import U64_LIMIT, Cols, FieldLayout, RejectError, one_id_each
+from kelp.consumers.ids import str_id
 
 __all__ = ["read_plain", "read_singles"]
 
@@ -218,8 +218,11 @@ def _ids_of(layout: FieldLayout, name: str, fi: int, ids: Any) -> list[int]:
             if not 0 <= x < U64_LIMIT:
                 raise RejectError("bad_id", f"{name}: id {x} outside [0, 2**64)")
             out.append(x)
-        elif t is str:
-            out.append(hash_str_id(x))
+        elif t is str:  # digits are that integer, anything else its hash (kelp.consumers.ids)
+            try:
+                out.append(str_id(x))
+            except UnicodeEncodeError:  # a lone surrogate (a lenient JSON parser's): no bytes to hash
+                raise RejectError("bad_id", f"{name}: id {x!r} is not valid Unicode text") from None
         elif t is float or t is bool:
             raise RejectError("bad_id", f"{name}: id {x!r} is a {t.__name__}")
         else:

@@ -13,7 +13,9 @@ same non-retriable class the store raises), and the filesystem channel's
   key type, a read-only directory); retrying the same way will not help.
 * :class:`SnapshotRejectedError`: a snapshot that was read is not acceptable
   (``reason``: ``checksum``, ``format``, ``incompatible``, ``nonfinite``: a weight
-  is NaN or infinite); a replica keeps its
+  is NaN or infinite, ``model_import``: the replica cannot import the snapshot's
+  model reference, ``model_digest``: the replica's model source differs from the
+  trainer's); a replica keeps its
   current model and counts the reason in ``kelp_serving_snapshots_rejected_total``.
 * :class:`SnapshotMissingError`: the version is gone (pruned between listing and
   reading); the reader just looks at ``latest`` again.
@@ -41,7 +43,16 @@ __all__ = [
 # Every value of the `reason` label of kelp_serving_snapshots_rejected_total; the last two are
 # counted by the watcher itself: `older` a `latest` below the served version (never loaded),
 # `pointer` a `latest` that is not a version number or names a version the channel does not hold.
-REJECT_REASONS: tuple[str, ...] = ("checksum", "format", "incompatible", "nonfinite", "older", "pointer")
+REJECT_REASONS: tuple[str, ...] = (
+    "checksum",
+    "format",
+    "incompatible",
+    "nonfinite",
+    "model_import",
+    "model_digest",
+    "older",
+    "pointer",
+)
 
 
 class SnapshotError(KelpError):

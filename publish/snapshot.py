@@ -10,7 +10,9 @@ A snapshot is two byte strings, stored side by side by a channel:
      "created_at": 1700000000.25,          # unix seconds, when the trainer serialized it
      "step": 1200,                         # trainer step the weights are from
      "offsets": [{"topic": "events", "partition": 0, "offset": 5120}],   # next offset to consume
-     "model": {"model": "dlrm-small", "bottom_mlp": [64, 16], "top_mlp": [256, 64]},
+     "model": {"model": "dlrm-small", "bottom_mlp": [64, 16], "top_mlp": [256, 64],
+               "model_args": {}, "reference": "kelp.trainer.models:dlrm_small",
+               "digest": "sha256:5d0e..."},   # kelp.trainer.model_digest: the model's source
      "features": {...},                    # the FeatureSpec, as config JSON
      "config_hash": "3f2a...",             # kelp.trainer.config_hash of features + model
      "weights_bytes": 521480,
@@ -26,6 +28,13 @@ A weight that is NaN or infinite is refused at both ends: :func:`build_snapshot`
 raises :class:`~kelp.trainer.finite.NonFiniteError` (so it is never published),
 and :func:`load_model` rejects it as ``nonfinite`` (so a replica never serves
 one that got into the channel some other way). The error names the tensor.
+
+The model is code, not data: a replica builds it from ``model.reference`` on
+its own Python path. :func:`load_model` refuses a snapshot whose reference it
+cannot import (``model_import``) or whose ``digest`` differs from the source
+the replica has (``model_digest``), so a replica never loads weights into
+other code than the trainer's. A manifest without ``reference``/``digest``
+(written before models were plug-ins) is accepted for a built-in model only.
 
 >>> import torch
 >>> from kelp.consumers.criteo import criteo_feature_spec
@@ -53,9 +62,11 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from kelp.config import FeatureSpec, TrainerConfig
+from kelp.errors import UserError
 from kelp.publish.errors import SnapshotRejectedError
 from kelp.trainer.checkpoint import config_hash
 from kelp.trainer.finite import NonFiniteError, first_nonfinite
+from kelp.trainer.model_api import ModelImportError, is_builtin, model_digest, model_record, resolve_reference
 from kelp.trainer.models import build_model
 
 __all__ = [
@@ -69,6 +80,7 @@ __all__ = [
 
 SNAPSHOT_FORMAT_VERSION = 1
 _MODEL_KEYS = ("model", "bottom_mlp", "top_mlp")
+_MODEL_RECORD_KEYS = ("model_args", "reference", "digest")
 
 
 @dataclass(frozen=True)
@@ -120,7 +132,10 @@ class SnapshotManifest:
                 created_at=float(data["created_at"]),
                 step=int(data["step"]),
                 offsets={(o["topic"], int(o["partition"])): int(o["offset"]) for o in data["offsets"]},
-                model={k: data["model"][k] for k in _MODEL_KEYS},
+                model={
+                    **{k: data["model"][k] for k in _MODEL_KEYS},
+                    **{k: data["model"][k] for k in _MODEL_RECORD_KEYS if k in data["model"]},
+                },
                 features=dict(data["features"]),
                 config_hash=str(data["config_hash"]),
                 weights_bytes=int(data["weights_bytes"]),
@@ -136,7 +151,9 @@ class SnapshotManifest:
 
     def trainer_config(self) -> TrainerConfig:
         """A TrainerConfig with the snapshot's model settings (the rest at defaults: unused by serving)."""
-        return TrainerConfig(**self.model)
+        return TrainerConfig(
+            **{k: self.model[k] for k in _MODEL_KEYS}, model_args=self.model.get("model_args") or {}
+        )
 
 
 @dataclass(frozen=True)
@@ -178,7 +195,7 @@ def build_snapshot(
         created_at=time.time() if created_at is None else float(created_at),
         step=int(step),
         offsets={(str(t), int(p)): int(o) for (t, p), o in offsets.items()},
-        model={k: getattr(trainer_cfg, k) for k in _MODEL_KEYS},
+        model={**{k: getattr(trainer_cfg, k) for k in _MODEL_KEYS}, **model_record(trainer_cfg)},
         features=spec.model_dump(mode="json"),
         config_hash=config_hash(spec, trainer_cfg),
         weights_bytes=len(weights),
@@ -203,14 +220,22 @@ def verify_snapshot(manifest_raw: bytes, weights: bytes) -> Snapshot:
     return Snapshot(manifest, weights)
 
 
-def load_model(snapshot: Snapshot, expected_spec: FeatureSpec | None = None) -> nn.Module:
+def load_model(
+    snapshot: Snapshot, expected_spec: FeatureSpec | None = None, *, allowed_model: str | None = None
+) -> nn.Module:
     """Build the snapshot's model on CPU, load its weights, put it in eval mode.
 
     With ``expected_spec`` (the replica's own config) the snapshot must have
     been trained on exactly those features: serving computes inputs from its
     config, so a mismatch would score garbage. Raises :class:`SnapshotRejectedError`
     ``incompatible`` (spec or shapes differ), ``format`` (unreadable weights) or
-    ``nonfinite`` (a weight is NaN or infinite: every score would be NaN).
+    ``nonfinite`` (a weight is NaN or infinite: every score would be NaN),
+    ``model_import`` (the model reference does not import here) or
+    ``model_digest`` (this replica's model source differs from the trainer's).
+
+    With ``allowed_model`` (the replica's ``trainer.model``) a snapshot may name
+    a built-in or that model only: a snapshot never makes a replica import and
+    call code its own config does not name (``model_import``).
     """
     m = snapshot.manifest
     try:
@@ -235,7 +260,11 @@ def load_model(snapshot: Snapshot, expected_spec: FeatureSpec | None = None) -> 
         raise SnapshotRejectedError(
             "nonfinite", f"snapshot v{m.version}: tensor {bad!r} holds a non-finite value (NaN or infinity)"
         )
-    model = build_model(spec, trainer_cfg)
+    _check_model_code(m, trainer_cfg, allowed_model)
+    try:
+        model = build_model(spec, trainer_cfg)
+    except UserError as exc:
+        raise SnapshotRejectedError("incompatible", f"snapshot v{m.version}: {exc}") from None
     try:
         model.load_state_dict(tensors, strict=True)
     except RuntimeError as exc:
@@ -246,3 +275,37 @@ def load_model(snapshot: Snapshot, expected_spec: FeatureSpec | None = None) -> 
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+def _check_model_code(m: SnapshotManifest, trainer_cfg: TrainerConfig, allowed_model: str | None) -> None:
+    """Refuse a snapshot whose model this replica cannot import, or whose source differs from ours."""
+    reference = m.model.get("reference") or resolve_reference(trainer_cfg.model)
+    if reference != resolve_reference(trainer_cfg.model):
+        raise SnapshotRejectedError(
+            "format", f"snapshot v{m.version}: model.reference {reference!r} contradicts model.model"
+        )
+    if (
+        allowed_model is not None
+        and not is_builtin(reference)
+        and reference != resolve_reference(allowed_model)
+    ):
+        raise SnapshotRejectedError(
+            "model_import",
+            f"snapshot v{m.version}: model {reference!r} is neither a built-in nor this replica's "
+            f"trainer.model {allowed_model!r}",
+        )
+    try:
+        here = model_digest(reference)
+    except ModelImportError as exc:
+        raise SnapshotRejectedError("model_import", f"snapshot v{m.version}: {exc}") from None
+    except UserError as exc:
+        raise SnapshotRejectedError("format", f"snapshot v{m.version}: {exc}") from None
+    recorded = m.model.get("digest")
+    if recorded is None and is_builtin(reference):
+        return  # written before models were plug-ins: only built-ins existed
+    if recorded != here:
+        raise SnapshotRejectedError(
+            "model_digest",
+            f"snapshot v{m.version}: model {reference!r} source digest {recorded} differs from this "
+            f"replica's {here} (deploy the trainer's model code to the replicas)",
+        )

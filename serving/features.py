@@ -12,9 +12,13 @@ msgpack values:
   ``bad_dense``; a value that becomes non-finite after the config's transforms
   (``log1p(-2)``, ``1e300`` in float32) is ``bad_dense`` too;
 * ``sparse``: feature name -> one id or a list of ids, each an integer in
-  ``[0, 2**64)`` (``bad_id`` otherwise); absent, null or ``[]`` = no ids; a
-  list longer than ``min(max_ids, serving.max_ids_per_feature)`` is
-  ``too_many_ids``;
+  ``[0, 2**64)`` or a string (``bad_id`` otherwise: negative, too large,
+  float, bool, anything else); a string is read by the one id rule of
+  training (:func:`~kelp.consumers.ids.str_id`: digits are that integer,
+  ``"258029"`` is ``258029``, any other string its xxh3-64 hash), so the
+  id a client sends reaches the row the trainer wrote whatever its form;
+  absent, null or ``[]`` = no ids; a list longer than
+  ``min(max_ids, serving.max_ids_per_feature)`` is ``too_many_ids``;
 * an unknown feature name is ``unknown_feature``; any other shape problem is
   ``invalid_request``; more than ``serving.max_samples_per_request`` samples or
   candidates is ``too_many_samples`` (413).
@@ -30,6 +34,8 @@ compact form for msgpack clients::
 
 A columnar feature replaces the user's for every candidate; packed ``bin``
 columns are read with ``numpy.frombuffer`` and never touched per candidate.
+Integer ids are checked and converted in bulk; only string ids are read one
+by one in Python.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import numpy as np
 
 from kelp.config import FeatureSpec, ServingConfig
 from kelp.consumers.batch import JaggedIds, MicroBatch
+from kelp.consumers.ids import str_id
 from kelp.consumers.transforms import apply_transforms, defaults_of
 from kelp.serving.errors import BadRequestError, RequestError
 
@@ -67,6 +74,33 @@ def _shown(value: Any) -> str:
     except ValueError:  # an int beyond Python's digit limit for str()
         return "<an integer too long to show>"
     return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
+
+
+def _not_an_id(where: str, value: Any) -> BadRequestError:
+    return BadRequestError(
+        "bad_id", f"{where}: {_shown(value)} is not an id (an integer in [0, 2**64) or a string)"
+    )
+
+
+def _string_id(value: str, where: str) -> int:
+    """The id of a string sent as one (:func:`~kelp.consumers.ids.str_id`); ``bad_id`` if it has no UTF-8."""
+    try:
+        return str_id(value)
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON): there are no bytes to hash
+        raise BadRequestError("bad_id", f"{where}: {_shown(value)} is not valid Unicode text") from None
+
+
+def _ids_with_strings(ids: list[Any], where: str) -> list[Any]:
+    """``ids`` checked, each string replaced by its id; the same list when all are integer ids."""
+    strings = False
+    for v in ids:
+        if type(v) is not int or not 0 <= v < U64_LIMIT:
+            if type(v) is not str:
+                raise _not_an_id(where, v)
+            strings = True
+    if not strings:
+        return ids
+    return [_string_id(v, where) if type(v) is str else v for v in ids]
 
 
 def _out_of_range(where: str, value: Any) -> BadRequestError:
@@ -188,18 +222,15 @@ class RequestParser:
                 continue
             if x is None:
                 continue
+            if type(x) is str and self.id_limits[i]:  # one string id
+                out[i] = _string_id(x, f"{where}.sparse.{name}")
+                continue
             ids = x if type(x) is list else [x]
             if len(ids) > self.id_limits[i]:
                 raise BadRequestError(
                     "too_many_ids", f"{where}.sparse.{name}: {len(ids)} ids, at most {self.id_limits[i]}"
                 )
-            for v in ids:
-                if type(v) is not int or not 0 <= v < U64_LIMIT:
-                    raise BadRequestError(
-                        "bad_id",
-                        f"{where}.sparse.{name}: {_shown(v)} is not an id (an integer in [0, 2**64))",
-                    )
-            out[i] = ids
+            out[i] = _ids_with_strings(ids, f"{where}.sparse.{name}")
         return out
 
     # ------------------------------------------------------------------ uniform row candidates
@@ -208,9 +239,10 @@ class RequestParser:
         """The common row-wise body, checked in bulk: ``{column index: uint64[n]}``, or None.
 
         It applies when every candidate is ``{"sparse": {...}}`` with the same feature names
-        in the same order, each with one integer id. Then the ids are one flat list, type-checked
-        with one ``set(map(type, ...))`` and converted by one ``np.array`` (which refuses
-        negative and 65-bit integers), instead of a Python loop per candidate and feature.
+        in the same order, each with one integer or string id. Then the ids are one flat list,
+        type-checked with one ``set(map(type, ...))`` and converted by one ``np.array`` (which
+        refuses negative and 65-bit integers), instead of a Python loop per candidate and
+        feature; string ids, if any, are replaced by their ids first.
         Anything else (dense values, lists, nulls, a bad id) returns None and takes the
         per-candidate path, which finds the precise error.
         """
@@ -229,8 +261,14 @@ class RequestParser:
         if not keys or None in index or not all(self.id_limits[i] for i in index):  # type: ignore[index]
             return None
         flat = list(chain.from_iterable(map(dict.values, sparse)))
-        if set(map(type, flat)) != {int}:
-            return None
+        types = set(map(type, flat))
+        if types != {int}:
+            if not types <= {int, str}:
+                return None
+            try:
+                flat = [str_id(v) if type(v) is str else v for v in flat]
+            except UnicodeEncodeError:  # a string with no UTF-8: the per-candidate path names it
+                return None
         try:
             ids = np.array(flat, dtype=np.uint64).reshape(len(rows), len(keys))
         except OverflowError:  # negative, or 2**64 and above
@@ -328,7 +366,7 @@ class RequestParser:
                 )
             if limit < 1:
                 raise BadRequestError("too_many_ids", f"candidates.sparse.{name}: at most {limit} ids")
-            self._check_ids(col, name)
+            col = _ids_with_strings(col, f"candidates.sparse.{name}")
             return JaggedIds.one_hot(np.asarray(col, dtype=np.uint64))
         if isinstance(col, dict) and set(col) == {"values", "lengths"}:
             values, lengths = col["values"], col["lengths"]
@@ -350,7 +388,7 @@ class RequestParser:
             if isinstance(values, bytes) and len(values) == 8 * int(lengths.sum()):
                 ids = np.frombuffer(values, dtype="<u8")
             elif isinstance(values, list) and len(values) == int(lengths.sum()):
-                self._check_ids(values, name)
+                values = _ids_with_strings(values, f"candidates.sparse.{name}.values")
                 ids = np.asarray(values, dtype=np.uint64)
             else:
                 raise BadRequestError(
@@ -360,12 +398,6 @@ class RequestParser:
         raise BadRequestError(
             "bad_id", f"candidates.sparse.{name}: expected a list, u64 bytes or {{values, lengths}}"
         )
-
-    @staticmethod
-    def _check_ids(ids: list[Any], name: str) -> None:
-        for v in ids:
-            if type(v) is not int or not 0 <= v < U64_LIMIT:
-                raise BadRequestError("bad_id", f"candidates.sparse.{name}: {_shown(v)} is not an id")
 
     # ------------------------------------------------------------------ assembly
 

@@ -79,7 +79,12 @@ class ServingReplica:
         self.fetcher = RowFetcher(self.store, self.metrics, cfg.serving.local_cache_ttl_ms)
         self.scorer = Scorer(self.spec, self.slot, self.fetcher, self.metrics)
         self.watcher = SnapshotWatcher(
-            self.channel, self.spec, self.slot, self.metrics, cfg.serving.poll_interval_s
+            self.channel,
+            self.spec,
+            self.slot,
+            self.metrics,
+            cfg.serving.poll_interval_s,
+            allowed_model=cfg.trainer.model,
         )
         self._probe_table = next(iter(self.store.tables), None)
         self._started = False

@@ -9,13 +9,16 @@ without building model objects (a test keeps the two in agreement). The rules:
   feature's ``default``, as in event schema v1); booleans, strings, NaN and
   infinities are rejected;
 * ``sparse``: feature name -> one id or a list of ids, each an integer in
-  ``[0, 2**64)`` (absent, null or ``[]`` = no ids, pooled to zeros);
+  ``[0, 2**64)`` or a string (absent, null or ``[]`` = no ids, pooled to zeros);
   a list may hold at most ``min(feature.max_ids, serving.max_ids_per_feature)``;
 * unknown feature names are rejected (event schema: ``unknown_feature``);
 * ``samples`` / ``candidates`` hold 1 to ``serving.max_samples_per_request`` items.
 
-String ids are not accepted: hash them client-side the way producers do
-(``kelp.consumers.codec.hash_str_id``, xxh3-64 of the UTF-8 bytes).
+A string id is read by the rule training applies to events and files
+(:mod:`kelp.consumers.ids`): ASCII digits with a value below ``2**64`` are
+that integer (``"258029"`` and ``258029`` score the same row), any other
+string is the xxh3-64 hash of its UTF-8 bytes (``"alice"``). Clients send
+ids the way producers wrote them and never hash anything themselves.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ __all__ = [
 ]
 
 U64_MAX = 2**64 - 1
-Id = Annotated[int, Field(strict=True, ge=0, le=U64_MAX)]
+Id = (
+    Annotated[int, Field(strict=True, ge=0, le=U64_MAX)]
+    | Annotated[str, Field(strict=True, description="digits: that integer; any other text: its xxh3-64 hash")]
+)
 Dense = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 

@@ -30,6 +30,7 @@ from kelp.serving.errors import NoModelError, RequestError
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.model import ModelSlot, ServedModel
 from kelp.serving.pooling import PoolPlan
+from kelp.trainer.model_api import ModelInput, ModelSpec, to_logits
 
 __all__ = ["NonFiniteScoreError", "ScoreResult", "Scorer"]
 
@@ -89,6 +90,8 @@ class Scorer:
         self.slot = slot
         self.fetcher = fetcher
         self.plan = PoolPlan(spec)
+        self.model_spec = ModelSpec.from_features(spec)
+        self._names = tuple(self.model_spec.sparse)
         self._nonfinite = metrics.nonfinite_scores if metrics is not None else None
 
     def score(self, batch: MicroBatch) -> ScoreResult:
@@ -99,7 +102,9 @@ class Scorer:
         fetched = self.fetcher.fetch(ids.unique)
         with torch.inference_mode():
             pooled = self.plan.pool(batch, ids, fetched.rows)
-            logits = served.module(torch.from_numpy(batch.dense), pooled)
+            sparse = dict(zip(self._names, pooled, strict=True))
+            output = served.module(ModelInput(torch.from_numpy(batch.dense), sparse))
+            logits = to_logits(output, self.model_spec, batch.size)
             if not bool(torch.isfinite(logits).all()):
                 error = NonFiniteScoreError(served, logits.numpy())
                 if self._nonfinite is not None:

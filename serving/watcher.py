@@ -55,7 +55,10 @@ class SnapshotWatcher:
         slot: ModelSlot,
         metrics: ServingMetrics,
         poll_interval_s: float,
+        *,
+        allowed_model: str | None = None,
     ) -> None:
+        self.allowed_model = allowed_model  # a snapshot may name a built-in or this model only
         self.channel = channel
         self.spec = spec
         self.slot = slot
@@ -90,7 +93,7 @@ class SnapshotWatcher:
                 return False
             try:
                 snapshot = self.channel.read(latest)
-                module = load_model(snapshot, self.spec)
+                module = load_model(snapshot, self.spec, allowed_model=self.allowed_model)
             except SnapshotMissingError:
                 if self.channel.latest_version() == latest:  # not a prune race: `latest` names nothing
                     self._report_pointer(

@@ -5,6 +5,7 @@ and a store. (The in-memory oracle the benchmarks compare against lives in
 ``kelp.bench.baseline``.) Modules, one job each:
 
 * :mod:`~kelp.trainer.device`: the ``trainer.device`` setting -> ``torch.device``;
+* :mod:`~kelp.trainer.model_api`: the model plug-in contract (``ModelSpec``, ``ModelInput``, references);
 * :mod:`~kelp.trainer.models`: ``dlrm-small``, ``dcn-v2`` and ``deepfm`` (dense parameters only);
 * :mod:`~kelp.trainer.embedding`: micro-batch -> device tensors -> pooled features;
 * :mod:`~kelp.trainer.optim`: row-wise Adagrad for rows, Adam/Adagrad/SGD for dense;
@@ -19,17 +20,31 @@ from kelp.trainer.device import resolve_device
 from kelp.trainer.embedding import BatchTensors, pool_features
 from kelp.trainer.evaluation import AucResult, ProgressiveValidator, exact_auc
 from kelp.trainer.finite import NonFiniteError, first_nonfinite
+from kelp.trainer.model_api import (
+    BUILTIN_MODELS,
+    ModelContractError,
+    ModelImportError,
+    ModelInput,
+    ModelSpec,
+    model_digest,
+    model_record,
+)
 from kelp.trainer.models import DLRM, MODELS, DCNv2, build_model
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
 from kelp.trainer.step import PulledRows, StepResult, TrainStep
 
 __all__ = [
+    "BUILTIN_MODELS",
     "DLRM",
     "MODELS",
     "AucResult",
     "BatchTensors",
     "CheckpointInfo",
     "DCNv2",
+    "ModelContractError",
+    "ModelImportError",
+    "ModelInput",
+    "ModelSpec",
     "NonFiniteError",
     "ProgressiveValidator",
     "PulledRows",
@@ -43,6 +58,8 @@ __all__ = [
     "exact_auc",
     "first_nonfinite",
     "load_latest",
+    "model_digest",
+    "model_record",
     "pool_features",
     "resolve_device",
     "save_checkpoint",

@@ -56,6 +56,7 @@ from kelp.config import FeatureSpec, TrainerConfig
 from kelp.errors import UserError
 from kelp.files import atomic_write
 from kelp.trainer.finite import NonFiniteError, first_nonfinite
+from kelp.trainer.model_api import is_builtin, model_record
 
 __all__ = [
     "FORMAT_VERSION",
@@ -94,13 +95,23 @@ def dense_digest(model: nn.Module) -> str:
 
 
 def config_hash(spec: FeatureSpec, trainer: TrainerConfig) -> str:
-    """SHA-256 (hex, first 16 chars) of what shapes the dense model: features and model settings."""
-    payload = {
+    """SHA-256 (hex, first 16 chars) of what shapes the dense model: features and model settings.
+
+    A plug-in model (``package.module:attr``) adds its reference, ``model_args``
+    and source digest, so a checkpoint never resumes into other model code; a
+    built-in adds ``model_args`` only when set, so existing checkpoints keep
+    their fingerprint.
+    """
+    payload: dict[str, Any] = {
         "features": spec.model_dump(mode="json"),
         "model": trainer.model,
         "bottom_mlp": trainer.bottom_mlp,
         "top_mlp": trainer.top_mlp,
     }
+    if not is_builtin(trainer.model):
+        payload.update(model_record(trainer))
+    elif trainer.model_args:
+        payload["model_args"] = trainer.model_args
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -33,8 +33,9 @@ from torch import Tensor
 
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import MicroBatch
+from kelp.trainer.model_api import ModelInput
 
-__all__ = ["BatchTensors", "FeatureBag", "pool_features", "rows_to_leaf"]
+__all__ = ["BatchTensors", "FeatureBag", "model_input", "pool_features", "rows_to_leaf"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,10 @@ def pool_features(bt: BatchTensors, rows: Mapping[str, Tensor]) -> list[Tensor]:
                 F.embedding_bag(bag.indices, weight, bag.offsets, mode=bag.mode, include_last_offset=True)
             )
     return pooled
+
+
+def model_input(bt: BatchTensors, pooled: list[Tensor]) -> ModelInput:
+    """The model's :class:`ModelInput`: ``bt.dense`` and ``pooled`` keyed by feature name (config order)."""
+    return ModelInput(
+        dense=bt.dense, sparse={bag.name: vec for bag, vec in zip(bt.bags, pooled, strict=True)}
+    )

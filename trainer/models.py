@@ -2,12 +2,15 @@
 
 Every model owns only *dense* parameters. Embedding rows live in the store
 (or, for the in-memory baseline, in plain tensors); the trainer pools them
-per feature and hands the model::
+per feature and hands the model a :class:`~kelp.trainer.model_api.ModelInput`::
 
-    dense   f32[B, n_dense]                  column j = features.dense[j]
-    pooled  [f32[B, dim_0], f32[B, dim_1]..] one per sparse feature, config order
+    dense   f32[B, n_dense]                      column j = features.dense[j]
+    sparse  {"C1": f32[B, dim], "C2": ...}       one pooled vector per sparse feature, config order
 
-and the model returns logits ``f32[B]`` (train with BCE-with-logits).
+and the model returns logits ``f32[B]`` (train with BCE-with-logits). The
+built-ins are plug-ins like any user model (docs/models.md): the factories
+:func:`dlrm_small`, :func:`dcn_v2` and :func:`deepfm` take ``(spec, bottom_mlp,
+top_mlp)``, and :func:`build_model` resolves ``trainer.model`` for all of them.
 
 Models
 ------
@@ -43,28 +46,59 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.errors import UserError
+from kelp.trainer.model_api import (
+    BUILTIN_MODELS,
+    ModelContractError,
+    ModelInput,
+    ModelSpec,
+    import_factory,
+    model_kwargs,
+    one_line,
+    resolve_reference,
+)
 
-__all__ = ["DLRM", "MODELS", "CrossNetwork", "DCNv2", "DeepFM", "ModelInputs", "build_model", "mlp"]
+__all__ = [
+    "DLRM",
+    "MODELS",
+    "CrossNetwork",
+    "DCNv2",
+    "DeepFM",
+    "ModelInputs",
+    "build_model",
+    "dcn_v2",
+    "deepfm",
+    "dlrm_small",
+    "mlp",
+]
 
 
 @dataclass(frozen=True)
 class ModelInputs:
-    """What a model's forward receives: ``n_dense`` columns and one pooled vector per sparse feature."""
+    """What a built-in's forward reads: ``n_dense`` columns and one pooled vector per sparse feature."""
 
     n_dense: int
     feature_dims: tuple[int, ...]
+    names: tuple[str, ...] = ()
 
     @classmethod
-    def from_spec(cls, spec: FeatureSpec) -> ModelInputs:
-        """Dims follow each sparse feature's table (config order)."""
-        dims = tuple(spec.table(f.table_name).dim for f in spec.sparse)
-        return cls(n_dense=len(spec.dense), feature_dims=dims)
+    def from_spec(cls, spec: ModelSpec) -> ModelInputs:
+        """Names and dims of the sparse features, in config order."""
+        return cls(
+            n_dense=len(spec.dense), feature_dims=tuple(spec.sparse.values()), names=tuple(spec.sparse)
+        )
+
+    def pooled(self, batch: ModelInput) -> list[Tensor]:
+        """The pooled vectors in config order; a missing or extra feature is a ValueError."""
+        if len(batch.sparse) != len(self.names):
+            raise ValueError(f"expected {len(self.names)} pooled features, got {len(batch.sparse)}")
+        return [batch.sparse[name] for name in self.names]
 
 
 def mlp(in_features: int, sizes: Sequence[int], *, relu_last: bool) -> nn.Sequential:
@@ -77,11 +111,6 @@ def mlp(in_features: int, sizes: Sequence[int], *, relu_last: bool) -> nn.Sequen
             layers.append(nn.ReLU())
         width = size
     return nn.Sequential(*layers)
-
-
-def _check_inputs(inputs: ModelInputs, dense: Tensor, pooled: Sequence[Tensor]) -> None:
-    if len(pooled) != len(inputs.feature_dims):
-        raise ValueError(f"expected {len(inputs.feature_dims)} pooled features, got {len(pooled)}")
 
 
 class DLRM(nn.Module):
@@ -102,10 +131,10 @@ class DLRM(nn.Module):
         self.interaction_width = bottom_out + sum(inputs.feature_dims)
         self.top = mlp(self.interaction_width, [*top_mlp, 1], relu_last=False)
 
-    def forward(self, dense: Tensor, pooled: Sequence[Tensor]) -> Tensor:
-        """``dense`` f32[B, n_dense], ``pooled`` list of f32[B, dim_f] -> logits f32[B]."""
-        _check_inputs(self.inputs, dense, pooled)
-        parts = [self.bottom(dense)] if self.bottom is not None else []
+    def forward(self, batch: ModelInput) -> Tensor:
+        """``batch.dense`` f32[B, n_dense], ``batch.sparse`` {name: f32[B, dim_f]} -> logits f32[B]."""
+        pooled = self.inputs.pooled(batch)
+        parts = [self.bottom(batch.dense)] if self.bottom is not None else []
         x = torch.cat([*parts, *pooled], dim=1)
         return self.top(x).squeeze(1)
 
@@ -146,10 +175,10 @@ class DCNv2(nn.Module):
         self.cross = CrossNetwork(self.interaction_width, n_cross)
         self.deep = mlp(self.interaction_width, [*top_mlp, 1], relu_last=False)
 
-    def forward(self, dense: Tensor, pooled: Sequence[Tensor]) -> Tensor:
-        """``dense`` f32[B, n_dense], ``pooled`` list of f32[B, dim_f] -> logits f32[B]."""
-        _check_inputs(self.inputs, dense, pooled)
-        parts = [self.bottom(dense)] if self.bottom is not None else []
+    def forward(self, batch: ModelInput) -> Tensor:
+        """``batch.dense`` f32[B, n_dense], ``batch.sparse`` {name: f32[B, dim_f]} -> logits f32[B]."""
+        pooled = self.inputs.pooled(batch)
+        parts = [self.bottom(batch.dense)] if self.bottom is not None else []
         x0 = torch.cat([*parts, *pooled], dim=1)
         return self.deep(self.cross(x0)).squeeze(1)
 
@@ -188,33 +217,74 @@ class DeepFM(nn.Module):
         self.linear = nn.Linear(self.interaction_width, 1)
         self.deep = mlp(self.interaction_width, [*top_mlp, 1], relu_last=False)
 
-    def forward(self, dense: Tensor, pooled: Sequence[Tensor]) -> Tensor:
-        """``dense`` f32[B, n_dense], ``pooled`` list of f32[B, k] -> logits f32[B]."""
-        _check_inputs(self.inputs, dense, pooled)
-        fields = [self.bottom(dense)] if self.bottom is not None else []
+    def forward(self, batch: ModelInput) -> Tensor:
+        """``batch.dense`` f32[B, n_dense], ``batch.sparse`` {name: f32[B, k]} -> logits f32[B]."""
+        pooled = self.inputs.pooled(batch)
+        fields = [self.bottom(batch.dense)] if self.bottom is not None else []
         fields.extend(pooled)
         x = torch.cat(fields, dim=1)
         pairwise = pairwise_interaction(x.view(x.shape[0], len(fields), self.field_width))
         return (self.linear(x) + self.deep(x)).squeeze(1) + pairwise
 
 
-MODELS: dict[str, type[nn.Module]] = {"dlrm-small": DLRM, "dcn-v2": DCNv2, "deepfm": DeepFM}
-"""Config ``trainer.model`` name -> class; every class takes ``(inputs, bottom_mlp, top_mlp)``."""
+def dlrm_small(
+    spec: ModelSpec, bottom_mlp: Sequence[int] = (64, 16), top_mlp: Sequence[int] = (256, 64)
+) -> DLRM:
+    """``kelp.trainer.models:dlrm_small`` (alias ``dlrm-small``): :class:`DLRM`."""
+    return DLRM(ModelInputs.from_spec(spec), bottom_mlp, top_mlp)
+
+
+def dcn_v2(
+    spec: ModelSpec,
+    bottom_mlp: Sequence[int] = (64, 16),
+    top_mlp: Sequence[int] = (256, 64),
+    n_cross: int = 3,
+) -> DCNv2:
+    """``kelp.trainer.models:dcn_v2`` (alias ``dcn-v2``): :class:`DCNv2`."""
+    return DCNv2(ModelInputs.from_spec(spec), bottom_mlp, top_mlp, n_cross)
+
+
+def deepfm(
+    spec: ModelSpec, bottom_mlp: Sequence[int] = (64, 16), top_mlp: Sequence[int] = (256, 64)
+) -> DeepFM:
+    """``kelp.trainer.models:deepfm`` (alias ``deepfm``): :class:`DeepFM`."""
+    return DeepFM(ModelInputs.from_spec(spec), bottom_mlp, top_mlp)
+
+
+MODELS: dict[str, str] = dict(BUILTIN_MODELS)
+"""Config ``trainer.model`` short name -> the import reference of its factory."""
 
 
 def build_model(spec: FeatureSpec, config: TrainerConfig) -> nn.Module:
-    """The configured model on CPU (move it with ``.to(device)``); unknown names are a :class:`UserError`.
+    """The configured model on CPU (move it with ``.to(device)``).
 
-    With ``trainer.seed`` set, the initial weights depend only on the config
-    (torch's global generator is forked, so nothing else is reseeded).
+    ``trainer.model`` (an alias or ``package.module:attr``) is imported and
+    called as ``factory(ModelSpec, **kwargs)``; a reference that does not import
+    is a :class:`~kelp.trainer.model_api.ModelImportError`, a factory that raises
+    or returns no ``nn.Module`` a :class:`~kelp.trainer.model_api.ModelContractError`
+    (both :class:`UserError`, naming the reference). With ``trainer.seed`` set,
+    the initial weights depend only on the config (torch's global generator is
+    forked, so nothing else is reseeded).
     """
-    cls = MODELS.get(config.model)
-    if cls is None:
-        known = ", ".join(sorted(MODELS))
-        raise UserError(f"trainer.model {config.model!r} is not implemented yet (available: {known})")
+    reference = resolve_reference(config.model)
     if not spec.sparse and not spec.dense:
         raise UserError("the feature spec has no dense and no sparse features: nothing to train on")
+    factory = import_factory(reference)
+    kwargs: dict[str, Any] = model_kwargs(config)
     with torch.random.fork_rng(devices=[]):
         if config.seed is not None:
             torch.manual_seed(config.seed)
-        return cls(ModelInputs.from_spec(spec), config.bottom_mlp, config.top_mlp)
+        try:
+            model = factory(ModelSpec.from_features(spec), **kwargs)
+        except UserError:
+            raise
+        except Exception as exc:  # user code may raise anything
+            raise ModelContractError(
+                f"trainer.model {reference!r}: the factory raised {one_line(exc)}"
+            ) from None
+    if not isinstance(model, nn.Module):
+        raise ModelContractError(
+            f"trainer.model {reference!r}: the factory returned {type(model).__name__}, "
+            "expected a torch.nn.Module"
+        )
+    return model

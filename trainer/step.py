@@ -5,7 +5,7 @@ Pure compute, no I/O: the daemon pulls rows, calls :class:`TrainStep`, pushes
 
     batch + pulled rows ──> BatchTensors (device) + per-table leaf rows [U, dim]
       (ids not admitted read their fallback bucket's row, see kelp.store.fallback)
-      ──> forward ──> logits f32[B] ──> progressive eval (scored *before* the update)
+      ──> forward(ModelInput) ──> logits f32[B] ──> progressive eval (scored *before* the update)
       ──> BCE-with-logits ──> backward ──> finite? ──> dense optimizer step
       ──> row-wise Adagrad on admitted rows ──> updates {table: (ids, rows, state)}
 
@@ -45,9 +45,10 @@ from torch import Tensor, nn
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.store.fallback import Fallback, PullPlan
-from kelp.trainer.embedding import BatchTensors, pool_features, rows_to_leaf
+from kelp.trainer.embedding import BatchTensors, model_input, pool_features, rows_to_leaf
 from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.finite import SkipLog, step_verdict
+from kelp.trainer.model_api import ModelSpec, to_logits
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
 
 __all__ = ["STAGES", "DenseSync", "PulledRows", "StageTimer", "StepResult", "TrainStep", "forward_backward"]
@@ -57,6 +58,9 @@ DenseSync = Callable[[int], bool]
 
 STAGES: tuple[str, ...] = ("to_device", "forward_backward", "dense_update", "sparse_update", "evaluate")
 """Stage names in :attr:`StepResult.timings` (seconds each), in execution order."""
+
+
+_ONE_TASK = ModelSpec(dense=(), sparse={})
 
 
 class PulledRows(Protocol):
@@ -125,9 +129,16 @@ class StageTimer:
         self._last = now
 
 
-def forward_backward(model: nn.Module, bt: BatchTensors, rows: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
-    """Forward and backward; returns ``(loss, logits f32[B])`` with grads left in params and ``rows``."""
-    logits = model(bt.dense, pool_features(bt, rows))
+def forward_backward(
+    model: nn.Module, bt: BatchTensors, rows: Mapping[str, Tensor], spec: ModelSpec | None = None
+) -> tuple[Tensor, Tensor]:
+    """Forward and backward; returns ``(loss, logits f32[B])`` with grads left in params and ``rows``.
+
+    The model's output is checked against the contract (:func:`~kelp.trainer.model_api.to_logits`;
+    ``spec`` names the tasks of a mapping output, default one task ``label``).
+    """
+    output = model(model_input(bt, pool_features(bt, rows)))
+    logits = to_logits(output, spec or _ONE_TASK, bt.size)
     loss = F.binary_cross_entropy_with_logits(logits, bt.labels)
     loss.backward()
     return loss.detach(), logits.detach()
@@ -184,6 +195,7 @@ class TrainStep:
     ) -> None:
         self.model = model.to(device)
         self.spec = spec
+        self.model_spec = ModelSpec.from_features(spec)
         self.device = device
         self.optimizer = optimizer or build_dense_optimizer(self.model.parameters(), config.dense_optimizer)
         self.sparse_optimizer = RowWiseAdagrad.from_spec(config.sparse_optimizer)
@@ -271,7 +283,9 @@ class TrainStep:
         timer.lap("to_device")
 
         self.optimizer.zero_grad(set_to_none=True)
-        loss, logits = forward_backward(self.model, bt, self._lookup_rows(rows, pulled, plan))
+        loss, logits = forward_backward(
+            self.model, bt, self._lookup_rows(rows, pulled, plan), self.model_spec
+        )
         timer.lap("forward_backward")
 
         dense_grads = [p.grad for group in self.optimizer.param_groups for p in group["params"]]

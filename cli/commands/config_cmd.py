@@ -2,7 +2,9 @@
 
 ``validate`` also connects to the snapshot channel's Redis once and warns (exit
 status stays 0) when its ``maxmemory-policy`` may evict the channel's keys
-(:mod:`kelp.publish.channel_check`).
+(:mod:`kelp.publish.channel_check`). It also imports ``trainer.model`` and runs
+it once on a two-sample batch (:mod:`kelp.trainer.model_check`): a model that
+does not import, build or fit the contract is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -46,13 +48,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _validate(args: argparse.Namespace) -> int:
     from kelp.daemon.preflight import preflight
     from kelp.publish.channel_check import check_channel_eviction
+    from kelp.trainer.model_check import check_model
 
     cfg = load_config(args.file)
     preflight(cfg, args.file, role=args.role)
+    model = check_model(cfg.features, cfg.trainer)
     tables = len(cfg.features.tables)
     print(
         f"{args.file}: ok (deployment={cfg.deployment}, source={cfg.source.kind}, store={cfg.store.backend}, "
         f"{len(cfg.features.dense)} dense, {len(cfg.features.sparse)} sparse features over {tables} tables)"
+    )
+    print(
+        f"{args.file}: model {model.reference} ok ({model.parameters} dense parameters, "
+        f"source {model.digest[:19]})"
     )
     # Advice, never a failure: a Redis that may evict the snapshot channel's keys (one connection).
     found = check_channel_eviction(cfg.publisher, cfg.store)

@@ -64,7 +64,9 @@ def test_max_rows_on_a_redis_backend(tmp_path: Path) -> None:
 def test_an_unbuilt_model(tmp_path: Path) -> None:
     text = CRITEO_FILE + CRITEO_FEATURES + FS_PUBLISHER + "trainer: {model: wide-and-deep}\n"
     _one_line_error(
-        _validate(tmp_path, text), "trainer.model: got 'wide-and-deep'", "'dlrm-small', 'dcn-v2' or 'deepfm'"
+        _validate(tmp_path, text),
+        "trainer.model: got 'wide-and-deep'",
+        "'dlrm-small', 'dcn-v2', 'deepfm' or an import reference package.module:attr",
     )
 
 

@@ -159,7 +159,11 @@ def test_env_index_out_of_range_is_a_config_error() -> None:
             "source.security",
             "needs sasl_mechanism",
         ),
-        ({"trainer": {"model": "fm"}}, "trainer.model", "expected 'dlrm-small', 'dcn-v2' or 'deepfm'"),
+        (
+            {"trainer": {"model": "fm"}},
+            "trainer.model",
+            "expected 'dlrm-small', 'dcn-v2', 'deepfm' or an import reference package.module:attr",
+        ),
         (
             {"publisher": {"channel": "redis", "path": None}},
             "publisher.channel",

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kelp.config import DenseFeature, FeatureSpec, LabelSpec, SparseFeature
 from kelp.consumers.codec import encode_columns, encode_sample, hash_str_id
 from kelp.consumers.decode import Decoder, Rec
+from kelp.consumers.ids import id_of
 
 SPEC = FeatureSpec(
     dense=[DenseFeature(name="x", default=2.0, transforms=["log1p"]), DenseFeature(name="y")],
@@ -113,7 +114,7 @@ def test_mixed_single_and_columnar_keep_record_order() -> None:
 def test_columnar_and_single_round_trip_agree(rows, packed: bool) -> None:  # type: ignore[no-untyped-def]
     labels = np.array([r[0] for r in rows])
     ys = np.array([r[1] for r in rows])
-    ids = [[hash_str_id(i) if isinstance(i, str) else i for i in r[2]] for r in rows]
+    ids = [[id_of(i) for i in r[2]] for r in rows]  # a digit string is its integer, other text hashed
     flat = np.array([i for x in ids for i in x], dtype=np.uint64)
     lengths = np.array([len(x) for x in ids])
     col = decode([encode_columns(labels, {"y": ys}, {"b": (flat, lengths)}, packed=packed)], max_bytes=None)

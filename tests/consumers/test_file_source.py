@@ -16,6 +16,7 @@ from kelp.config import (
 )
 from kelp.consumers import build_source, criteo_feature_spec, encode_sample
 from kelp.consumers.file_source import FileSource
+from kelp.consumers.ids import str_id
 
 from .conftest import DATA
 
@@ -32,7 +33,7 @@ def test_criteo_tsv_parses_hex_empty_and_short_rows(metrics_registry: CollectorR
     first = batches[0]
     line = (DATA / "criteo_sample.tsv").read_text().splitlines()[0].split("\t")
     assert first.labels[0] == float(line[0])
-    assert first.sparse["C1"].values[0] == int(line[14], 16)
+    assert first.sparse["C1"].values[0] == str_id(line[14])  # a hex token: a string id like any other
     short = batches[-1]  # the last row is "1\t\t5": only I2 set, no ids
     assert short.sparse["C1"].lengths()[-1] == 0
     np.testing.assert_allclose(short.dense[-1, :3], [0.0, np.log1p(5.0), 0.0])
@@ -141,7 +142,8 @@ def test_csv_id_rules_digits_are_ids_everything_else_is_hashed() -> None:
 
     assert parse_id("0") == 0
     assert parse_id("18446744073709551615") == 2**64 - 1
-    for text in ("-3", "0x1f", "12.0", "1e3", "alice", "٣"):  # "٣" is an Arabic-Indic digit: not ASCII
+    # "٣" is an Arabic-Indic digit: not ASCII; 2**64 is past uint64: a string id, not a rejected number
+    for text in ("-3", "0x1f", "12.0", "1e3", "alice", "٣", "18446744073709551616"):
         assert parse_id(text) == text
 
 

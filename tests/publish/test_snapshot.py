@@ -10,7 +10,7 @@ from serving.helpers import small_config
 
 from kelp.config import KelpConfig
 from kelp.publish import SnapshotRejectedError, build_snapshot, load_model, verify_snapshot
-from kelp.trainer import build_model
+from kelp.trainer import ModelInput, build_model
 
 
 def _snapshot(cfg: KelpConfig, seed: int = 0):  # type: ignore[no-untyped-def]
@@ -27,10 +27,10 @@ def test_round_trip_gives_the_same_model(cfg: KelpConfig) -> None:
     assert again.manifest.offsets == {("ev", 1): 99} and again.manifest.step == 40
     loaded = load_model(again, cfg.features)
     dense = torch.randn(5, 2)
-    pooled = [torch.randn(5, 4) for _ in range(3)]
+    batch = ModelInput(dense, {f.name: torch.randn(5, 4) for f in cfg.features.sparse})
     model.eval()
     with torch.no_grad():
-        torch.testing.assert_close(loaded(dense, pooled), model(dense, pooled), rtol=0, atol=0)
+        torch.testing.assert_close(loaded(batch), model(batch), rtol=0, atol=0)
     assert not any(p.requires_grad for p in loaded.parameters())
     assert snap.weights[:8] != b"\x80\x04"  # safetensors, not a pickle stream
 

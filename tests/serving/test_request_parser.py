@@ -30,6 +30,14 @@ ACCEPTED: list[dict[str, Any]] = [
     {"user": {"sparse": {"C3": 9}}, "candidates": [{}, {"sparse": {"C1": 4}}]},
     {"candidates": {"count": 2, "sparse": {"C1": [1, 2], "C2": {"values": [3, 4, 5], "lengths": [2, 1]}}}},
     {"candidates": {"count": 1, "dense": {"I2": [0.5]}}},
+    {"samples": [{"sparse": {"C1": "258029", "C2": ["alice", 3, "007"], "C3": ""}}]},
+    {"user": {"sparse": {"C3": "u1"}}, "candidates": [{"sparse": {"C1": "a"}}, {"sparse": {"C1": 4}}]},
+    {
+        "candidates": {
+            "count": 2,
+            "sparse": {"C1": ["1", 2], "C2": {"values": ["x", 4, "5"], "lengths": [2, 1]}},
+        }
+    },
 ]
 REFUSED: list[dict[str, Any]] = [
     {"candidates": {"count": 0}},
@@ -158,7 +166,7 @@ def test_uniform_candidates_build_the_per_candidate_batch(parts, given: tuple[st
 
 @pytest.mark.parametrize(
     ("bad", "reason"),
-    [(-1, "bad_id"), (2**64, "bad_id"), (True, "bad_id"), (1.0, "bad_id"), ("7", "bad_id")],
+    [(-1, "bad_id"), (2**64, "bad_id"), (True, "bad_id"), (1.0, "bad_id"), ({"id": "7"}, "bad_id")],
 )
 def test_a_bad_id_among_uniform_candidates_keeps_its_reason(parts, bad: Any, reason: str) -> None:  # type: ignore[no-untyped-def]
     parser, _ = parts

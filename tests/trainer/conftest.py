@@ -95,3 +95,10 @@ def random_batch(spec: FeatureSpec, b: int, rng: np.random.Generator, n_ids: int
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+def model_input(dense, pooled):  # type: ignore[no-untyped-def]
+    """A :class:`ModelInput` for :func:`small_spec` models: ``pooled[i]`` is feature ``f{i}``'s vector."""
+    from kelp.trainer import ModelInput
+
+    return ModelInput(dense, {f"f{i}": p for i, p in enumerate(pooled)})

@@ -14,7 +14,7 @@ from kelp.trainer.checkpoint import FORMAT_VERSION, config_hash, load_latest, sa
 from kelp.trainer.models import build_model
 from kelp.trainer.optim import build_dense_optimizer
 
-from .conftest import small_config, small_spec
+from .conftest import model_input, small_config, small_spec
 
 
 def _trained(kind: str = "adam", seed: int = 0):  # type: ignore[no-untyped-def]
@@ -24,7 +24,7 @@ def _trained(kind: str = "adam", seed: int = 0):  # type: ignore[no-untyped-def]
     opt = build_dense_optimizer(model.parameters(), config.dense_optimizer)
     for _ in range(3):
         opt.zero_grad()
-        model(torch.randn(4, 3), [torch.randn(4, d) for d in (4, 4, 8)]).sum().backward()
+        model(model_input(torch.randn(4, 3), [torch.randn(4, d) for d in (4, 4, 8)])).sum().backward()
         opt.step()
     return spec, config, model, opt
 
@@ -46,7 +46,9 @@ def test_round_trip(tmp_path, kind: str) -> None:  # type: ignore[no-untyped-def
     assert info is not None and info.path == path
     assert info.step == 7 and info.offsets == offsets and info.format_version == FORMAT_VERSION
     dense, pooled = _inputs()
-    torch.testing.assert_close(fresh(dense, pooled), model(dense, pooled), rtol=0, atol=0)
+    torch.testing.assert_close(
+        fresh(model_input(dense, pooled)), model(model_input(dense, pooled)), rtol=0, atol=0
+    )
     want, got = opt.state_dict(), fresh_opt.state_dict()
     assert json.dumps(want["param_groups"]) == json.dumps(got["param_groups"])
     assert want["state"].keys() == got["state"].keys()
@@ -56,9 +58,11 @@ def test_round_trip(tmp_path, kind: str) -> None:  # type: ignore[no-untyped-def
     # One more identical step keeps them identical (optimizer state really restored).
     for m, o in ((model, opt), (fresh, fresh_opt)):
         o.zero_grad()
-        m(dense, pooled).sum().backward()
+        m(model_input(dense, pooled)).sum().backward()
         o.step()
-    torch.testing.assert_close(fresh(dense, pooled), model(dense, pooled), rtol=0, atol=0)
+    torch.testing.assert_close(
+        fresh(model_input(dense, pooled)), model(model_input(dense, pooled)), rtol=0, atol=0
+    )
 
 
 def test_file_is_safetensors_not_pickle(tmp_path) -> None:  # type: ignore[no-untyped-def]

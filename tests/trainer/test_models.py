@@ -9,7 +9,7 @@ from kelp.consumers.criteo import criteo_feature_spec
 from kelp.errors import UserError
 from kelp.trainer.models import DLRM, DCNv2, DeepFM, build_model, pairwise_interaction
 
-from .conftest import small_config, small_spec
+from .conftest import model_input, small_config, small_spec
 
 
 def _linear_shapes(module: nn.Module) -> list[tuple[int, int]]:
@@ -38,7 +38,7 @@ def test_forward_shapes_and_grad(name: str) -> None:
     pooled = [
         torch.randn(b, t.dim, requires_grad=True) for t in (spec.table(f.table_name) for f in spec.sparse)
     ]
-    logits = model(torch.randn(b, 3), pooled)
+    logits = model(model_input(torch.randn(b, 3), pooled))
     assert logits.shape == (b,)
     logits.sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pooled)
@@ -63,13 +63,13 @@ def test_cross_layer_formula() -> None:
 
 def test_without_dense_features() -> None:
     model = build_model(small_spec(n_dense=0), small_config())
-    out = model(torch.zeros(2, 0), [torch.randn(2, d) for d in (4, 4, 8)])
+    out = model(model_input(torch.zeros(2, 0), [torch.randn(2, d) for d in (4, 4, 8)]))
     assert out.shape == (2,)
 
 
 def test_unimplemented_model_is_a_user_error() -> None:
-    with pytest.raises(UserError, match="wide-and-deep"):
-        # The config refuses unbuilt names at load; build_model still guards an unvalidated config.
+    with pytest.raises(UserError, match=r"wide-and-deep.*package\.module:attr"):
+        # The config refuses such names at load; build_model still guards an unvalidated config.
         build_model(small_spec(), small_config().model_copy(update={"model": "wide-and-deep"}))
 
 
@@ -88,7 +88,7 @@ def test_deepfm_is_linear_plus_pairwise_plus_deep() -> None:
     fields = torch.stack([model.bottom(dense), *pooled], dim=1)
     x = fields.flatten(1)
     expected = model.linear(x).squeeze(1) + model.deep(x).squeeze(1) + pairwise_interaction(fields)
-    torch.testing.assert_close(model(dense, pooled), expected)
+    torch.testing.assert_close(model(model_input(dense, pooled)), expected)
 
 
 def test_deepfm_refuses_fields_of_different_widths() -> None:
@@ -113,7 +113,7 @@ def test_trainer_seed_fixes_the_initial_weights_without_reseeding_torch() -> Non
 def test_wrong_number_of_features() -> None:
     model = build_model(small_spec(), small_config())
     with pytest.raises(ValueError, match="pooled"):
-        model(torch.zeros(2, 3), [torch.zeros(2, 4)])
+        model(model_input(torch.zeros(2, 3), [torch.zeros(2, 4)]))
 
 
 def test_config_accepts_exactly_the_models_built_here() -> None:
@@ -122,3 +122,7 @@ def test_config_accepts_exactly_the_models_built_here() -> None:
     from kelp.trainer.models import MODELS
 
     assert set(MODEL_NAMES) == set(MODELS)
+    for name, reference in MODELS.items():
+        assert build_model(small_spec(dims=(4, 4, 4)), small_config(model=name)).__class__ is type(
+            build_model(small_spec(dims=(4, 4, 4)), small_config(model=reference))
+        )

@@ -13,7 +13,7 @@ from kelp.trainer.finite import NonFiniteError
 from kelp.trainer.models import build_model
 from kelp.trainer.optim import build_dense_optimizer
 
-from .conftest import small_config, small_spec
+from .conftest import model_input, small_config, small_spec
 
 
 def _trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -23,7 +23,7 @@ def _trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     opt = build_dense_optimizer(model.parameters(), config.dense_optimizer)
     for _ in range(2):
         opt.zero_grad()
-        model(torch.randn(4, 3), [torch.randn(4, d) for d in (4, 4, 8)]).sum().backward()
+        model(model_input(torch.randn(4, 3), [torch.randn(4, d) for d in (4, 4, 8)])).sum().backward()
         opt.step()
     return model, opt
 

@@ -114,11 +114,11 @@ def test_eval_uses_pre_update_predictions(rng: np.random.Generator) -> None:
     pulled = store.pull_many(batch)
     frozen = copy.deepcopy(model)
     result = TrainStep(model, spec, config, CPU)(batch, pulled)
-    from kelp.trainer.embedding import BatchTensors, pool_features, rows_to_leaf
+    from kelp.trainer.embedding import BatchTensors, model_input, pool_features, rows_to_leaf
 
     bt = BatchTensors.from_batch(batch, spec, CPU)
     with torch.no_grad():
         before = frozen(
-            bt.dense, pool_features(bt, {t: rows_to_leaf(p.rows, CPU) for t, p in pulled.items()})
+            model_input(bt, pool_features(bt, {t: rows_to_leaf(p.rows, CPU) for t, p in pulled.items()}))
         )
     np.testing.assert_allclose(result.logits, before.numpy(), rtol=1e-6)

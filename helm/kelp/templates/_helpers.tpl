@@ -205,6 +205,10 @@ Call with (dict "root" . "role" "trainer"|"serving"|"probe").
 {{- if eq .role "serving" }}{{ $auth = $root.Values.secrets.store.servingAuth }}{{ end }}
 - name: XDG_CACHE_HOME
   value: /tmp/.cache
+{{- with $root.Values.pythonPath }}
+- name: PYTHONPATH
+  value: {{ . | quote }}
+{{- end }}
 {{- if $auth.existingSecret }}
 - name: KELP_STORE__USERNAME
   valueFrom:

@@ -1,0 +1,322 @@
+"""Events as users have them: JSON objects (or a plug-in decoder's dicts) mapped onto the features.
+
+``source.json`` (:class:`~kelp.config.JsonMapping`) says where each field
+is, as a dotted path into nested objects::
+
+    {"clicked": 1, "ts": 1700000000.5,
+     "user": {"id": "alice", "age": 31},
+     "ctx": {"page": {"category": [12, "sports"]}}}
+
+    json: {label_field: clicked, event_time_field: ts,
+           dense_fields: {age: user.age}, sparse_fields: {user: user.id, cat: ctx.page.category}}
+
+:class:`MappedDecoder` parses every record of a poll, walks the mapped paths
+into plain lists, and builds the columns once per run with numpy; the value
+checks (finite and binary labels, ``max_ids``, dense transforms and
+finiteness) are the msgpack decoder's, shared through
+:class:`~kelp.consumers.decode.Decoder`. Field rules:
+
+* a missing path or ``null``: dense -> the feature's default, sparse -> no id,
+  label -> ``missing_label``, event time -> no ts;
+* the label, event time and dense values are numbers (not ``true``/``false``),
+  else ``bad_type``; a path through a value that is not an object is ``bad_type``;
+* a sparse field is one id or a list of ids, read by the one id rule
+  (:func:`kelp.consumers.ids.id_of`): a float, bool or out-of-range integer
+  is ``bad_id``, an object ``bad_type``;
+* a record that is not JSON, or not an object, is ``bad_json``.
+
+Keys the mapping does not name are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from kelp.config import FeatureSpec, JsonMapping
+from kelp.consumers.columns import Cols, RejectError, one_id_each
+from kelp.consumers.decode import Chunk, Decoder, RawRecord, Rejection
+from kelp.consumers.errors import SourceUserError
+from kelp.consumers.ids import MAX_ID, id_of
+from kelp.consumers.textfiles import open_binary
+
+__all__ = ["MappedDecoder", "iter_json_lines", "parse_json"]
+
+FieldPath = tuple[str, ...]  # a dotted path, split: ("ctx", "page", "id")
+
+
+def parse_json(value: bytes) -> dict[str, Any]:
+    """One JSON object; :class:`RejectError` ``bad_json`` for anything else."""
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise RejectError("bad_json", f"not JSON: {exc}"[:300]) from None
+    if type(obj) is not dict:
+        raise RejectError("bad_json", f"top level is {type(obj).__name__}, expected an object")
+    return obj
+
+
+def iter_json_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line, bytes)`` per non-blank line of a JSON Lines file (1-based; ``.gz`` read through gzip)."""
+    with open_binary(path) as fh:
+        for line_no, line in enumerate(fh, 1):
+            text = line.strip()
+            if text:
+                yield line_no, text
+
+
+def _split(path: str) -> FieldPath:
+    return tuple(path.split("."))
+
+
+def _get(obj: dict[str, Any], path: FieldPath) -> Any:
+    """The value at ``path`` (None when absent); ``bad_type`` when a step is not an object."""
+    value: Any = obj
+    for depth, key in enumerate(path):
+        if type(value) is not dict:
+            if value is None:
+                return None
+            where = ".".join(path[:depth])
+            raise RejectError(
+                "bad_type", f"{'.'.join(path)}: {where} is {type(value).__name__}, not an object"
+            )
+        value = value.get(key)
+    return value
+
+
+def _number(value: Any, what: str) -> float | int:
+    if type(value) is float or type(value) is int:
+        return value
+    raise RejectError("bad_type", f"{what} is {type(value).__name__}, expected a number")
+
+
+def _ids(value: Any, name: str) -> list[int]:
+    items = value if type(value) is list else (value,)
+    out = []
+    for x in items:
+        try:
+            out.append(id_of(x))
+        except ValueError as exc:
+            reason = "bad_id" if type(x) in (int, float, bool) else "bad_type"
+            raise RejectError(reason, f"{name}: {exc}") from None
+    return out
+
+
+class _Group:
+    """Mapped fields under one parent object (``ctx.page`` for ``ctx.page.id``): the parent is found once."""
+
+    def __init__(self, parent: FieldPath) -> None:
+        self.parent = parent
+        self.keys: list[str] = []
+        self.names: list[str] = []
+        self.columns: list[int] = []
+
+
+def _groups(fields: dict[str, str], index: dict[str, int]) -> list[_Group]:
+    by_parent: dict[FieldPath, _Group] = {}
+    for name, path in fields.items():
+        *parent, key = _split(path)
+        group = by_parent.setdefault(tuple(parent), _Group(tuple(parent)))
+        group.keys.append(key)
+        group.names.append(name)
+        group.columns.append(index[name])
+    return list(by_parent.values())
+
+
+def _gather(obj: dict[str, Any], groups: list[_Group]) -> list[Any]:
+    """The values of every field of ``groups``, in group order (None where absent)."""
+    out: list[Any] = []
+    for g in groups:
+        parent = _get(obj, g.parent) if g.parent else obj
+        if parent is None:
+            out.extend([None] * len(g.keys))
+        elif type(parent) is not dict:
+            where = ".".join(g.parent)
+            raise RejectError(
+                "bad_type", f"{where}.{g.keys[0]}: {where} is {type(parent).__name__}, not an object"
+            )
+        else:
+            out.extend(map(parent.get, g.keys))
+    return out
+
+
+_NUMBER = frozenset((int, float))
+_INT = frozenset((int,))
+
+
+class MappedDecoder(Decoder):
+    """Decodes records by ``parse`` (bytes -> dict) and ``mapping`` into the chunks of :class:`Decoder`.
+
+    ``parse`` is :func:`parse_json` for ``format: json`` or a plug-in decoder's
+    ``decode`` (:func:`~kelp.consumers.plugin_decoder.parse_with`); it raises
+    :class:`RejectError` for a record it cannot read. Fields under one parent
+    object are read together, and a record whose values are all plain numbers
+    and in-range integer ids (the common case) is checked with a few type-set
+    comparisons instead of field by field.
+    """
+
+    def __init__(
+        self,
+        spec: FeatureSpec,
+        mapping: JsonMapping,
+        parse: Callable[[bytes], dict[str, Any]] = parse_json,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        super().__init__(spec, max_message_bytes)
+        _check_mapping(spec, mapping)
+        self._parse_record = parse
+        self._label = _split(mapping.label_field)
+        self._label_name = mapping.label_field
+        self._ts = _split(mapping.event_time_field) if mapping.event_time_field else None
+        self._dense = _groups(mapping.dense_fields, self.layout.dense_index)
+        self._sparse = _groups(mapping.sparse_fields, self.layout.sparse_index)
+        dense_cols = [c for g in self._dense for c in g.columns]
+        self._dense_names = [n for g in self._dense for n in g.names]
+        self._dense_defaults = [self.layout.default_row[c] for c in dense_cols]
+        self._sparse_names = [n for g in self._sparse for n in g.names]
+        self._layout_cols = (
+            np.array(dense_cols, dtype=np.int64),
+            np.array([c for g in self._sparse for c in g.columns], dtype=np.int64),
+        )
+
+    def decode(self, records: Sequence[RawRecord]) -> Chunk:
+        """Decode a non-empty run of records from one topic partition (or file), in offset order."""
+        rejections: list[Rejection] = []
+        rows = _Rows(self.layout.defaults, *self._layout_cols)
+        limit = self.max_message_bytes
+        nbytes = 0
+        for i, rec in enumerate(records):
+            raw = rec.value if rec.value is not None else b""
+            nbytes += len(raw)
+            try:
+                if limit is not None and len(raw) > limit:
+                    raise RejectError("oversize", f"{len(raw)} bytes > max_message_bytes {limit}")
+                self._row(rows, i, self._parse_record(raw))
+            except RejectError as rej:
+                rejections.append(
+                    Rejection(rej.reason, rej.detail, rec.topic, rec.partition, rec.offset, raw)
+                )
+        chunk = self._finish(rows.parts(), records, rejections)
+        chunk.nbytes = nbytes
+        return chunk
+
+    def _row(self, rows: _Rows, record: int, obj: dict[str, Any]) -> None:
+        """Add one sample to ``rows``; nothing is added if it raises."""
+        label = _get(obj, self._label)
+        if label is None:
+            raise RejectError("missing_label", f"no {self._label_name!r} field")
+        label = _number(label, f"label {self._label_name!r}")
+        t = math.nan
+        if self._ts is not None:
+            got = _get(obj, self._ts)
+            if got is not None:
+                t = _number(got, f"event time {'.'.join(self._ts)!r}")
+        dense = _gather(obj, self._dense)
+        if not set(map(type, dense)) <= _NUMBER:
+            dense = [
+                d if x is None else _number(x, f"dense {n!r}")
+                for x, d, n in zip(dense, self._dense_defaults, self._dense_names, strict=True)
+            ]
+        ids = _gather(obj, self._sparse)
+        # Integers in [0, 2**64) are their own ids (the one id rule): a whole row of them is kept as is.
+        if ids and set(map(type, ids)) == _INT and min(ids) >= 0 and max(ids) <= MAX_ID:
+            rows.add_one_hot(record, label, t, dense, ids)
+        else:
+            rows.add(
+                record,
+                label,
+                t,
+                dense,
+                [[] if x is None else _ids(x, n) for x, n in zip(ids, self._sparse_names, strict=True)],
+            )
+
+
+class _Rows:
+    """Accepted samples of a run as Python lists, turned into columns once (one numpy call per column).
+
+    Rows whose every sparse feature holds one integer id keep their ids as one
+    list per row (converted by one ``np.array``); the others keep them per
+    feature. :meth:`parts` gives one :class:`Cols` for each kind; the decoder
+    puts the rows back in record order.
+    """
+
+    def __init__(self, defaults: np.ndarray, dense_cols: np.ndarray, sparse_cols: np.ndarray) -> None:
+        self.defaults, self.dense_cols, self.sparse_cols = defaults, dense_cols, sparse_cols
+        n_sparse = len(sparse_cols)
+        self.fast: tuple[list[Any], ...] = ([], [], [], [], [])  # record, label, ts, dense, ids
+        self.slow: tuple[list[Any], ...] = ([], [], [], [], [])  # record, label, ts, dense, lengths
+        self.values: list[list[int]] = [[] for _ in range(n_sparse)]
+
+    def add_one_hot(self, record: int, label: float, t: float, dense: list[Any], ids: list[int]) -> None:
+        for column, value in zip(self.fast, (record, label, t, dense, ids), strict=True):
+            column.append(value)
+
+    def add(self, record: int, label: float, t: float, dense: list[Any], ids: list[list[int]]) -> None:
+        for values, got in zip(self.values, ids, strict=True):
+            values.extend(got)
+        lengths = [len(got) for got in ids]
+        for column, value in zip(self.slow, (record, label, t, dense, lengths), strict=True):
+            column.append(value)
+
+    def parts(self) -> list[Cols]:
+        out = []
+        if self.fast[0]:
+            b = len(self.fast[0])
+            ids = np.array(self.fast[4], dtype=np.uint64).reshape(b, len(self.sparse_cols))
+            ones = one_id_each(b)
+            out.append(
+                self._cols(self.fast, list(np.ascontiguousarray(ids.T)), [ones] * len(self.sparse_cols))
+            )
+        if self.slow[0]:
+            b = len(self.slow[0])
+            lengths = np.array(self.slow[4], dtype=np.int32).reshape(b, len(self.sparse_cols)).T
+            values = [np.array(v, dtype=np.uint64) for v in self.values]
+            out.append(self._cols(self.slow, values, [np.ascontiguousarray(ln) for ln in lengths]))
+        return out
+
+    def _cols(self, rows: tuple[list[Any], ...], values: list[np.ndarray], lengths: list[np.ndarray]) -> Cols:
+        record, labels, ts, dense_rows = rows[:4]
+        b = len(record)
+        dense = np.empty((b, len(self.defaults)), dtype=np.float32)
+        dense[:] = self.defaults
+        if len(self.dense_cols):
+            dense[:, self.dense_cols] = np.array(dense_rows, dtype=np.float32).reshape(
+                b, len(self.dense_cols)
+            )
+        order = np.empty(len(self.sparse_cols), dtype=np.int64)
+        order[self.sparse_cols] = np.arange(len(self.sparse_cols))  # mapping order -> config order
+        return Cols(
+            labels=np.array(labels, dtype=np.float64),
+            dense=dense,
+            ts=np.array(ts, dtype=np.float64),
+            values=[values[i] for i in order],
+            lengths=[lengths[i] for i in order],
+            bad_id_rows=[],
+            row_record=np.array(record, dtype=np.int64),
+        )
+
+
+def _check_mapping(spec: FeatureSpec, mapping: JsonMapping) -> None:
+    """Every mapped name is a declared feature, and every sparse feature is mapped (else it has no ids)."""
+    dense = {f.name for f in spec.dense}
+    sparse = [f.name for f in spec.sparse]
+    for kind, mapped, declared in (
+        ("dense", mapping.dense_fields, dense),
+        ("sparse", mapping.sparse_fields, sparse),
+    ):
+        for name in mapped:
+            if name not in declared:
+                raise SourceUserError(
+                    f"source.json.{kind}_fields.{name}: {name!r} is not a declared {kind} feature"
+                )
+    unmapped = [n for n in sparse if n not in mapping.sparse_fields]
+    if unmapped:
+        raise SourceUserError(
+            f"source.json.sparse_fields: declared sparse feature(s) {', '.join(unmapped)} have no field "
+            "(they would train with no ids)"
+        )

@@ -1,0 +1,233 @@
+"""The model plug-in contract: what Kelp hands a dense model, what it gets back, and how it is found.
+
+``trainer.model`` is a built-in name (an alias, see :data:`BUILTIN_MODELS`) or an
+import reference ``package.module:attr`` resolved on the Python path
+(``PYTHONPATH`` honoured). ``attr`` is a factory (a function or a class)::
+
+    attr(spec: ModelSpec, **trainer.model_args) -> torch.nn.Module
+
+and the module's ``forward(batch: ModelInput)`` returns logits ``f32[B]`` (or a
+mapping ``{task: f32[B]}`` whose keys are ``spec.tasks``). Kelp owns the
+embedding tables (store, hot tier, admission, row-wise optimizer) and pools
+each sparse feature before the forward; the module owns only dense
+parameters, which the dense optimizer trains and the snapshot carries::
+
+    ModelInput
+      dense   f32[B, n_dense]        column j = spec.dense[j]
+      sparse  {"C1": f32[B, dim_C1],  one pooled vector per sparse feature,
+               "C2": f32[B, dim_C2],  keys and order = spec.sparse
+               ...}
+
+A snapshot records the resolved reference, the arguments and
+:func:`model_digest` (SHA-256 of the source that defines the factory), so a
+replica whose code differs refuses it instead of scoring with other code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from kelp.config import FeatureSpec, TrainerConfig
+from kelp.errors import UserError
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "ModelContractError",
+    "ModelFactory",
+    "ModelImportError",
+    "ModelInput",
+    "ModelSpec",
+    "import_factory",
+    "is_builtin",
+    "model_digest",
+    "model_record",
+    "one_line",
+    "resolve_reference",
+    "to_logits",
+]
+
+BUILTIN_MODELS: Mapping[str, str] = MappingProxyType(
+    {
+        "dlrm-small": "kelp.trainer.models:dlrm_small",
+        "dcn-v2": "kelp.trainer.models:dcn_v2",
+        "deepfm": "kelp.trainer.models:deepfm",
+    }
+)
+"""Short name -> import reference of the models Kelp ships (the config's ``trainer.model`` aliases)."""
+
+_REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+ModelFactory = Callable[..., nn.Module]
+"""``factory(spec, **model_args) -> nn.Module``."""
+
+
+class ModelImportError(UserError):
+    """The model reference cannot be imported (missing module or attribute, or the module raised)."""
+
+
+class ModelContractError(UserError):
+    """The model was imported but breaks the contract (factory raised, bad output shape or type)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model factory is told about its inputs.
+
+    * ``dense``: the dense feature names, in column order of ``ModelInput.dense``;
+    * ``sparse``: sparse feature name -> embedding dim of its pooled vector, in config order;
+    * ``tasks``: the label names the model predicts (one today: the configured label's name).
+    """
+
+    dense: tuple[str, ...]
+    sparse: Mapping[str, int]
+    tasks: tuple[str, ...] = ("label",)
+
+    @classmethod
+    def from_features(cls, spec: FeatureSpec) -> ModelSpec:
+        sparse = {f.name: spec.table(f.table_name).dim for f in spec.sparse}
+        return cls(
+            dense=tuple(f.name for f in spec.dense),
+            sparse=MappingProxyType(sparse),
+            tasks=(spec.label.name or "label",),
+        )
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """One forward pass's inputs, on the model's device.
+
+    * ``dense``: f32[B, n_dense] (``n_dense`` may be 0);
+    * ``sparse``: feature name -> pooled embedding f32[B, dim], in ``ModelSpec.sparse`` order.
+    """
+
+    dense: Tensor
+    sparse: Mapping[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return int(self.dense.shape[0])
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line: user code's errors end up in a one-line CLI message or log line."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def is_builtin(reference: str) -> bool:
+    """True for a built-in short name or the reference it aliases."""
+    return reference in BUILTIN_MODELS or reference in BUILTIN_MODELS.values()
+
+
+def resolve_reference(model: str) -> str:
+    """A built-in alias -> its import reference; a reference is checked for the ``module:attr`` form."""
+    if model in BUILTIN_MODELS:
+        return BUILTIN_MODELS[model]
+    if not _REFERENCE.match(model):
+        known = ", ".join(repr(n) for n in BUILTIN_MODELS)
+        raise UserError(
+            f"trainer.model {model!r}: expected {known} or an import reference package.module:attr"
+        )
+    return model
+
+
+def import_factory(model: str) -> ModelFactory:
+    """Import the factory ``model`` names (alias or reference); a failure is one :class:`ModelImportError`."""
+    reference = resolve_reference(model)
+    module_name, attr_path = reference.split(":", 1)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # user code may raise anything at import
+        raise ModelImportError(
+            f"trainer.model {reference!r}: cannot import module {module_name!r}: {one_line(exc)}"
+        ) from None
+    for part in attr_path.split("."):
+        if not hasattr(target, part):
+            raise ModelImportError(
+                f"trainer.model {reference!r}: module {module_name!r} has no attribute {part!r}"
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise ModelImportError(f"trainer.model {reference!r}: {attr_path!r} is not callable")
+    return target
+
+
+def _source_files(reference: str, factory: object) -> list[Path]:
+    """The file of the referenced module, plus that of the module defining ``factory`` when it differs."""
+    names = [reference.split(":", 1)[0]]
+    defined_in = getattr(factory, "__module__", None)
+    if isinstance(defined_in, str) and defined_in not in names:
+        names.append(defined_in)
+    files: list[Path] = []
+    for name in names:
+        module = sys.modules.get(name)
+        path = inspect.getsourcefile(module) if module is not None else None
+        if path:
+            files.append(Path(path))
+    return files
+
+
+def model_digest(model: str) -> str:
+    """``sha256:<hex>`` of the source file(s) behind ``model``: equal digests mean the same model code.
+
+    Covers the module the reference names and the one that defines the factory;
+    code those import is not covered (put a model's code in one module).
+    """
+    reference = resolve_reference(model)
+    factory = import_factory(reference)
+    digest = hashlib.sha256()
+    for path in _source_files(reference, factory):
+        digest.update(path.name.encode() + b"\n")
+        digest.update(path.read_bytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def model_kwargs(config: TrainerConfig) -> dict[str, Any]:
+    """The factory's keyword arguments: ``model_args``; built-ins also get ``bottom_mlp`` and ``top_mlp``."""
+    if is_builtin(config.model):
+        return {"bottom_mlp": list(config.bottom_mlp), "top_mlp": list(config.top_mlp), **config.model_args}
+    return dict(config.model_args)
+
+
+def model_record(config: TrainerConfig) -> dict[str, Any]:
+    """What a snapshot's manifest says about its model: reference, arguments and source digest."""
+    return {
+        "reference": resolve_reference(config.model),
+        "model_args": dict(config.model_args),
+        "digest": model_digest(config.model),
+    }
+
+
+def to_logits(output: object, spec: ModelSpec, batch_size: int) -> Tensor:
+    """A forward's output -> logits f32[B]; anything else is a :class:`ModelContractError`.
+
+    A mapping must have exactly ``spec.tasks`` as keys (one task today: its
+    logits are returned).
+    """
+    if isinstance(output, Mapping):
+        if set(output) != set(spec.tasks):
+            raise ModelContractError(
+                f"model returned tasks {sorted(map(str, output))}, expected {list(spec.tasks)}"
+            )
+        output = output[spec.tasks[0]]
+    if not isinstance(output, Tensor):
+        raise ModelContractError(
+            f"model returned {type(output).__name__}, expected a tensor f32[B] of logits"
+        )
+    if output.dtype != torch.float32 or tuple(output.shape) != (batch_size,):
+        raise ModelContractError(
+            f"model returned {str(output.dtype).removeprefix('torch.')}{list(output.shape)}, "
+            f"expected float32[{batch_size}] logits"
+        )
+    return output
