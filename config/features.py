@@ -7,9 +7,16 @@ model from it and serving validates requests against it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from kelp.config.base import StrictModel, identifier
 
@@ -229,16 +236,37 @@ class DenseFeature(StrictModel):
 
 
 class LabelSpec(StrictModel):
-    name: str = Field("label", description="Field (or column) holding the label.")
+    """One training target (a task): where its label is, what values it takes, how much its loss counts."""
+
+    name: str = Field("label", description="Field (or column) holding the label; also the task's name.")
     kind: Literal["binary", "float"] = Field(
-        "binary", description="binary: 0/1 clicks; float: any finite value."
+        "binary", description="binary: 0/1 clicks; float: any finite value (a soft BCE target)."
     )
+    loss_weight: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="Factor of this task's loss in the summed loss."
+    )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A default loss_weight is left out: a one-label spec dumps (and hashes, in checkpoints
+        # and snapshots) as it did before labels had weights.
+        out = handler(self)
+        if self.loss_weight == 1.0:
+            out.pop("loss_weight", None)
+        return out
 
 
 class FeatureSpec(StrictModel):
-    """What a sample looks like: a label, dense features and sparse features over tables."""
+    """What a sample looks like: one or more labels, dense features and sparse features over tables."""
 
-    label: LabelSpec = Field(default_factory=LabelSpec)
+    label: LabelSpec = Field(
+        default_factory=LabelSpec, description="The one label (a one-task model); sugar for labels: [label]."
+    )
+    labels: list[LabelSpec] | None = Field(
+        None,
+        description="Several labels, one task each (e.g. click and purchase); excludes label. "
+        "None: the one label.",
+    )
     dense: list[DenseFeature] = Field(default_factory=list)
     sparse: list[SparseFeature] = Field(default_factory=list)
     tables: list[TableSpec] = Field(default_factory=list)
@@ -248,8 +276,17 @@ class FeatureSpec(StrictModel):
     )
     _from_defaults: set[str] = PrivateAttr(default_factory=set)
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # No labels list: left out, so a one-label spec dumps as it did before labels existed.
+        out = handler(self)
+        if self.labels is None:
+            out.pop("labels", None)
+        return out
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        self._one_label_field()
         for kind, names in (
             ("dense feature", [f.name for f in self.dense]),
             ("sparse feature", [f.name for f in self.sparse]),
@@ -269,6 +306,29 @@ class FeatureSpec(StrictModel):
                 listed.add(spec.name)
                 self._from_defaults.add(spec.name)
         return self
+
+    def _one_label_field(self) -> None:
+        """``labels`` replaces ``label``; ``label`` then mirrors ``labels[0]`` (a dump re-reads as is)."""
+        if self.labels is None:
+            return
+        if not self.labels:
+            raise ValueError("features.labels: needs at least one label")
+        names = [t.name for t in self.labels]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"features.labels: duplicate label name(s): {', '.join(dupes)}")
+        if "label" in self.model_fields_set and self.label != self.labels[0]:
+            raise ValueError("features.label and features.labels are exclusive: set one of them")
+        self.__dict__["label"] = self.labels[0]  # not an assignment: that would re-run this validator
+
+    @property
+    def tasks(self) -> list[LabelSpec]:
+        """Every label, in config order (one task per label); ``[label]`` when ``labels`` is not set."""
+        return list(self.labels) if self.labels is not None else [self.label]
+
+    def task_names(self) -> tuple[str, ...]:
+        """The task (label) names, in config order: what a model's mapping output is keyed by."""
+        return tuple(t.name for t in self.tasks)
 
     def store_tables(self) -> list[TableSpec]:
         """Every table the store holds: each embedding table, then each one's fallback table (if any)."""

@@ -141,7 +141,16 @@ class JsonMapping(StrictModel):
     rejects the record (``missing_label``).
     """
 
-    label_field: str = Field(description="Path of the label (a number; 0/1 for a binary label).")
+    label_field: str = Field(
+        description="Path of the label (a number; 0/1 for a binary label); with features.labels, the first's."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="features.labels: each task after the first -> the path of its label.",
+    )
+    weight_field: str | None = Field(
+        None, description="Path of the sample weight (a finite number >= 0); None or missing: 1."
+    )
     dense_fields: dict[str, str] = Field(
         default_factory=dict, description="dense feature name -> path (or a list of names: path == name)."
     )
@@ -154,12 +163,12 @@ class JsonMapping(StrictModel):
 
     _lists = field_validator("dense_fields", "sparse_fields", mode="before")(_named_paths)
 
-    @field_validator("label_field", "event_time_field")
+    @field_validator("label_field", "event_time_field", "weight_field")
     @classmethod
     def _path(cls, value: str | None) -> str | None:
         return None if value is None else _field_path(value)
 
-    @field_validator("dense_fields", "sparse_fields")
+    @field_validator("dense_fields", "sparse_fields", "labels")
     @classmethod
     def _paths(cls, value: dict[str, str]) -> dict[str, str]:
         for name, path in value.items():

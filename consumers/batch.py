@@ -197,7 +197,9 @@ class MicroBatch:
     (table ``C3``)::
 
         sample:           0          1           2
-        labels  f32[B]   [1.0,       0.0,        1.0      ]
+        labels  f32[B]   [1.0,       0.0,        1.0      ]   the first task's label
+        extra_labels     {"buy": f32[B] [0.0, 0.0, 1.0]}      the other tasks' (features.labels)
+        weight  f32[B]   [1.0,       1.0,        0.5      ]   None = every sample weighs 1
         dense   f32[B,2] [[0.7,2.1], [0.0,1.3],  [4.2,0.0]]   column j = features.dense[j]
         event_ts f64[B]  [t0,        t1,         nan      ]   nan = producer sent no ts
 
@@ -228,10 +230,17 @@ class MicroBatch:
     sparse: dict[str, JaggedIds]
     table_features: dict[str, list[str]]
     sources: list[SourceRange] = field(default_factory=list)
+    extra_labels: dict[str, np.ndarray] = field(default_factory=dict)
+    weight: np.ndarray | None = None
     _tables: dict[str, TableIds] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         b = self.labels.shape[0]
+        for name, column in self.extra_labels.items():
+            if column.shape != (b,):
+                raise ValueError(f"extra_labels[{name!r}] has shape {column.shape}, expected ({b},)")
+        if self.weight is not None and self.weight.shape != (b,):
+            raise ValueError(f"weight has shape {self.weight.shape}, expected ({b},)")
         if self.dense.ndim != 2 or self.dense.shape[0] != b:
             raise ValueError(f"dense has shape {self.dense.shape}, expected ({b}, n_dense)")
         if self.event_ts.shape != (b,):
@@ -273,6 +282,17 @@ class MicroBatch:
             }
         return self._tables
 
+    def task_labels(self, tasks: Sequence[str]) -> np.ndarray:
+        """f32[B, T]: column t is task ``tasks[t]``'s labels; the first task is ``labels``."""
+        columns = [self.labels, *(self.extra_labels[t] for t in tasks[1:])]
+        return np.stack(columns, axis=1).astype(np.float32, copy=False)
+
+    def weights(self) -> np.ndarray:
+        """f32[B] sample weights (ones when the batch carries none)."""
+        if self.weight is None:
+            return np.ones(self.size, dtype=np.float32)
+        return np.asarray(self.weight, dtype=np.float32)
+
     def num_ids(self) -> int:
         """Total sparse ids in the batch (before dedup), across features."""
         return int(sum(j.values.size for j in self.sparse.values()))
@@ -287,11 +307,14 @@ class MicroBatch:
         sparse: Mapping[str, np.ndarray | JaggedIds],
         event_ts: np.ndarray | None = None,
         sources: Sequence[SourceRange] = (),
+        extra_labels: Mapping[str, np.ndarray] | None = None,
+        weight: np.ndarray | None = None,
     ) -> MicroBatch:
         """Build a batch from already-clean columns (no validation, no transforms).
 
         ``sparse[f]`` is a ``uint64[B]`` one-hot column or a :class:`JaggedIds`;
         features of ``spec`` missing from ``sparse`` get zero ids per sample.
+        ``extra_labels`` holds the labels of the tasks after the first.
         """
         b = int(np.shape(labels)[0])
         out: dict[str, JaggedIds] = {}
@@ -311,6 +334,8 @@ class MicroBatch:
             sparse=out,
             table_features=table_features(spec),
             sources=list(sources),
+            extra_labels={k: np.asarray(v, dtype=np.float32) for k, v in (extra_labels or {}).items()},
+            weight=None if weight is None else np.asarray(weight, dtype=np.float32),
         )
 
     @classmethod
@@ -333,6 +358,10 @@ class MicroBatch:
             sparse=sparse,
             table_features=first.table_features,
             sources=[s for p in parts for s in p.sources],
+            extra_labels={t: np.concatenate([p.extra_labels[t] for p in parts]) for t in first.extra_labels},
+            weight=None
+            if all(p.weight is None for p in parts)
+            else np.concatenate([p.weights() for p in parts]),
         )
 
 

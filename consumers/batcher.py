@@ -159,6 +159,8 @@ class Batcher:
                 lens = [c.lengths[name][lo:hi] for c, lo, hi in pieces]
             lengths = lens[0] if len(lens) == 1 else np.concatenate(lens)
             sparse[name] = JaggedIds.from_lengths(values, lengths)
+        first = pieces[0][0]
+        weighted = any(c.weight is not None for c, _, _ in pieces)
         return MicroBatch(
             labels=labels,
             dense=dense,
@@ -166,4 +168,16 @@ class Batcher:
             sparse=sparse,
             table_features=self._table_features,
             sources=sources,
+            extra_labels={
+                t: np.concatenate([c.extra_labels[t][lo:hi] for c, lo, hi in pieces])
+                for t in first.extra_labels
+            },
+            weight=np.concatenate(
+                [
+                    np.ones(hi - lo, np.float32) if c.weight is None else c.weight[lo:hi]
+                    for c, lo, hi in pieces
+                ]
+            )
+            if weighted
+            else None,
         )

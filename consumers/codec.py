@@ -58,7 +58,8 @@ REASONS: tuple[str, ...] = (
     "bad_msgpack",  # not msgpack, or not a map
     "bad_version",  # "v" missing or not 1
     "missing_label",  # no label field
-    "bad_label",  # label not finite, or not 0/1 when label.kind is binary
+    "bad_label",  # label not finite, or not 0/1 when label.kind is binary; a task not configured
+    "bad_weight",  # sample weight negative or not finite
     "bad_dense",  # NaN/inf dense value (before or after transforms)
     "unknown_feature",  # a dense or sparse name the config does not list
     "bad_type",  # a field of the wrong type (string label, dict where a list belongs...)
@@ -87,9 +88,20 @@ def encode_sample(
     dense: Mapping[str, float] | Sequence[float] | None = None,
     sparse: Mapping[str, int | str | Sequence[int | str]] | None = None,
     ts: float | None = None,
+    *,
+    labels: Mapping[str, float] | None = None,
+    weight: float | None = None,
 ) -> bytes:
-    """One sample as a schema-v1 message."""
+    """One sample as a schema-v1 message.
+
+    ``labels`` (task -> label) is written as the ``labels`` map, for a config
+    with several labels (``features.labels``); ``weight`` as the sample weight.
+    """
     msg: dict[str, Any] = {"v": SCHEMA_VERSION, "label": label}
+    if labels is not None:
+        msg["labels"] = dict(labels)
+    if weight is not None:
+        msg["weight"] = weight
     if ts is not None:
         msg["ts"] = ts
     if dense is not None:
@@ -110,15 +122,23 @@ def encode_columns(
     sparse: Mapping[str, np.ndarray | tuple[np.ndarray, np.ndarray]] | None = None,
     ts: np.ndarray | float | None = None,
     packed: bool = True,
+    *,
+    task_labels: Mapping[str, np.ndarray] | None = None,
+    weight: np.ndarray | None = None,
 ) -> bytes:
     """A columnar batch message of ``n = len(labels)`` samples.
 
     ``dense`` is float[n, n_dense] in config order or name -> float[n].
     ``sparse[f]`` is uint64[n] (one id per sample) or ``(values uint64[N], lengths int[n])``.
+    ``task_labels`` is task -> float[n] (the ``labels`` map, several labels); ``weight`` float[n].
     ``packed=True`` writes little-endian binary arrays (fast); ``False`` writes msgpack lists.
     """
     n = len(labels)
     msg: dict[str, Any] = {"v": SCHEMA_VERSION, "batch": n, "label": _pack(labels, "<f4", packed)}
+    if task_labels is not None:
+        msg["labels"] = {k: _pack(v, "<f4", packed) for k, v in task_labels.items()}
+    if weight is not None:
+        msg["weight"] = _pack(weight, "<f4", packed)
     if ts is not None:
         msg["ts"] = float(ts) if np.isscalar(ts) else _pack(np.asarray(ts), "<f8", packed)
     if dense is not None:

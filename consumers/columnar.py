@@ -25,8 +25,10 @@ from kelp.consumers.columns import (
     RejectError,
     bin_array,
     float_column,
+    has_extras,
     ids_from_list,
     one_id_each,
+    read_extras,
 )
 
 __all__ = ["PackedRun", "read_columnar"]
@@ -73,7 +75,18 @@ def read_columnar(layout: FieldLayout, msg: dict[str, Any], tag: int) -> Cols:
         if bad is not None and bad.any():
             rows = np.repeat(np.arange(n), ln)[bad]
             bad_rows.append(np.unique(rows))
-    return Cols(labels, dense, ts, values, lengths, bad_rows, np.full(n, tag, dtype=np.int64))
+    extras, weight = read_extras(layout, msg, n)
+    return Cols(
+        labels,
+        dense,
+        ts,
+        values,
+        lengths,
+        bad_rows,
+        np.full(n, tag, dtype=np.int64),
+        extra_labels=np.stack(extras, axis=1) if extras else None,
+        weight=weight,
+    )
 
 
 class PackedRun:
@@ -83,7 +96,7 @@ class PackedRun:
     without any reject or per-row check: ``batch`` a positive int, label a
     ``float32[n]`` bin, ``ts`` absent, a number or a ``float64[n]`` bin, dense
     absent or a ``float32[n, n_dense]`` bin, and every configured sparse
-    feature (and no other) a ``uint64[n]`` bin. Any other message is left to
+    feature (and no other) a ``uint64[n]`` bin, one label and no ``weight``. Any other message is left to
     :func:`read_columnar`, so reasons and details never depend on the path.
     Packed uint64 ids are all valid, and one id per sample never exceeds
     ``max_ids`` >= 1, so nothing is lost by skipping those checks here.
@@ -111,7 +124,7 @@ class PackedRun:
     def add(self, msg: dict[str, Any], tag: int) -> bool:
         """Take ``msg`` (rows tagged ``tag``) if it is in the packed form; False leaves it untouched."""
         n = msg["batch"]
-        if type(n) is not int or n <= 0:
+        if type(n) is not int or n <= 0 or self.layout.rich or has_extras(msg):
             return False
         label = msg[self.layout.label_name]
         if type(label) is not bytes or len(label) != 4 * n:

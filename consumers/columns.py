@@ -25,10 +25,13 @@ __all__ = [
     "FieldLayout",
     "RejectError",
     "bin_array",
+    "first_label",
     "float_column",
+    "has_extras",
     "ids_from_list",
     "is_one_id_each",
     "one_id_each",
+    "read_extras",
 ]
 
 U64_LIMIT = 1 << 64
@@ -55,6 +58,13 @@ class FieldLayout:
     defaults: np.ndarray  # float32 [n_dense]: a missing dense value reads this
     default_row: list[float]
     label_name: str
+    extra_tasks: tuple[str, ...] = ()  # the tasks after the first (features.labels), in config order
+    binary: tuple[bool, ...] = (True,)  # per task: label.kind is binary
+
+    @property
+    def rich(self) -> bool:
+        """Messages carry more than one label: the fast paths (one label, no weight) never apply."""
+        return bool(self.extra_tasks)
 
     @classmethod
     def of(cls, spec: FeatureSpec) -> FieldLayout:
@@ -70,6 +80,8 @@ class FieldLayout:
             defaults=defaults,
             default_row=defaults.astype(np.float64).tolist(),
             label_name=spec.label.name,
+            extra_tasks=spec.task_names()[1:],
+            binary=tuple(t.kind == "binary" for t in spec.tasks),
         )
 
 
@@ -84,6 +96,62 @@ class Cols:
     lengths: list[np.ndarray]  # per sparse feature int32 [b]
     bad_id_rows: list[np.ndarray]  # row indexes with a bad id (from conversion)
     row_record: np.ndarray  # int64 [b]: index of the record in the run
+    extra_labels: np.ndarray | None = None  # float64 [b, T-1]: the labels of the tasks after the first
+    weight: np.ndarray | None = None  # float64 [b]; None: every row weighs 1
+
+
+def has_extras(msg: dict[str, Any]) -> bool:
+    """A message with a ``labels`` map or a ``weight``: only the readers that give every reason take it."""
+    return "labels" in msg or "weight" in msg
+
+
+def first_label(layout: FieldLayout, msg: dict[str, Any]) -> None:
+    """Put the first task's label where every reader looks (``msg[label_name]``), from ``labels`` if there.
+
+    Raises ``bad_type`` for a ``labels`` that is not a map, ``bad_label`` for a
+    task the config does not have, ``missing_label`` naming a task with no label.
+    """
+    labels = msg.get("labels")
+    tasks = (layout.label_name, *layout.extra_tasks)
+    if labels is not None:
+        if type(labels) is not dict:
+            raise RejectError("bad_type", f"labels is {type(labels).__name__}, expected a map task -> label")
+        unknown = [k for k in labels if k not in tasks]
+        if unknown:
+            raise RejectError("bad_label", f"labels: task {unknown[0]!r} is not configured")
+        if layout.label_name in labels:
+            msg[layout.label_name] = labels[layout.label_name]
+    for task in tasks:
+        if task not in msg and (labels is None or task not in labels):
+            raise RejectError("missing_label", f"no {task!r} field")
+
+
+def read_extras(layout: FieldLayout, msg: dict[str, Any], n: int | None) -> tuple[list[Any], Any]:
+    """``(extra labels, weight)`` of one message: numbers for a single sample (``n`` None), else columns.
+
+    A task's label is ``labels[task]`` when the message has a ``labels`` map,
+    else the top-level field named after the task. No ``weight`` reads 1.
+    """
+    labels = msg.get("labels") or {}
+    extras = []
+    for task in layout.extra_tasks:
+        value = labels.get(task, msg.get(task))
+        extras.append(_number_or_column(value, n, f"label {task!r}"))
+    weight = msg.get("weight")
+    weight = 1.0 if weight is None and n is None else weight
+    if weight is not None:
+        weight = _number_or_column(weight, n, "weight")
+    return extras, weight
+
+
+def _number_or_column(value: Any, n: int | None, what: str) -> Any:
+    if n is None:
+        if type(value) is not float and type(value) is not int:
+            raise RejectError("bad_type", f"{what} is {type(value).__name__}")
+        return value
+    if type(value) is float or type(value) is int:
+        return np.full(n, float(value))
+    return float_column(value, n, what)
 
 
 _ONE_ID_EACH: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()

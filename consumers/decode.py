@@ -28,7 +28,7 @@ import numpy as np
 from kelp.config import FeatureSpec
 from kelp.consumers.codec import SCHEMA_VERSION
 from kelp.consumers.columnar import PackedRun, read_columnar
-from kelp.consumers.columns import Cols, FieldLayout, RejectError
+from kelp.consumers.columns import Cols, FieldLayout, RejectError, first_label, has_extras
 from kelp.consumers.layouts import PackedLayouts, PlainLayouts
 from kelp.consumers.single import read_plain, read_singles
 from kelp.consumers.transforms import apply_transforms
@@ -77,7 +77,9 @@ class Rejection:
 class Chunk:
     """Valid, transformed samples from a run of records of one partition.
 
-    * ``labels`` float32[b], ``dense`` float32[b, n_dense], ``ts`` float64[b];
+    * ``labels`` float32[b] (the first task's), ``dense`` float32[b, n_dense], ``ts`` float64[b];
+    * ``extra_labels[task]`` float32[b] for each task after the first (``features.labels``);
+    * ``weight`` float32[b] sample weights, or None when no record carried one (all 1);
     * ``values[f]`` uint64[N_f] and ``lengths[f]`` int32[b] per sparse feature;
     * ``row_offsets`` int64[b]: the record offset each row came from (sorted);
     * ``topic``, ``partition``, ``first_offset``..``last_offset``: every record
@@ -96,6 +98,8 @@ class Chunk:
     row_offsets: np.ndarray
     nbytes: int = 0
     rejections: list[Rejection] = field(default_factory=list)
+    extra_labels: dict[str, np.ndarray] = field(default_factory=dict)
+    weight: np.ndarray | None = None
     _id_offsets: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -214,7 +218,9 @@ class Decoder:
         v = msg.get("v")
         if v != SCHEMA_VERSION or type(v) is not int:
             raise RejectError("bad_version", f"v={v!r}, expected {SCHEMA_VERSION}")
-        if self.label_name not in msg:
+        if self.layout.rich or has_extras(msg):
+            first_label(self.layout, msg)
+        elif self.label_name not in msg:
             raise RejectError("missing_label", f"no {self.label_name!r} field")
         return msg
 
@@ -240,7 +246,16 @@ class Decoder:
             bad_label = ~np.isfinite(labels)
             if self.binary:
                 bad_label |= (labels != 0) & (labels != 1)
-        bad["bad_label"] = bad_label
+            extra = p.extra_labels
+            if extra is not None:
+                bad_label |= ~np.isfinite(extra).all(axis=1)
+                for t, binary in enumerate(self.layout.binary[1:]):
+                    if binary:
+                        bad_label |= (extra[:, t] != 0) & (extra[:, t] != 1)
+            bad["bad_label"] = bad_label
+            bad["bad_weight"] = (
+                ~(np.isfinite(p.weight) & (p.weight >= 0)) if p.weight is not None else np.zeros(b, bool)
+            )
         bad["bad_id"] = ids_bad
         many = np.zeros(b, dtype=bool)
         for fi, ln in enumerate(p.lengths):
@@ -260,8 +275,11 @@ class Decoder:
                 self._row_rejections(reason, fresh, p.row_record, records, rejections)
                 reject |= fresh
         row_offsets = np.array([r.offset for r in records], dtype=np.int64)[p.row_record]
+        extra_cols, weight = p.extra_labels, p.weight
         if reject.any():
             keep = ~reject
+            extra_cols = None if extra_cols is None else extra_cols[keep]
+            weight = None if weight is None else weight[keep]
             values, lengths = [], []
             for v, ln in zip(p.values, p.lengths, strict=True):
                 keep_ids = np.repeat(keep, ln)
@@ -285,6 +303,12 @@ class Decoder:
             },
             row_offsets=row_offsets,
             rejections=rejections,
+            extra_labels={
+                task: extra_cols[:, t].astype(np.float32)
+                for t, task in enumerate(self.layout.extra_tasks)
+                if extra_cols is not None
+            },
+            weight=None if weight is None else weight.astype(np.float32),
         )
 
     def _row_rejections(
@@ -317,6 +341,7 @@ class Decoder:
             lengths={n: np.empty(0, dtype=np.int32) for n in self.sparse_names},
             row_offsets=np.empty(0, dtype=np.int64),
             rejections=rejections,
+            extra_labels={t: np.empty(0, dtype=np.float32) for t in self.layout.extra_tasks},
         )
 
 
@@ -339,7 +364,17 @@ def _reorder_rows(p: Cols, order: np.ndarray) -> Cols:
         idx = np.repeat(starts - new_starts, new_len) + np.arange(int(new_len.sum()))
         values.append(v[idx])
         lengths.append(new_len.astype(np.int32))
-    return Cols(p.labels[order], p.dense[order], p.ts[order], values, lengths, [], p.row_record[order])
+    return Cols(
+        p.labels[order],
+        p.dense[order],
+        p.ts[order],
+        values,
+        lengths,
+        [],
+        p.row_record[order],
+        extra_labels=None if p.extra_labels is None else p.extra_labels[order],
+        weight=None if p.weight is None else p.weight[order],
+    )
 
 
 def _concat_cols(parts: list[Cols]) -> Cols:
@@ -352,4 +387,10 @@ def _concat_cols(parts: list[Cols]) -> Cols:
         lengths=[np.concatenate([p.lengths[f] for p in parts]) for f in range(len(parts[0].lengths))],
         bad_id_rows=[rows + s for p, s in zip(parts, starts, strict=True) for rows in p.bad_id_rows],
         row_record=np.concatenate([p.row_record for p in parts]),
+        extra_labels=None
+        if parts[0].extra_labels is None
+        else np.concatenate([p.extra_labels for p in parts if p.extra_labels is not None]),
+        weight=None
+        if all(p.weight is None for p in parts)
+        else np.concatenate([np.ones(p.labels.shape[0]) if p.weight is None else p.weight for p in parts]),
     )

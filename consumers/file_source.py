@@ -276,4 +276,6 @@ def _truncate(chunk: Any, keep: int) -> Any:
         values=values,
         lengths=lengths,
         row_offsets=chunk.row_offsets[:keep],
+        extra_labels={t: col[:keep] for t, col in chunk.extra_labels.items()},
+        weight=None if chunk.weight is None else chunk.weight[:keep],
     )

@@ -172,6 +172,9 @@ class MappedDecoder(Decoder):
         self._parse_record = parse
         self._label = _split(mapping.label_field)
         self._label_name = mapping.label_field
+        self._extra = [(_split(mapping.labels[t]), mapping.labels[t]) for t in self.layout.extra_tasks]
+        self._weight = _split(mapping.weight_field) if mapping.weight_field else None
+        self._weight_name = mapping.weight_field
         self._ts = _split(mapping.event_time_field) if mapping.event_time_field else None
         self._dense = _groups(mapping.dense_fields, self.layout.dense_index)
         self._sparse = _groups(mapping.sparse_fields, self.layout.sparse_index)
@@ -187,7 +190,7 @@ class MappedDecoder(Decoder):
     def decode(self, records: Sequence[RawRecord]) -> Chunk:
         """Decode a non-empty run of records from one topic partition (or file), in offset order."""
         rejections: list[Rejection] = []
-        rows = _Rows(self.layout.defaults, *self._layout_cols)
+        rows = _Rows(self.layout.defaults, *self._layout_cols, len(self._extra), self._weight is not None)
         limit = self.max_message_bytes
         nbytes = 0
         for i, rec in enumerate(records):
@@ -211,6 +214,17 @@ class MappedDecoder(Decoder):
         if label is None:
             raise RejectError("missing_label", f"no {self._label_name!r} field")
         label = _number(label, f"label {self._label_name!r}")
+        extras = []
+        for path, name in self._extra:
+            got = _get(obj, path)
+            if got is None:
+                raise RejectError("missing_label", f"no {name!r} field")
+            extras.append(_number(got, f"label {name!r}"))
+        weight = 1.0
+        if self._weight is not None:
+            got = _get(obj, self._weight)
+            if got is not None:
+                weight = _number(got, f"weight {self._weight_name!r}")
         t = math.nan
         if self._ts is not None:
             got = _get(obj, self._ts)
@@ -225,7 +239,7 @@ class MappedDecoder(Decoder):
         ids = _gather(obj, self._sparse)
         # Integers in [0, 2**64) are their own ids (the one id rule): a whole row of them is kept as is.
         if ids and set(map(type, ids)) == _INT and min(ids) >= 0 and max(ids) <= MAX_ID:
-            rows.add_one_hot(record, label, t, dense, ids)
+            rows.add_one_hot(record, label, t, dense, ids, extras=extras, weight=weight)
         else:
             rows.add(
                 record,
@@ -233,6 +247,8 @@ class MappedDecoder(Decoder):
                 t,
                 dense,
                 [[] if x is None else _ids(x, n) for x, n in zip(ids, self._sparse_names, strict=True)],
+                extras=extras,
+                weight=weight,
             )
 
 
@@ -245,22 +261,51 @@ class _Rows:
     puts the rows back in record order.
     """
 
-    def __init__(self, defaults: np.ndarray, dense_cols: np.ndarray, sparse_cols: np.ndarray) -> None:
+    def __init__(
+        self,
+        defaults: np.ndarray,
+        dense_cols: np.ndarray,
+        sparse_cols: np.ndarray,
+        n_extra: int = 0,
+        weighted: bool = False,
+    ) -> None:
         self.defaults, self.dense_cols, self.sparse_cols = defaults, dense_cols, sparse_cols
+        self.n_extra, self.weighted = n_extra, weighted
         n_sparse = len(sparse_cols)
-        self.fast: tuple[list[Any], ...] = ([], [], [], [], [])  # record, label, ts, dense, ids
-        self.slow: tuple[list[Any], ...] = ([], [], [], [], [])  # record, label, ts, dense, lengths
+        # record, label, ts, dense, ids (fast) or lengths (slow), extra labels, weight
+        self.fast: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+        self.slow: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
         self.values: list[list[int]] = [[] for _ in range(n_sparse)]
 
-    def add_one_hot(self, record: int, label: float, t: float, dense: list[Any], ids: list[int]) -> None:
-        for column, value in zip(self.fast, (record, label, t, dense, ids), strict=True):
+    def add_one_hot(
+        self,
+        record: int,
+        label: float,
+        t: float,
+        dense: list[Any],
+        ids: list[int],
+        *,
+        extras: list[float],
+        weight: float,
+    ) -> None:
+        for column, value in zip(self.fast, (record, label, t, dense, ids, extras, weight), strict=True):
             column.append(value)
 
-    def add(self, record: int, label: float, t: float, dense: list[Any], ids: list[list[int]]) -> None:
+    def add(
+        self,
+        record: int,
+        label: float,
+        t: float,
+        dense: list[Any],
+        ids: list[list[int]],
+        *,
+        extras: list[float],
+        weight: float,
+    ) -> None:
         for values, got in zip(self.values, ids, strict=True):
             values.extend(got)
         lengths = [len(got) for got in ids]
-        for column, value in zip(self.slow, (record, label, t, dense, lengths), strict=True):
+        for column, value in zip(self.slow, (record, label, t, dense, lengths, extras, weight), strict=True):
             column.append(value)
 
     def parts(self) -> list[Cols]:
@@ -298,6 +343,10 @@ class _Rows:
             lengths=[lengths[i] for i in order],
             bad_id_rows=[],
             row_record=np.array(record, dtype=np.int64),
+            extra_labels=np.array(rows[5], dtype=np.float64).reshape(b, self.n_extra)
+            if self.n_extra
+            else None,
+            weight=np.array(rows[6], dtype=np.float64) if self.weighted else None,
         )
 
 
@@ -314,6 +363,16 @@ def _check_mapping(spec: FeatureSpec, mapping: JsonMapping) -> None:
                 raise SourceUserError(
                     f"source.json.{kind}_fields.{name}: {name!r} is not a declared {kind} feature"
                 )
+    tasks = spec.task_names()
+    for task in mapping.labels:
+        if task not in tasks[1:]:
+            raise SourceUserError(
+                f"source.json.labels.{task}: {task!r} is not a label after the first of features.labels "
+                f"(the first, {tasks[0]!r}, is label_field)"
+            )
+    missing = [t for t in tasks[1:] if t not in mapping.labels]
+    if missing:
+        raise SourceUserError(f"source.json.labels: label(s) {', '.join(missing)} have no field")
     unmapped = [n for n in sparse if n not in mapping.sparse_fields]
     if unmapped:
         raise SourceUserError(

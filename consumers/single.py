@@ -13,7 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from kelp.consumers.columns import U64_LIMIT, Cols, FieldLayout, RejectError, one_id_each
+from kelp.consumers.columns import (
+    U64_LIMIT,
+    Cols,
+    FieldLayout,
+    RejectError,
+    has_extras,
+    one_id_each,
+    read_extras,
+)
 from kelp.consumers.ids import str_id
 
 __all__ = ["read_plain", "read_singles"]
@@ -37,8 +45,10 @@ def read_plain(
     which walks every id (docs/performance.md). Messages not in that form are
     returned untouched for :func:`read_singles`, as is the whole run if an id
     falls outside ``[0, 2**64)``, so every reject reason and detail still
-    comes from there.
+    comes from there. So are messages with several labels or a ``weight``.
     """
+    if layout.rich:
+        return None, msgs, tags
     names = layout.sparse_names
     n_dense = len(layout.dense_names)
     label_name = layout.label_name
@@ -63,6 +73,7 @@ def read_plain(
             and len(dense) == n_dense
             and type(sparse) is dict
             and list(sparse) == names
+            and not has_extras(msg)
         ):
             ids = list(sparse.values())
             if set(map(type, dense)) <= _NUMBER and set(map(type, ids)) <= _INT:
@@ -116,12 +127,16 @@ def read_singles(
     sparse_index = layout.sparse_index
     no_ids = [0] * n_sparse
     failures: list[tuple[int, RejectError]] = []
+    extra_rows: list[list[Any]] = []
+    weights: list[Any] = []
+    weighted = False
     for msg, i in zip(msgs, tags, strict=True):
         row_lens = no_ids
         try:
             label = msg[label_name]
             if type(label) is not float and type(label) is not int:
                 raise RejectError("bad_type", f"label is {type(label).__name__}")
+            extras, w = read_extras(layout, msg, None)
             t = msg.get("ts")
             if t is None:
                 t = nan
@@ -155,7 +170,11 @@ def read_singles(
         dense_rows.append(row)
         row_record.append(i)
         len_rows.append(row_lens)
+        extra_rows.append(extras)
+        weights.append(w)
+        weighted = weighted or "weight" in msg
     b = len(labels)
+    n_extra = len(layout.extra_tasks)
     lengths = (
         np.array(len_rows, dtype=np.int32).reshape(b, n_sparse).T if b else np.zeros((n_sparse, 0), np.int32)
     )
@@ -172,6 +191,8 @@ def read_singles(
         lengths=[np.ascontiguousarray(ln) for ln in lengths],
         bad_id_rows=[],
         row_record=np.array(row_record, dtype=np.int64),
+        extra_labels=np.array(extra_rows, dtype=np.float64).reshape(b, n_extra) if n_extra else None,
+        weight=np.array(weights, dtype=np.float64) if weighted else None,
     )
     return cols, failures
 

@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from kelp.store.base import StoreStats
-from kelp.trainer.evaluation import ProgressiveValidator
+from kelp.trainer.evaluation import ProgressiveValidator, TaskValidators
 
 __all__ = ["RunSummary", "summarize"]
 
@@ -48,6 +48,8 @@ class RunSummary:
     progress_log: str | None = None
     rank: int = 0
     world_size: int = 1
+    tasks: dict[str, dict[str, float]] = field(default_factory=dict)
+    """With several labels: task -> its ``auc``, ``window_auc``, ``log_loss``, ``window_log_loss``."""
 
     def lines(self) -> list[str]:
         """Human-readable lines for the end of ``kelp train``."""
@@ -58,6 +60,11 @@ class RunSummary:
             f"{self.window_auc:.4f} (±{self.window_auc_error_bound:.4f}); log loss {self.log_loss:.4f}, "
             f"last window {self.window_log_loss:.4f}",
         ]
+        for task, m in self.tasks.items():
+            out.append(
+                f"  task {task}: AUC {m['auc']:.4f}, last window {m['window_auc']:.4f}; "
+                f"log loss {m['log_loss']:.4f}, last window {m['window_log_loss']:.4f}"
+            )
         known = {t: n for t, n in self.rows.items() if n is not None}
         if known:
             out.append(f"rows stored: {sum(known.values()):,} in {len(known)} tables ({_top(known)})")
@@ -85,7 +92,12 @@ class RunSummary:
 
     def as_json(self) -> str:
         """One JSON line (``--log-format json``); NaN becomes null."""
-        return json.dumps({"event": "train_summary", **_finite(asdict(self))}, sort_keys=True)
+        doc = _finite(asdict(self))
+        if self.tasks:  # several labels only: a one-label run's line is unchanged
+            doc["tasks"] = {task: _finite(m) for task, m in self.tasks.items()}
+        else:
+            doc.pop("tasks")
+        return json.dumps({"event": "train_summary", **doc}, sort_keys=True)
 
 
 def summarize(
@@ -94,8 +106,14 @@ def summarize(
     stats: StoreStats | None,
     registry: CollectorRegistry,
     progress_log: str | None = None,
+    *,
+    tasks: TaskValidators | None = None,
 ) -> RunSummary:
-    """The summary of a finished :class:`~kelp.daemon.train.TrainReport`."""
+    """The summary of a finished :class:`~kelp.daemon.train.TrainReport`.
+
+    The headline metrics are ``validator``'s (the first task); with several
+    tasks, ``tasks`` adds each task's own.
+    """
     total, window = validator.cumulative(), validator.windowed()
     return RunSummary(
         stopped_by=report.stopped_by,
@@ -119,7 +137,21 @@ def summarize(
         progress_log=progress_log,
         rank=report.rank,
         world_size=report.world_size,
+        tasks=task_metrics(tasks) if tasks is not None and len(tasks.names) > 1 else {},
     )
+
+
+def task_metrics(tasks: TaskValidators) -> dict[str, dict[str, float]]:
+    """task -> cumulative and last-window AUC and log loss."""
+    return {
+        task: {
+            "auc": total.auc,
+            "window_auc": window.auc,
+            "log_loss": total.log_loss,
+            "window_log_loss": window.log_loss,
+        }
+        for task, (total, window) in tasks.results().items()
+    }
 
 
 def _by_label(registry: CollectorRegistry, sample_name: str, label: str) -> dict[str, int]:

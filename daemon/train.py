@@ -224,6 +224,7 @@ class TrainDaemon:
                     self._store_stats,
                     self.registry,
                     str(record) if record else None,
+                    tasks=getattr(getattr(self, "step", None), "task_validators", None),
                 )
             self.metrics.ready.set(0)
             torch.set_num_threads(threads_before)
@@ -595,6 +596,11 @@ class TrainDaemon:
         for name, result in (("window", window), ("cumulative", total)):
             self.metrics.auc.labels(window=name).set(result.auc)
             self.metrics.logloss.labels(window=name).set(result.log_loss)
+        tasks = self.step.task_validators
+        for task, results in (tasks.results() if tasks is not None else {}).items():
+            for name, result in zip(("cumulative", "window"), results, strict=True):
+                self.metrics.task_auc.labels(task=task, window=name).set(result.auc)
+                self.metrics.task_logloss.labels(task=task, window=name).set(result.log_loss)
 
     # ------------------------------------------------------------------ stopping
 

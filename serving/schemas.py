@@ -167,7 +167,13 @@ class EmbeddingAge(BaseModel):
 
 
 class ScoreResponse(BaseModel):
-    scores: list[float] = Field(description="sigmoid(logit) per sample or candidate, in request order")
+    scores: list[float] = Field(
+        description="sigmoid(logit) per sample or candidate, in request order (the first task's with "
+        "several labels)"
+    )
+    scores_by_task: dict[str, list[float]] | None = Field(
+        None, description="with several labels (features.labels): task -> its scores, in request order"
+    )
     model_version: int
     model_created_at: float = Field(description="unix seconds the snapshot was created by the trainer")
     model_age_s: float

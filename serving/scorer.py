@@ -14,11 +14,15 @@ non-finite weights, but a non-finite embedding row (or any other way a NaN or
 an infinity reaches the forward pass) would still make one. Such a request is
 answered ``422 nonfinite_score`` naming the first affected item, and the
 affected scores are counted in ``kelp_serving_nonfinite_scores_total``.
+
+With several labels (``features.labels``) the model answers ``{task: logits}``:
+``scores`` stays the first task's (clients of a one-task model read only it)
+and ``scores_by_task`` holds every task's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -68,8 +72,11 @@ class ScoreResult:
     embedding_age_max_s: float | None
     embedding_age_mean_s: float | None
     default_row_rate: float
+    scores_by_task: dict[str, list[float]] | None = None
+    """Every task's scores (several labels only; None for a one-task model)."""
 
     def to_json(self) -> dict[str, object]:
+        extra = {} if self.scores_by_task is None else {"scores_by_task": self.scores_by_task}
         return {
             "scores": self.scores,
             "model_version": self.model_version,
@@ -77,6 +84,7 @@ class ScoreResult:
             "model_age_s": self.model_age_s,
             "embedding_age_s": {"max": self.embedding_age_max_s, "mean": self.embedding_age_mean_s},
             "default_row_rate": self.default_row_rate,
+            **extra,
         }
 
 
@@ -104,13 +112,15 @@ class Scorer:
             pooled = self.plan.pool(batch, ids, fetched.rows)
             sparse = dict(zip(self._names, pooled, strict=True))
             output = served.module(ModelInput(torch.from_numpy(batch.dense), sparse))
-            logits = to_logits(output, self.model_spec, batch.size)
-            if not bool(torch.isfinite(logits).all()):
-                error = NonFiniteScoreError(served, logits.numpy())
-                if self._nonfinite is not None:
-                    self._nonfinite.inc(error.count)
-                raise error
-            scores = torch.sigmoid(logits).tolist()
+            by_task = self._task_logits(output, batch.size)
+            for logits in by_task.values():
+                if not bool(torch.isfinite(logits).all()):
+                    error = NonFiniteScoreError(served, logits.numpy())
+                    if self._nonfinite is not None:
+                        self._nonfinite.inc(error.count)
+                    raise error
+            scored = {task: torch.sigmoid(logits).tolist() for task, logits in by_task.items()}
+            scores = scored[self.model_spec.tasks[0]]
         ages = fetched.ages_s
         return ScoreResult(
             scores=scores,
@@ -120,4 +130,14 @@ class Scorer:
             embedding_age_max_s=float(ages.max()) if ages.size else None,
             embedding_age_mean_s=float(np.mean(ages)) if ages.size else None,
             default_row_rate=fetched.default_rate,
+            scores_by_task=scored if len(scored) > 1 else None,
         )
+
+    def _task_logits(self, output: object, batch_size: int) -> dict[str, torch.Tensor]:
+        """task -> logits f32[B], each checked against the model contract, in task order."""
+        first = to_logits(output, self.model_spec, batch_size)  # checks a mapping's keys too
+        out = {self.model_spec.tasks[0]: first}
+        for task in self.model_spec.tasks[1:]:
+            one = replace(self.model_spec, tasks=(task,))
+            out[task] = to_logits({task: output[task]}, one, batch_size)  # type: ignore[index]
+        return out

@@ -32,11 +32,23 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["AucResult", "BinnedAuc", "ProgressiveValidator", "exact_auc", "log_loss_from_logits"]
+if TYPE_CHECKING:
+    from kelp.consumers.batch import MicroBatch
+
+__all__ = [
+    "AucResult",
+    "BinnedAuc",
+    "ProgressiveValidator",
+    "TaskValidators",
+    "exact_auc",
+    "log_loss_from_logits",
+]
 
 DEFAULT_BINS = 16_384
 
@@ -167,3 +179,33 @@ class ProgressiveValidator:
         loss = math.fsum(item[2] for item in self._recent)
         log_loss = loss / result.samples if result.samples else float("nan")
         return AucResult(result.auc, result.auc_error_bound, log_loss, result.samples, result.positives)
+
+
+class TaskValidators:
+    """One :class:`ProgressiveValidator` per task (label), the first being the trainer's own.
+
+    The first task's validator is the one the trainer always had (its metrics
+    keep their names); the others score the batch's ``extra_labels`` with the
+    same window and bins. Metrics are unweighted: a sample's weight shapes the
+    loss it trains with, not how it is scored.
+    """
+
+    def __init__(self, validators: Mapping[str, ProgressiveValidator]) -> None:
+        self.validators = dict(validators)
+        self.names: tuple[str, ...] = tuple(self.validators)
+
+    @classmethod
+    def beside(cls, first: ProgressiveValidator, tasks: Sequence[str]) -> TaskValidators:
+        """``first`` for ``tasks[0]``, a fresh validator like it for each other task."""
+        n_bins = first._cumulative.n_bins
+        others = {t: ProgressiveValidator(first.window_batches, n_bins) for t in tasks[1:]}
+        return cls({tasks[0]: first, **others})
+
+    def update(self, batch: MicroBatch, logits: Mapping[str, np.ndarray]) -> None:
+        """Score every task but the first (its validator is fed by the trainer as before)."""
+        for name in self.names[1:]:
+            self.validators[name].update(batch.extra_labels[name], logits[name])
+
+    def results(self) -> dict[str, tuple[AucResult, AucResult]]:
+        """task -> ``(cumulative, windowed)`` metrics, in task order."""
+        return {name: (v.cumulative(), v.windowed()) for name, v in self.validators.items()}

@@ -8,6 +8,8 @@
 ``kelp_trainer_loss``                              gauge: mean BCE of the last step (before its update)
 ``kelp_trainer_auc``                               gauge: progressive AUC, by window (window, cumulative)
 ``kelp_trainer_logloss``                           gauge: progressive log loss, by window
+``kelp_trainer_task_auc``                          gauge: progressive AUC per task (label), by task and window
+``kelp_trainer_task_logloss``                      gauge: progressive log loss per task, by task and window
 ``kelp_trainer_stage_seconds``                     histogram: seconds per stage of a step, by stage
 ``kelp_trainer_queue_depth``                       gauge: batches waiting, by queue (prefetch, push)
 ``kelp_trainer_inflight_rows``                     gauge: rows in the in-flight overlay (pushed, unacked)
@@ -21,6 +23,10 @@
 ``kelp_trainer_allreduce_seconds``                 histogram: seconds per group step's dense all-reduce
 ``kelp_trainer_group_idle_steps_total``            group steps this rank joined without a batch
 =================================================  ==================================================
+
+``kelp_trainer_auc`` and ``kelp_trainer_logloss`` are the first task's (the
+only one without ``features.labels``): dashboards and alerts built on them keep
+working. ``kelp_trainer_task_*`` carry every task, the first included.
 
 Every series the trainer serves carries a ``rank`` label (``"0"`` alone), added
 at export (:class:`kelp.metrics.LabelledRegistry`), so ranks of one group are
@@ -71,6 +77,12 @@ class TrainerMetrics:
         self.loss = m.gauge("loss", "Mean BCE of the last step, before its update.")
         self.auc = m.gauge("auc", "Progressive-validation AUC.", ["window"])
         self.logloss = m.gauge("logloss", "Progressive-validation log loss.", ["window"])
+        self.task_auc = m.gauge(
+            "task_auc", "Progressive-validation AUC per task (label).", ["task", "window"]
+        )
+        self.task_logloss = m.gauge(
+            "task_logloss", "Progressive-validation log loss per task (label).", ["task", "window"]
+        )
         self.stage_seconds = m.histogram("stage_seconds", "Seconds per stage of a training step.", ["stage"])
         self.queue_depth = m.gauge("queue_depth", "Batches waiting in a pipeline queue.", ["queue"])
         self.inflight_rows = m.gauge("inflight_rows", "Rows pushed but not yet acknowledged (overlay).")

@@ -87,7 +87,7 @@ class ModelSpec:
 
     * ``dense``: the dense feature names, in column order of ``ModelInput.dense``;
     * ``sparse``: sparse feature name -> embedding dim of its pooled vector, in config order;
-    * ``tasks``: the label names the model predicts (one today: the configured label's name).
+    * ``tasks``: the label names the model predicts, in ``features.labels`` order (one: ``features.label``).
     """
 
     dense: tuple[str, ...]
@@ -100,7 +100,7 @@ class ModelSpec:
         return cls(
             dense=tuple(f.name for f in spec.dense),
             sparse=MappingProxyType(sparse),
-            tasks=(spec.label.name or "label",),
+            tasks=spec.task_names(),
         )
 
 
@@ -212,8 +212,8 @@ def model_record(config: TrainerConfig) -> dict[str, Any]:
 def to_logits(output: object, spec: ModelSpec, batch_size: int) -> Tensor:
     """A forward's output -> logits f32[B]; anything else is a :class:`ModelContractError`.
 
-    A mapping must have exactly ``spec.tasks`` as keys (one task today: its
-    logits are returned).
+    A mapping must have exactly ``spec.tasks`` as keys; the first task's logits
+    are returned (the trainer reads every task's, see ``kelp.trainer.step.task_logits``).
     """
     if isinstance(output, Mapping):
         if set(output) != set(spec.tasks):

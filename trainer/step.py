@@ -6,8 +6,14 @@ Pure compute, no I/O: the daemon pulls rows, calls :class:`TrainStep`, pushes
     batch + pulled rows ──> BatchTensors (device) + per-table leaf rows [U, dim]
       (ids not admitted read their fallback bucket's row, see kelp.store.fallback)
       ──> forward(ModelInput) ──> logits f32[B] ──> progressive eval (scored *before* the update)
-      ──> BCE-with-logits ──> backward ──> finite? ──> dense optimizer step
+      ──> BCE per task (sample-weighted, summed by loss_weight) ──> backward
+      ──> finite? ──> dense optimizer step
       ──> row-wise Adagrad on admitted rows ──> updates {table: (ids, rows, state)}
+
+With several labels (``features.labels``) the model returns ``{task: logits}``;
+each task's loss is the sample-weighted mean BCE, ``sum(w * bce) / sum(w)``
+(a zero-weight sample changes nothing), and the step's loss is their sum by
+``loss_weight``. One task with no sample weights is exactly the mean BCE.
 
 The forward pass precedes every update, so its logits are exactly the
 predictions a progressive validator wants; no second forward is needed.
@@ -46,12 +52,23 @@ from kelp.config import FeatureSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.store.fallback import Fallback, PullPlan
 from kelp.trainer.embedding import BatchTensors, model_input, pool_features, rows_to_leaf
-from kelp.trainer.evaluation import ProgressiveValidator
+from kelp.trainer.evaluation import ProgressiveValidator, TaskValidators
 from kelp.trainer.finite import SkipLog, step_verdict
-from kelp.trainer.model_api import ModelSpec, to_logits
+from kelp.trainer.model_api import ModelContractError, ModelSpec, to_logits
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
 
-__all__ = ["STAGES", "DenseSync", "PulledRows", "StageTimer", "StepResult", "TrainStep", "forward_backward"]
+__all__ = [
+    "STAGES",
+    "DenseSync",
+    "PulledRows",
+    "StageTimer",
+    "StepResult",
+    "Targets",
+    "TrainStep",
+    "forward_backward",
+    "task_logits",
+    "weighted_loss",
+]
 
 DenseSync = Callable[[int], bool]
 """``dense_sync(local_samples) -> step?``: make the dense grads the group's; False when nobody had data."""
@@ -61,6 +78,54 @@ STAGES: tuple[str, ...] = ("to_device", "forward_backward", "dense_update", "spa
 
 
 _ONE_TASK = ModelSpec(dense=(), sparse={})
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What a multi-task or weighted loss needs on the device (None: one task, every weight 1).
+
+    * ``labels``: f32[B, T], column t = task t (``ModelSpec.tasks`` order);
+    * ``weight``: f32[B] sample weights;
+    * ``loss_weights``: f32[T], each task's factor in the summed loss.
+    """
+
+    labels: Tensor
+    weight: Tensor
+    loss_weights: Tensor
+
+    @classmethod
+    def from_batch(cls, batch: MicroBatch, spec: FeatureSpec, device: torch.device) -> Targets | None:
+        tasks = spec.tasks
+        if len(tasks) == 1 and batch.weight is None and tasks[0].loss_weight == 1.0:
+            return None
+        labels = batch.task_labels([t.name for t in tasks])
+        return cls(
+            labels=torch.from_numpy(np.ascontiguousarray(labels)).to(device),
+            weight=torch.from_numpy(np.ascontiguousarray(batch.weights())).to(device),
+            loss_weights=torch.tensor([t.loss_weight for t in tasks], dtype=torch.float32, device=device),
+        )
+
+
+def task_logits(output: object, spec: ModelSpec, batch_size: int) -> Tensor:
+    """A forward's output -> logits f32[B, T] in ``spec.tasks`` order (each task checked by ``to_logits``)."""
+    if len(spec.tasks) == 1:
+        return to_logits(output, spec, batch_size).unsqueeze(1)
+    if not isinstance(output, Mapping):
+        raise ModelContractError(
+            f"model returned {type(output).__name__}, expected a mapping {{task: f32[B] logits}} "
+            f"for tasks {list(spec.tasks)}"
+        )
+    to_logits(output, spec, batch_size)  # the key check
+    one = [replace(spec, tasks=(task,)) for task in spec.tasks]
+    return torch.stack([to_logits({s.tasks[0]: output[s.tasks[0]]}, s, batch_size) for s in one], dim=1)
+
+
+def weighted_loss(logits: Tensor, targets: Targets) -> tuple[Tensor, Tensor]:
+    """``(total, per_task f32[T])``: each task's sample-weighted mean BCE, and their ``loss_weight`` sum."""
+    per_sample = F.binary_cross_entropy_with_logits(logits, targets.labels, reduction="none")
+    weight = targets.weight.unsqueeze(1)
+    per_task = (per_sample * weight).sum(dim=0) / targets.weight.sum().clamp_min(1e-12)
+    return (per_task * targets.loss_weights).sum(), per_task
 
 
 class PulledRows(Protocol):
@@ -89,8 +154,10 @@ class PulledRows(Protocol):
 class StepResult:
     """The outcome of one step.
 
-    * ``loss``: mean BCE over the batch, before the update;
-    * ``logits``: float32[B], the pre-update predictions (progressive validation);
+    * ``loss``: mean BCE over the batch, before the update (several tasks or sample
+      weights: the weighted sum of the tasks' losses, see the module docstring);
+    * ``logits``: float32[B], the first task's pre-update predictions (progressive validation);
+    * ``task_logits``: with several tasks, each task's float32[B] logits (else empty);
     * ``updates``: per table, admitted ids and their new rows and state, to ``push``;
     * ``grads``: per table, the row gradients behind ``updates`` (only when the
       sparse optimizer keeps them: ``store.sparse_updates: compose``);
@@ -106,6 +173,7 @@ class StepResult:
     timings: dict[str, float] = field(default_factory=dict)
     grads: dict[str, np.ndarray] = field(default_factory=dict)
     skipped: str | None = None
+    task_logits: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class StageTimer:
@@ -130,16 +198,26 @@ class StageTimer:
 
 
 def forward_backward(
-    model: nn.Module, bt: BatchTensors, rows: Mapping[str, Tensor], spec: ModelSpec | None = None
+    model: nn.Module,
+    bt: BatchTensors,
+    rows: Mapping[str, Tensor],
+    spec: ModelSpec | None = None,
+    targets: Targets | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Forward and backward; returns ``(loss, logits f32[B])`` with grads left in params and ``rows``.
+    """Forward and backward; returns ``(loss, logits)`` with grads left in params and ``rows``.
 
     The model's output is checked against the contract (:func:`~kelp.trainer.model_api.to_logits`;
-    ``spec`` names the tasks of a mapping output, default one task ``label``).
+    ``spec`` names the tasks of a mapping output, default one task ``label``). Without
+    ``targets`` the loss is the mean BCE against ``bt.labels`` and logits are f32[B];
+    with them it is :func:`weighted_loss` and logits are f32[B, T].
     """
     output = model(model_input(bt, pool_features(bt, rows)))
-    logits = to_logits(output, spec or _ONE_TASK, bt.size)
-    loss = F.binary_cross_entropy_with_logits(logits, bt.labels)
+    if targets is None:
+        logits = to_logits(output, spec or _ONE_TASK, bt.size)
+        loss = F.binary_cross_entropy_with_logits(logits, bt.labels)
+    else:
+        logits = task_logits(output, spec or _ONE_TASK, bt.size)
+        loss, _ = weighted_loss(logits, targets)
     loss.backward()
     return loss.detach(), logits.detach()
 
@@ -153,20 +231,34 @@ def finish_step(
     logits: Tensor,
     updates: dict[str, SparseUpdate],
     skipped: str | None = None,
+    tasks: TaskValidators | None = None,
+    batch: MicroBatch | None = None,
 ) -> StepResult:
     """The common end of every step: logits to the host, progressive eval, the result.
 
     The logits are those of the forward pass *before* this step's update, so the
     validator scores each batch before training on it. A ``skipped`` step is not
-    scored: its logits may be NaN, and it was not trained on either.
+    scored: its logits may be NaN, and it was not trained on either. Logits
+    f32[B, T] (several tasks) score task 0 in ``validator`` and every task in ``tasks``.
     """
-    logits_np = logits.to("cpu").numpy()
+    all_np = logits.to("cpu").numpy()
+    logits_np = all_np[:, 0].copy() if all_np.ndim == 2 else all_np
+    by_task: dict[str, np.ndarray] = {}
+    if all_np.ndim == 2 and tasks is not None and len(tasks.names) > 1:
+        by_task = {name: all_np[:, t].copy() for t, name in enumerate(tasks.names)}
     loss_value = float(loss)
     if validator is not None and skipped is None:
         validator.update(labels, logits_np)
+    if tasks is not None and batch is not None and by_task and skipped is None:
+        tasks.update(batch, by_task)
     timer.lap("evaluate")
     return StepResult(
-        loss=loss_value, logits=logits_np, updates=updates, timings=timer.timings, skipped=skipped
+        loss=loss_value,
+        logits=logits_np,
+        updates=updates,
+        timings=timer.timings,
+        skipped=skipped,
+        task_logits=by_task,
     )
 
 
@@ -200,6 +292,10 @@ class TrainStep:
         self.optimizer = optimizer or build_dense_optimizer(self.model.parameters(), config.dense_optimizer)
         self.sparse_optimizer = RowWiseAdagrad.from_spec(config.sparse_optimizer)
         self.validator = validator
+        self.task_validators = (
+            TaskValidators.beside(validator, self.model_spec.tasks) if validator is not None else None
+        )
+        """Every task's progressive metrics (the first task's validator is ``validator``)."""
         self.sync_timings = sync_timings
         self.steps = 0
         self.skips = SkipLog()
@@ -283,8 +379,9 @@ class TrainStep:
         timer.lap("to_device")
 
         self.optimizer.zero_grad(set_to_none=True)
+        targets = Targets.from_batch(batch, self.spec, self.device)
         loss, logits = forward_backward(
-            self.model, bt, self._lookup_rows(rows, pulled, plan), self.model_spec
+            self.model, bt, self._lookup_rows(rows, pulled, plan), self.model_spec, targets
         )
         timer.lap("forward_backward")
 
@@ -314,7 +411,14 @@ class TrainStep:
 
         self.steps += 1
         result = finish_step(
-            timer, validator=self.validator, labels=batch.labels, loss=loss, logits=logits, updates=updates
+            timer,
+            validator=self.validator,
+            labels=batch.labels,
+            loss=loss,
+            logits=logits,
+            updates=updates,
+            tasks=self.task_validators,
+            batch=batch,
         )
         return replace(result, grads=grads) if grads else result
 
@@ -346,6 +450,8 @@ class TrainStep:
             logits=logits,
             updates={},
             skipped=reason,
+            tasks=self.task_validators,
+            batch=batch,
         )
         self.skips.record(reason, result.loss, batch.size)
         return result
