@@ -24,6 +24,7 @@ from kelp.config import (
     CsvMapping,
     FeatureSpec,
     FileSourceConfig,
+    JsonMapping,
     ServingConfig,
     SparseFeature,
 )
@@ -31,6 +32,7 @@ from kelp.consumers import criteo_feature_spec, encode_columns, encode_sample, h
 from kelp.consumers.decode import Decoder, Rec
 from kelp.consumers.file_source import FileSource
 from kelp.consumers.ids import MAX_ID, id_of, str_id
+from kelp.consumers.json_events import MappedDecoder
 from kelp.serving.body import MSGPACK, decode_body
 from kelp.serving.features import RequestParser
 
@@ -139,6 +141,13 @@ def test_csv_and_criteo_files_follow_the_rule(tmp_path: Path) -> None:
     assert np.concatenate([b.sparse["C1"].values for b in batches]).tolist() == [str_id(t) for t in texts]
 
 
+def _json_ids(event: dict[str, Any]) -> int:
+    """The id a JSON event's ``item`` field trains (one event, one id)."""
+    mapping = JsonMapping(label_field="clicked", sparse_fields={"item": "item"})
+    chunk = MappedDecoder(SPEC, mapping).decode([Rec("t", 0, 0, json.dumps(event).encode())])
+    return int(chunk.values["item"].tolist()[0])
+
+
 def _served_ids(body: Any, msgpack_body: bool) -> list[int]:
     """The C1/C2 ids serving would look up for ``body`` sent as JSON or msgpack."""
     parser = RequestParser(SPEC, ServingConfig())
@@ -156,8 +165,9 @@ def test_serving_scores_the_row_training_wrote(value: Any, msgpack_body: bool) -
     trained = {
         "csv": str_id(str(value)),
         "msgpack": _decode(encode_sample(1, sparse={"item": value})).values["item"].tolist()[0],
+        "json": _json_ids({"clicked": 1, "item": value}),
     }
-    assert trained == {"csv": want, "msgpack": want}
+    assert trained == {"csv": want, "msgpack": want, "json": want}
     bodies = [
         {"samples": [{"sparse": {"item": value}}]},
         {"samples": [{"sparse": {"item": [value, value]}}]},
