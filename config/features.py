@@ -168,7 +168,12 @@ class TableDefaults(StrictModel):
 
 
 class SparseFeature(StrictModel):
-    """A categorical feature: one id (one-hot) or up to ``max_ids`` ids (multi-hot) per sample."""
+    """A categorical feature: one id (one-hot) or up to ``max_ids`` ids (multi-hot) per sample.
+
+    ``pooling: none`` makes it a sequence feature: its ids keep their order and
+    their own rows (see ``kelp.trainer.SequenceInput``), for models that weigh
+    each id, such as attention over a history.
+    """
 
     name: str
     table: str | None = Field(
@@ -177,7 +182,12 @@ class SparseFeature(StrictModel):
     max_ids: int = Field(
         1, ge=1, le=65_536, description="Cap on ids per sample; more is rejected as too_many_ids."
     )
-    pooling: Literal["sum", "mean"] = Field("sum", description="How a multi-hot feature's rows are combined.")
+    pooling: Literal["sum", "mean", "none"] = Field(
+        "sum",
+        description="How a multi-hot feature's rows are combined. none: a sequence feature, not pooled; "
+        "the model gets every id's row and the offsets (batch.sequences), which only a model plug-in "
+        "that reads them can use (e.g. target attention over a user's history).",
+    )
 
     @field_validator("name")
     @classmethod

@@ -17,6 +17,12 @@ Serving computes the same pooled inputs with a handful of calls:
   goes through ``F.embedding_bag`` as in training.
 
 The result is the same as the trainer's pooling (``tests/serving/test_pooling.py``).
+
+A sequence feature (``pooling: none``) is deduplicated with the rest but not
+pooled: :meth:`PoolPlan.sequences` gathers one row per id from its table's
+rows and pairs them with the request's offsets, the trainer's
+:class:`~kelp.trainer.model_api.SequenceInput`. A spec without one pools as
+before and never calls it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from torch.nn.functional import embedding_bag
 
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import MicroBatch
+from kelp.trainer.model_api import SequenceInput
 
 __all__ = ["PoolPlan", "RequestIds"]
 
@@ -77,6 +84,14 @@ class PoolPlan:
         self.widths = sorted({dims[t] for t in used})
         self.width_tables = {w: [t for t in self.tables if dims[t] == w] for w in self.widths}
         self.feature_width = [dims[f.table_name] for f in spec.sparse]
+        pooled = [k for k, mode in enumerate(self.modes) if mode != "none"]
+        self.pooled_features = pooled
+        """Indexes (into ``features``) of the pooled features: what :meth:`pool` returns, in order."""
+        self.width_features = {w: [k for k in pooled if self.feature_width[k] == w] for w in self.widths}
+        self.sequence_features = [
+            (k, f.name, f.table_name) for k, f in enumerate(spec.sparse) if f.pooling == "none"
+        ]
+        """``(index, name, table)`` of each sequence feature (``pooling: none``), config order."""
 
     def dedup(self, batch: MicroBatch) -> RequestIds:
         """Unique ids per table and every id's row index, with one sort for the whole request."""
@@ -107,7 +122,7 @@ class PoolPlan:
         return RequestIds(unique, inverse, [0, *accumulate(lengths)], one_hot, b)
 
     def pool(self, batch: MicroBatch, ids: RequestIds, rows: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
-        """Pooled f32[B, dim_f] per sparse feature (config order), as the trainer pools them."""
+        """Pooled f32[B, dim_f] per pooled sparse feature (config order), as the trainer pools them."""
         b = ids.size
         weights: dict[int, np.ndarray] = {}
         starts: dict[int, int] = {}
@@ -119,7 +134,7 @@ class PoolPlan:
             start += len(weights[w])
         pooled: list[torch.Tensor | None] = [None] * len(self.features)
         for w in self.widths:
-            gather = [k for k, fw in enumerate(self.feature_width) if fw == w and ids.one_hot[k]]
+            gather = [k for k in self.width_features[w] if ids.one_hot[k]]
             if gather:
                 if len(gather) == len(self.features):  # every feature one-hot, one width: the whole inverse
                     index = ids.inverse
@@ -129,8 +144,9 @@ class PoolPlan:
                 block = torch.from_numpy(weights[w].take(index, axis=0).reshape(len(gather), b, w))
                 for k, t in zip(gather, block.unbind(0), strict=True):
                     pooled[k] = t
-        for k, name in enumerate(self.features):
+        for k in self.pooled_features:
             if pooled[k] is None:
+                name = self.features[k]
                 w = self.feature_width[k]
                 index = torch.from_numpy(ids.of_feature(k) - starts[w])
                 bag_offsets = torch.from_numpy(batch.sparse[name].offsets.astype(np.int64))
@@ -141,4 +157,25 @@ class PoolPlan:
                     mode=self.modes[k],
                     include_last_offset=True,
                 )
+        if self.sequence_features:
+            return [pooled[k] for k in self.pooled_features]  # type: ignore[misc]
         return pooled  # type: ignore[return-value]
+
+    def sequences(
+        self, batch: MicroBatch, ids: RequestIds, rows: Mapping[str, np.ndarray]
+    ) -> dict[str, SequenceInput]:
+        """Per sequence feature (config order), every id's row and the request's offsets, as in training.
+
+        ``ids.inverse`` indexes the concatenation of all tables' unique ids in plan
+        order, so a table's rows start after the unique ids of the tables before it.
+        """
+        if not self.sequence_features:
+            return {}
+        sizes = [len(ids.unique[t]) for t in self.tables]
+        starts = dict(zip(self.tables, accumulate(sizes, initial=0), strict=False))  # one start too many
+        out: dict[str, SequenceInput] = {}
+        for k, name, table in self.sequence_features:
+            values = rows[table].take(ids.of_feature(k) - starts[table], axis=0)
+            offsets = batch.sparse[name].offsets.astype(np.int64)
+            out[name] = SequenceInput(torch.from_numpy(values), torch.from_numpy(offsets))
+        return out

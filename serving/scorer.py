@@ -2,7 +2,7 @@
 
 Dedup and pooling use :class:`~kelp.serving.pooling.PoolPlan` (one sort and
 one gather per request instead of one per table and feature); the pooled
-inputs are the trainer's.
+inputs, and the rows of sequence features (``pooling: none``), are the trainer's.
 
 Everything here is synchronous and CPU-bound or blocking on Redis, so the app
 runs it in a worker thread (never on the event loop). The model is read from
@@ -111,7 +111,8 @@ class Scorer:
         with torch.inference_mode():
             pooled = self.plan.pool(batch, ids, fetched.rows)
             sparse = dict(zip(self._names, pooled, strict=True))
-            output = served.module(ModelInput(torch.from_numpy(batch.dense), sparse))
+            sequences = self.plan.sequences(batch, ids, fetched.rows)
+            output = served.module(ModelInput(torch.from_numpy(batch.dense), sparse, sequences))
             by_task = self._task_logits(output, batch.size)
             for logits in by_task.values():
                 if not bool(torch.isfinite(logits).all()):

@@ -5,9 +5,10 @@ and a store. (The in-memory oracle the benchmarks compare against lives in
 ``kelp.bench.baseline``.) Modules, one job each:
 
 * :mod:`~kelp.trainer.device`: the ``trainer.device`` setting -> ``torch.device``;
-* :mod:`~kelp.trainer.model_api`: the model plug-in contract (``ModelSpec``, ``ModelInput``, references);
+* :mod:`~kelp.trainer.model_api`: the model plug-in contract (``ModelSpec``, ``ModelInput``,
+  ``SequenceInput``, references);
 * :mod:`~kelp.trainer.models`: ``dlrm-small``, ``dcn-v2`` and ``deepfm`` (dense parameters only);
-* :mod:`~kelp.trainer.embedding`: micro-batch -> device tensors -> pooled features;
+* :mod:`~kelp.trainer.embedding`: micro-batch -> device tensors -> pooled features and sequences;
 * :mod:`~kelp.trainer.optim`: row-wise Adagrad for rows, Adam/Adagrad/SGD for dense;
 * :mod:`~kelp.trainer.evaluation`: progressive validation (binned AUC, log loss);
 * :mod:`~kelp.trainer.finite`: NaN/inf guards for steps, checkpoints and snapshots;
@@ -26,6 +27,7 @@ from kelp.trainer.model_api import (
     ModelImportError,
     ModelInput,
     ModelSpec,
+    SequenceInput,
     model_digest,
     model_record,
 )
@@ -49,6 +51,7 @@ __all__ = [
     "ProgressiveValidator",
     "PulledRows",
     "RowWiseAdagrad",
+    "SequenceInput",
     "SparseUpdate",
     "StepResult",
     "TrainStep",

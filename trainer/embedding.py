@@ -19,6 +19,14 @@ unique id, summed over features and samples: exactly what the row-wise
 optimizer needs, and proportional to unique ids, never to table size.
 One-hot features (one id per sample) use a plain gather, which is cheaper
 than an embedding bag and gives identical values.
+
+A sequence feature (``pooling: none``) is not pooled: its rows are gathered
+one per id, ``rows[indices]`` f32[N_f, dim], and handed to the model with the
+batch's offsets (:func:`gather_sequences`, a
+:class:`~kelp.trainer.model_api.SequenceInput`). The gather is in the graph
+too, so its gradients land in the same ``rows.grad`` as the pooled features'.
+A spec without sequence features has no sequence bags and takes the pooled
+path alone.
 """
 
 from __future__ import annotations
@@ -33,9 +41,16 @@ from torch import Tensor
 
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import MicroBatch
-from kelp.trainer.model_api import ModelInput
+from kelp.trainer.model_api import ModelInput, SequenceInput
 
-__all__ = ["BatchTensors", "FeatureBag", "model_input", "pool_features", "rows_to_leaf"]
+__all__ = [
+    "BatchTensors",
+    "FeatureBag",
+    "gather_sequences",
+    "model_input",
+    "pool_features",
+    "rows_to_leaf",
+]
 
 
 @dataclass(frozen=True)
@@ -43,8 +58,10 @@ class FeatureBag:
     """One sparse feature's lookup plan on the device.
 
     * ``indices``: int64[N_f], rows of the table's ``rows`` tensor, this feature's slice of ``inverse``;
-    * ``offsets``: int64[B + 1] bag boundaries (``include_last_offset``), or None when one-hot;
-    * ``mode``: ``"sum"`` or ``"mean"`` (an empty bag pools to zeros either way).
+    * ``offsets``: int64[B + 1] bag boundaries (``include_last_offset``), or None when one-hot
+      (never None for a sequence feature: the model reads them);
+    * ``mode``: ``"sum"`` or ``"mean"`` (an empty bag pools to zeros either way), or
+      ``"none"`` for a sequence feature.
     """
 
     name: str
@@ -60,15 +77,18 @@ class BatchTensors:
 
     * ``labels``: f32[B];
     * ``dense``: f32[B, n_dense];
-    * ``bags``: one :class:`FeatureBag` per sparse feature, in config order;
+    * ``bags``: one :class:`FeatureBag` per pooled sparse feature, in config order;
     * ``unique_ids``: per table, the numpy uint64[U] ids whose rows the bags index
-      (kept on the host: they only matter when rows cross the store boundary).
+      (kept on the host: they only matter when rows cross the store boundary);
+    * ``sequences``: one :class:`FeatureBag` per sequence feature (``pooling: none``),
+      in config order; empty when there is none.
     """
 
     labels: Tensor
     dense: Tensor
     bags: tuple[FeatureBag, ...]
     unique_ids: dict[str, np.ndarray]
+    sequences: tuple[FeatureBag, ...] = ()
 
     @property
     def size(self) -> int:
@@ -82,15 +102,22 @@ class BatchTensors:
         dense = _to(batch.dense, device)
         inverses = {name: _to(t.inverse, device) for name, t in tables.items()}
         bags: list[FeatureBag] = []
+        sequences: list[FeatureBag] = []
         for feature in spec.sparse:
             table = tables[feature.table_name]
             indices = inverses[feature.table_name][table.feature_slices[feature.name]]
             offsets_np = batch.sparse[feature.name].offsets
+            if feature.pooling == "none":
+                offsets = _to(offsets_np.astype(np.int64), device)
+                sequences.append(FeatureBag(feature.name, feature.table_name, indices, offsets, "none"))
+                continue
             one_hot = indices.shape[0] == batch.size and bool(np.all(np.diff(offsets_np) == 1))
             offsets = None if one_hot else _to(offsets_np.astype(np.int64), device)
             bags.append(FeatureBag(feature.name, feature.table_name, indices, offsets, feature.pooling))
         unique = {name: t.unique_ids for name, t in tables.items()}
-        return cls(labels=labels, dense=dense, bags=tuple(bags), unique_ids=unique)
+        return cls(
+            labels=labels, dense=dense, bags=tuple(bags), unique_ids=unique, sequences=tuple(sequences)
+        )
 
 
 def _to(array: np.ndarray, device: torch.device) -> Tensor:
@@ -121,8 +148,26 @@ def pool_features(bt: BatchTensors, rows: Mapping[str, Tensor]) -> list[Tensor]:
     return pooled
 
 
-def model_input(bt: BatchTensors, pooled: list[Tensor]) -> ModelInput:
-    """The model's :class:`ModelInput`: ``bt.dense`` and ``pooled`` keyed by feature name (config order)."""
+def gather_sequences(bt: BatchTensors, rows: Mapping[str, Tensor]) -> dict[str, SequenceInput]:
+    """Per sequence feature (config order), every id's row ``rows[table][indices]`` and the offsets.
+
+    ``F.embedding`` is the gather: its backward sums each id's gradient into
+    its row of the leaf, as the pooled features' gathers do. Empty when the
+    spec has no sequence feature.
+    """
+    return {
+        bag.name: SequenceInput(F.embedding(bag.indices, rows[bag.table]), bag.offsets)  # type: ignore[arg-type]
+        for bag in bt.sequences
+    }
+
+
+def model_input(
+    bt: BatchTensors, pooled: list[Tensor], sequences: Mapping[str, SequenceInput] | None = None
+) -> ModelInput:
+    """The model's :class:`ModelInput`: ``bt.dense``, ``pooled`` keyed by feature name (config order)
+    and the sequence features' rows (:func:`gather_sequences`; none when ``sequences`` is None)."""
     return ModelInput(
-        dense=bt.dense, sparse={bag.name: vec for bag, vec in zip(bt.bags, pooled, strict=True)}
+        dense=bt.dense,
+        sparse={bag.name: vec for bag, vec in zip(bt.bags, pooled, strict=True)},
+        sequences=dict(sequences) if sequences else {},
     )

@@ -13,10 +13,13 @@ each sparse feature before the forward; the module owns only dense
 parameters, which the dense optimizer trains and the snapshot carries::
 
     ModelInput
-      dense   f32[B, n_dense]        column j = spec.dense[j]
-      sparse  {"C1": f32[B, dim_C1],  one pooled vector per sparse feature,
-               "C2": f32[B, dim_C2],  keys and order = spec.sparse
-               ...}
+      dense      f32[B, n_dense]        column j = spec.dense[j]
+      sparse     {"C1": f32[B, dim_C1],  one pooled vector per pooled sparse feature,
+                  "C2": f32[B, dim_C2],  keys and order = spec.sparse
+                  ...}
+      sequences  {"hist": SequenceInput}  per ``pooling: none`` feature, keys = spec.sequences:
+                    values  f32[N, dim]    every id's row, samples concatenated in order
+                    offsets i64[B + 1]     sample i's rows are values[offsets[i]:offsets[i + 1]]
 
 A snapshot records the resolved reference, the arguments and
 :func:`model_digest` (SHA-256 of the source that defines the factory), so a
@@ -49,6 +52,7 @@ __all__ = [
     "ModelImportError",
     "ModelInput",
     "ModelSpec",
+    "SequenceInput",
     "import_factory",
     "is_builtin",
     "model_digest",
@@ -86,22 +90,90 @@ class ModelSpec:
     """What a model factory is told about its inputs.
 
     * ``dense``: the dense feature names, in column order of ``ModelInput.dense``;
-    * ``sparse``: sparse feature name -> embedding dim of its pooled vector, in config order;
-    * ``tasks``: the label names the model predicts, in ``features.labels`` order (one: ``features.label``).
+    * ``sparse``: pooled sparse feature name -> embedding dim of its pooled vector, in config order;
+    * ``tasks``: the label names the model predicts, in ``features.labels`` order (one: ``features.label``);
+    * ``sequences``: sequence feature (``pooling: none``) name -> embedding dim of each of its
+      rows, in config order; such a feature is not in ``sparse``.
     """
 
     dense: tuple[str, ...]
     sparse: Mapping[str, int]
     tasks: tuple[str, ...] = ("label",)
+    sequences: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def from_features(cls, spec: FeatureSpec) -> ModelSpec:
-        sparse = {f.name: spec.table(f.table_name).dim for f in spec.sparse}
+        dims = {f.name: spec.table(f.table_name).dim for f in spec.sparse}
+        sequences = {f.name: dims[f.name] for f in spec.sparse if f.pooling == "none"}
+        sparse = {name: dim for name, dim in dims.items() if name not in sequences}
         return cls(
             dense=tuple(f.name for f in spec.dense),
             sparse=MappingProxyType(sparse),
             tasks=spec.task_names(),
+            sequences=MappingProxyType(sequences),
         )
+
+
+@dataclass(frozen=True)
+class SequenceInput:
+    """One sequence feature's rows for a batch, unpooled: ``values`` f32[N, dim], ``offsets`` int64[B + 1].
+
+    Sample *i*'s rows, in the order its ids came in, are ``values[offsets[i]:offsets[i + 1]]``
+    (``offsets[0] == 0``, ``offsets[-1] == N``; an empty sequence has equal offsets).
+    ``values`` is gathered from the table's rows in the autograd graph, so any
+    differentiable use of it trains those rows, as the pooled vectors do.
+
+    The helpers build what attention models need with torch ops only (they run
+    on the batch's device and keep gradients flowing to the rows).
+    """
+
+    values: Tensor
+    offsets: Tensor
+
+    @property
+    def size(self) -> int:
+        """B, the number of samples."""
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def dim(self) -> int:
+        return int(self.values.shape[1])
+
+    def lengths(self) -> Tensor:
+        """int64[B]: ids per sample (0 for an empty sequence)."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def segment_ids(self) -> Tensor:
+        """int64[N]: the sample each row of ``values`` belongs to (for ``index_add_``-style reductions)."""
+        samples = torch.arange(self.size, device=self.offsets.device)
+        return torch.repeat_interleave(samples, self.lengths(), output_size=int(self.values.shape[0]))
+
+    def padded(self, max_len: int | None = None, *, keep: str = "first") -> tuple[Tensor, Tensor]:
+        """``(rows f32[B, L, dim], mask bool[B, L])``: each sample's rows left-aligned, zeros after.
+
+        ``L`` is ``max_len`` when given, else the longest sequence in the batch
+        (reading it is a device-to-host sync on CUDA; pass ``max_len``, e.g. the
+        feature's ``max_ids``, to avoid it and to get a fixed shape). A sequence
+        longer than ``L`` keeps its first ``L`` rows, or its last ``L`` with
+        ``keep="last"`` (the most recent, when ids come oldest first).
+        ``mask[i, j]`` is True where ``rows[i, j]`` is a real row.
+        """
+        if keep not in ("first", "last"):
+            raise ValueError(f"keep must be 'first' or 'last', not {keep!r}")
+        lengths = self.lengths()
+        if max_len is None:
+            max_len = int(lengths.max()) if self.size else 0
+        if max_len < 0:
+            raise ValueError(f"max_len must be >= 0, not {max_len}")
+        n = int(self.values.shape[0])
+        positions = torch.arange(max_len, device=self.offsets.device)
+        kept = lengths.clamp(max=max_len)
+        start = self.offsets[:-1] if keep == "first" else self.offsets[1:] - kept
+        mask = positions.unsqueeze(0) < kept.unsqueeze(1)
+        # Padding reads an appended zero row (index n): exact zeros, and no gradient reaches a real row.
+        index = torch.where(mask, start.unsqueeze(1) + positions.unsqueeze(0), n)
+        table = torch.cat([self.values, self.values.new_zeros(1, self.values.shape[1])])
+        return table[index], mask
 
 
 @dataclass(frozen=True)
@@ -109,11 +181,14 @@ class ModelInput:
     """One forward pass's inputs, on the model's device.
 
     * ``dense``: f32[B, n_dense] (``n_dense`` may be 0);
-    * ``sparse``: feature name -> pooled embedding f32[B, dim], in ``ModelSpec.sparse`` order.
+    * ``sparse``: feature name -> pooled embedding f32[B, dim], in ``ModelSpec.sparse`` order;
+    * ``sequences``: sequence feature name -> its :class:`SequenceInput`, in
+      ``ModelSpec.sequences`` order (empty unless some feature has ``pooling: none``).
     """
 
     dense: Tensor
     sparse: Mapping[str, Tensor] = field(default_factory=dict)
+    sequences: Mapping[str, SequenceInput] = field(default_factory=dict)
 
     @property
     def size(self) -> int:

@@ -1,7 +1,9 @@
 """``kelp config validate``'s model check: import the configured model and run it once.
 
 A two-sample synthetic :class:`~kelp.trainer.model_api.ModelInput` (random
-dense columns, random pooled vectors of each feature's dim) goes through the
+dense columns, random pooled vectors of each feature's dim, and for each
+sequence feature a sequence of two random rows for the first sample and an
+empty one for the second, the case a model most easily gets wrong) goes through the
 forward in eval mode with no grad; the output must satisfy the contract
 (:func:`~kelp.trainer.model_api.to_logits`). Every failure is one
 :class:`~kelp.errors.UserError` line naming the reference, so an operator sees
@@ -19,6 +21,7 @@ from kelp.trainer.model_api import (
     ModelContractError,
     ModelInput,
     ModelSpec,
+    SequenceInput,
     model_digest,
     one_line,
     resolve_reference,
@@ -30,6 +33,9 @@ __all__ = ["ModelCheck", "check_model"]
 
 PROBE_BATCH = 2
 """Samples in the synthetic batch (two, so a model that squeezes a batch of one is caught)."""
+
+PROBE_SEQUENCE_LENGTHS = (2, 0)
+"""Ids per sample of each synthetic sequence feature: the second sample's sequence is empty."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ def check_model(spec: FeatureSpec, config: TrainerConfig) -> ModelCheck:
             name: torch.randn(PROBE_BATCH, dim, generator=generator)
             for name, dim in model_spec.sparse.items()
         },
+        sequences={name: _probe_sequence(dim, generator) for name, dim in model_spec.sequences.items()},
     )
     model.eval()
     try:
@@ -68,3 +75,10 @@ def check_model(spec: FeatureSpec, config: TrainerConfig) -> ModelCheck:
         raise ModelContractError(f"trainer.model {reference!r}: {exc}") from None
     parameters = sum(p.numel() for p in model.parameters())
     return ModelCheck(reference=reference, parameters=parameters, digest=model_digest(reference))
+
+
+def _probe_sequence(dim: int, generator: torch.Generator) -> SequenceInput:
+    """A synthetic sequence feature of :data:`PROBE_SEQUENCE_LENGTHS` ids per sample, random rows."""
+    lengths = torch.tensor(PROBE_SEQUENCE_LENGTHS, dtype=torch.int64)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    return SequenceInput(torch.randn(int(lengths.sum()), dim, generator=generator), offsets)

@@ -88,8 +88,21 @@ class ModelInputs:
     names: tuple[str, ...] = ()
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec) -> ModelInputs:
-        """Names and dims of the sparse features, in config order."""
+    def from_spec(cls, spec: ModelSpec, model: str = "") -> ModelInputs:
+        """Names and dims of the sparse features, in config order.
+
+        A built-in pools every feature, so a sequence feature (``pooling: none``) is
+        refused here, at build and validate time, rather than silently dropped.
+        """
+        if spec.sequences:
+            names = ", ".join(repr(n) for n in spec.sequences)
+            one = len(spec.sequences) == 1
+            which = f"sparse feature {names} has" if one else f"sparse features {names} have"
+            raise UserError(
+                f"trainer.model {model or 'built-in'!r}: {which} pooling: none (a sequence), which needs a "
+                "model plug-in that reads batch.sequences; the built-in models pool every feature "
+                "(set pooling: sum or mean, or use your own model, docs/models.md)"
+            )
         return cls(
             n_dense=len(spec.dense), feature_dims=tuple(spec.sparse.values()), names=tuple(spec.sparse)
         )
@@ -231,7 +244,7 @@ def dlrm_small(
     spec: ModelSpec, bottom_mlp: Sequence[int] = (64, 16), top_mlp: Sequence[int] = (256, 64)
 ) -> DLRM:
     """``kelp.trainer.models:dlrm_small`` (alias ``dlrm-small``): :class:`DLRM`."""
-    return DLRM(ModelInputs.from_spec(spec), bottom_mlp, top_mlp)
+    return DLRM(ModelInputs.from_spec(spec, "dlrm-small"), bottom_mlp, top_mlp)
 
 
 def dcn_v2(
@@ -241,14 +254,14 @@ def dcn_v2(
     n_cross: int = 3,
 ) -> DCNv2:
     """``kelp.trainer.models:dcn_v2`` (alias ``dcn-v2``): :class:`DCNv2`."""
-    return DCNv2(ModelInputs.from_spec(spec), bottom_mlp, top_mlp, n_cross)
+    return DCNv2(ModelInputs.from_spec(spec, "dcn-v2"), bottom_mlp, top_mlp, n_cross)
 
 
 def deepfm(
     spec: ModelSpec, bottom_mlp: Sequence[int] = (64, 16), top_mlp: Sequence[int] = (256, 64)
 ) -> DeepFM:
     """``kelp.trainer.models:deepfm`` (alias ``deepfm``): :class:`DeepFM`."""
-    return DeepFM(ModelInputs.from_spec(spec), bottom_mlp, top_mlp)
+    return DeepFM(ModelInputs.from_spec(spec, "deepfm"), bottom_mlp, top_mlp)
 
 
 MODELS: dict[str, str] = dict(BUILTIN_MODELS)

@@ -51,7 +51,13 @@ from torch import Tensor, nn
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.store.fallback import Fallback, PullPlan
-from kelp.trainer.embedding import BatchTensors, model_input, pool_features, rows_to_leaf
+from kelp.trainer.embedding import (
+    BatchTensors,
+    gather_sequences,
+    model_input,
+    pool_features,
+    rows_to_leaf,
+)
 from kelp.trainer.evaluation import ProgressiveValidator, TaskValidators
 from kelp.trainer.finite import SkipLog, step_verdict
 from kelp.trainer.model_api import ModelContractError, ModelSpec, to_logits
@@ -211,7 +217,7 @@ def forward_backward(
     ``targets`` the loss is the mean BCE against ``bt.labels`` and logits are f32[B];
     with them it is :func:`weighted_loss` and logits are f32[B, T].
     """
-    output = model(model_input(bt, pool_features(bt, rows)))
+    output = model(model_input(bt, pool_features(bt, rows), gather_sequences(bt, rows)))
     if targets is None:
         logits = to_logits(output, spec or _ONE_TASK, bt.size)
         loss = F.binary_cross_entropy_with_logits(logits, bt.labels)
