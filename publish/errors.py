@@ -50,6 +50,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "nonfinite",
     "model_import",
     "model_digest",
+    "model_contract",
     "older",
     "pointer",
 )

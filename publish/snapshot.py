@@ -66,7 +66,16 @@ from kelp.errors import UserError
 from kelp.publish.errors import SnapshotRejectedError
 from kelp.trainer.checkpoint import config_hash
 from kelp.trainer.finite import NonFiniteError, first_nonfinite
-from kelp.trainer.model_api import ModelImportError, is_builtin, model_digest, model_record, resolve_reference
+from kelp.trainer.model_api import (
+    ModelContractError,
+    ModelImportError,
+    ModelSpec,
+    is_builtin,
+    model_digest,
+    model_record,
+    resolve_reference,
+)
+from kelp.trainer.model_check import probe_model
 from kelp.trainer.models import build_model
 
 __all__ = [
@@ -230,8 +239,10 @@ def load_model(
     config, so a mismatch would score garbage. Raises :class:`SnapshotRejectedError`
     ``incompatible`` (spec or shapes differ), ``format`` (unreadable weights) or
     ``nonfinite`` (a weight is NaN or infinite: every score would be NaN),
-    ``model_import`` (the model reference does not import here) or
-    ``model_digest`` (this replica's model source differs from the trainer's).
+    ``model_import`` (the model reference does not import here),
+    ``model_digest`` (this replica's model source differs from the trainer's) or
+    ``model_contract`` (with its weights loaded, the model fails one forward on a
+    synthetic batch: it would fail every request).
 
     With ``allowed_model`` (the replica's ``trainer.model``) a snapshot may name
     a built-in or that model only: a snapshot never makes a replica import and
@@ -274,6 +285,10 @@ def load_model(
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    try:
+        probe_model(model, ModelSpec.from_features(spec), trainer_cfg.model)
+    except ModelContractError as exc:
+        raise SnapshotRejectedError("model_contract", f"snapshot v{m.version}: {exc}") from None
     return model
 
 

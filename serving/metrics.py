@@ -54,6 +54,9 @@ class ServingMetrics:
         self.nonfinite_scores = m.counter(
             "nonfinite_scores", "Scores that came out NaN or infinite; their request answered 422."
         )
+        self.model_errors = m.counter(
+            "model_errors", "Requests the served model raised on (or answered off-contract); answered 500."
+        )
         self.store_fetch_seconds = m.histogram("store_fetch_seconds", "One batched embedding fetch.")
         self.rows = m.counter("rows", "Embedding rows used by requests.", ["result"])
         self.embedding_age = m.histogram(

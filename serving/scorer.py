@@ -15,6 +15,13 @@ an infinity reaches the forward pass) would still make one. Such a request is
 answered ``422 nonfinite_score`` naming the first affected item, and the
 affected scores are counted in ``kelp_serving_nonfinite_scores_total``.
 
+A plug-in model that raises on a request (the replica ran it once on a
+synthetic batch before serving it, so this is input-dependent code) is answered
+``500 model_error`` naming the model and the exception, counted in
+``kelp_serving_model_errors_total`` and logged at most once per
+:data:`MODEL_ERROR_LOG_EVERY_S`: the fault is the model's, not the client's,
+and no other model would answer the request better.
+
 With several labels (``features.labels``) the model answers ``{task: logits}``:
 ``scores`` stays the first task's (clients of a one-task model read only it)
 and ``scores_by_task`` holds every task's.
@@ -22,6 +29,9 @@ and ``scores_by_task`` holds every task's.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -34,9 +44,24 @@ from kelp.serving.errors import NoModelError, RequestError
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.model import ModelSlot, ServedModel
 from kelp.serving.pooling import PoolPlan
-from kelp.trainer.model_api import ModelInput, ModelSpec, to_logits
+from kelp.trainer.model_api import ModelInput, ModelSpec, one_line, to_logits
 
-__all__ = ["NonFiniteScoreError", "ScoreResult", "Scorer"]
+__all__ = ["MODEL_ERROR_LOG_EVERY_S", "ModelFailedError", "NonFiniteScoreError", "ScoreResult", "Scorer"]
+
+log = logging.getLogger("kelp.serving")
+
+MODEL_ERROR_LOG_EVERY_S = 10.0
+"""At most one warning per this many seconds for model errors (each one is counted)."""
+
+
+class ModelFailedError(RequestError):
+    """The served model raised, or broke its output contract, on this request; 500 ``model_error``."""
+
+    status = 500
+
+    def __init__(self, served: ServedModel, exc: BaseException) -> None:
+        reference = served.manifest.model.get("reference") or "a built-in model"
+        super().__init__("model_error", f"model v{served.version} ({reference}) failed: {one_line(exc)}")
 
 
 class NonFiniteScoreError(RequestError):
@@ -101,6 +126,9 @@ class Scorer:
         self.model_spec = ModelSpec.from_features(spec)
         self._names = tuple(self.model_spec.sparse)
         self._nonfinite = metrics.nonfinite_scores if metrics is not None else None
+        self._model_errors = metrics.model_errors if metrics is not None else None
+        self._error_lock = threading.Lock()
+        self._last_error_log = -float("inf")
 
     def score(self, batch: MicroBatch) -> ScoreResult:
         served = self.slot.current  # read once: this request uses this version throughout
@@ -112,8 +140,11 @@ class Scorer:
             pooled = self.plan.pool(batch, ids, fetched.rows)
             sparse = dict(zip(self._names, pooled, strict=True))
             sequences = self.plan.sequences(batch, ids, fetched.rows)
-            output = served.module(ModelInput(torch.from_numpy(batch.dense), sparse, sequences))
-            by_task = self._task_logits(output, batch.size)
+            try:
+                output = served.module(ModelInput(torch.from_numpy(batch.dense), sparse, sequences))
+                by_task = self._task_logits(output, batch.size)
+            except Exception as exc:  # user model code may raise anything
+                raise self._model_failed(served, exc, batch.size) from exc
             for logits in by_task.values():
                 if not bool(torch.isfinite(logits).all()):
                     error = NonFiniteScoreError(served, logits.numpy())
@@ -133,6 +164,20 @@ class Scorer:
             default_row_rate=fetched.default_rate,
             scores_by_task=scored if len(scored) > 1 else None,
         )
+
+    def _model_failed(self, served: ServedModel, exc: Exception, batch_size: int) -> ModelFailedError:
+        """Count the failure, warn (rate-limited) and give the request's error."""
+        error = ModelFailedError(served, exc)
+        if self._model_errors is not None:
+            self._model_errors.inc()
+        now = time.monotonic()
+        with self._error_lock:
+            due = now - self._last_error_log >= MODEL_ERROR_LOG_EVERY_S
+            if due:
+                self._last_error_log = now
+        if due:
+            log.warning("%s (a batch of %d)", error, batch_size)
+        return error
 
     def _task_logits(self, output: object, batch_size: int) -> dict[str, torch.Tensor]:
         """task -> logits f32[B], each checked against the model contract, in task order."""

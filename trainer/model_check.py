@@ -12,7 +12,7 @@ a broken model before the trainer or a replica starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,7 +29,7 @@ from kelp.trainer.model_api import (
 )
 from kelp.trainer.models import build_model
 
-__all__ = ["ModelCheck", "check_model"]
+__all__ = ["ModelCheck", "check_model", "probe_model"]
 
 PROBE_BATCH = 2
 """Samples in the synthetic batch (two, so a model that squeezes a batch of one is caught)."""
@@ -51,7 +51,17 @@ def check_model(spec: FeatureSpec, config: TrainerConfig) -> ModelCheck:
     """Build ``config.model`` and run one forward on a synthetic batch; raises a one-line UserError."""
     reference = resolve_reference(config.model)
     model = build_model(spec, config)
-    model_spec = ModelSpec.from_features(spec)
+    probe_model(model, ModelSpec.from_features(spec), reference)
+    parameters = sum(p.numel() for p in model.parameters())
+    return ModelCheck(reference=reference, parameters=parameters, digest=model_digest(reference))
+
+
+def probe_model(model: torch.nn.Module, model_spec: ModelSpec, reference: str) -> None:
+    """Run ``model`` once on the synthetic batch, in eval mode with no grad; a one-line error if it breaks.
+
+    Used by ``kelp config validate`` on a freshly built model and by a replica on
+    a snapshot's model with its weights loaded, before that model takes traffic.
+    """
     generator = torch.Generator().manual_seed(0)
     batch = ModelInput(
         dense=torch.randn(PROBE_BATCH, len(model_spec.dense), generator=generator),
@@ -70,11 +80,11 @@ def check_model(spec: FeatureSpec, config: TrainerConfig) -> ModelCheck:
             f"trainer.model {reference!r}: forward on a {PROBE_BATCH}-sample batch raised {one_line(exc)}"
         ) from None
     try:
-        to_logits(output, model_spec, PROBE_BATCH)
+        to_logits(output, model_spec, PROBE_BATCH)  # a mapping's keys, and the first task's logits
+        for task in model_spec.tasks[1:]:
+            to_logits({task: output[task]}, replace(model_spec, tasks=(task,)), PROBE_BATCH)  # type: ignore[index]
     except ModelContractError as exc:
         raise ModelContractError(f"trainer.model {reference!r}: {exc}") from None
-    parameters = sum(p.numel() for p in model.parameters())
-    return ModelCheck(reference=reference, parameters=parameters, digest=model_digest(reference))
 
 
 def _probe_sequence(dim: int, generator: torch.Generator) -> SequenceInput:

@@ -187,3 +187,66 @@ def test_a_snapshot_may_not_name_a_model_the_replica_config_does_not(
             assert client.post("/v1/score", json={"samples": [{}]}).json()["model_version"] == v1
     finally:
         publisher.close()
+
+
+FRAGILE_SOURCE = '''
+import torch
+from torch import nn
+
+
+class Fragile(nn.Module):
+    """Raises on a batch of more than three samples, or whenever its bias is above 100 (a broken weight)."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.net = nn.Linear(len(spec.dense), 1)
+
+    def forward(self, batch):
+        if batch.dense.shape[0] > 3:
+            raise RuntimeError("cannot take more than three samples")
+        if float(self.net.bias) > 100:
+            raise ValueError("bias out of range")
+        return self.net(batch.dense).squeeze(1)
+'''
+
+
+def test_a_model_that_fails_its_probe_is_refused_and_one_that_fails_a_request_is_a_500(
+    redis_url: str, tmp_path: Path, plugin: tuple[str, Path]
+) -> None:
+    """``model_contract`` before a swap; ``500 model_error`` (counted) for input-dependent failures."""
+    name, path = plugin
+    path.write_text(FRAGILE_SOURCE)
+    cfg = small_config(redis_url, tmp_path, trainer={"model": f"{name}:Fragile"})
+    publisher = publisher_for(cfg)
+    channel = publisher.channel
+    v1, v2 = channel.next_version(), channel.next_version()
+    model = build_model(cfg.features, cfg.trainer)
+    with torch.no_grad():
+        model.net.weight.zero_()
+        model.net.bias.fill_(0.5)
+    channel.write(build_snapshot(model, cfg.features, cfg.trainer, version=v1, step=1, offsets={}))
+    with torch.no_grad():
+        model.net.bias.fill_(1000.0)
+    broken = build_snapshot(model, cfg.features, cfg.trainer, version=v2, step=2, offsets={})
+    replica = ServingReplica(cfg, CollectorRegistry())
+    try:
+        with LiveServer(replica) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+            wait_until(lambda: client.get("/v1/model").json().get("version") == v1, what="v1 served")
+            three = client.post("/v1/score", json={"samples": [{}, {}, {}]})
+            assert three.status_code == 200
+            assert three.json()["scores"] == [pytest.approx(float(torch.sigmoid(torch.tensor(0.5))))] * 3
+
+            four = client.post("/v1/score", json={"samples": [{}, {}, {}, {}]})
+            assert four.status_code == 500
+            body = four.json()
+            assert body["error"] == "model_error"
+            assert f"{name}:Fragile" in body["detail"] and "three samples" in body["detail"]
+            errors = replica.registry.get_sample_value("kelp_serving_model_errors_total")
+            assert errors == 1.0
+
+            channel.write(broken)
+            wait_until(lambda: _rejected(replica, "model_contract") == 1, what="the model_contract rejection")
+            after = client.post("/v1/score", json={"samples": [{}]}).json()
+            assert after["model_version"] == v1 and after["scores"] == three.json()["scores"][:1]
+    finally:
+        publisher.close()
