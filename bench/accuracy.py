@@ -11,6 +11,10 @@ streams (:mod:`kelp.bench.streams`):
 2. **Experiments** (full run): one change at a time, the controlled comparisons
    behind docs/accuracy.md (interaction layer, init scale, row-wise vs element-wise
    Adagrad, prefetching, evaluation binning, admission in the reference).
+2b. **Two tasks** on criteo-attribution (:mod:`kelp.bench.accuracy_tasks`): click
+   and conversion as two labels, Kelp's daemon with a two-head plug-in model
+   against the reference with the same two heads; skipped, with the reason in
+   the JSON, when the stream has no conversion label (the shipped sample).
 3. **Sweep** on MovieLens-100k: admission ``min_count`` with and without fallback
    rows, TTL and LFU eviction. These runs use the trainer's step on an in-memory
    store whose clock is the stream's *event* time, so a TTL of 7 days means 7 days
@@ -25,9 +29,7 @@ It writes a PNG (sweep + windowed AUC over each stream) and prints its path.
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,111 +38,29 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from prometheus_client import CollectorRegistry
 
+from kelp.bench.accuracy_kelp import Trained, default_data_dir, kelp_config, train_daemon
+from kelp.bench.accuracy_tasks import multitask_parity
 from kelp.bench.reference import ReferenceOptions, train_reference
 from kelp.bench.runner import progress
 from kelp.bench.store import bytes_per_counter, bytes_per_row
-from kelp.bench.streams import CRITEO_ATTRIBUTION, MOVIELENS, Stream, load_stream, stream_folder
-from kelp.config import KelpConfig, parse_config
+from kelp.bench.streams import CRITEO_ATTRIBUTION, MOVIELENS, Stream, load_stream
+from kelp.config import KelpConfig
 from kelp.consumers import build_source
 from kelp.daemon.pipeline import training_pull
-from kelp.daemon.train import TrainDaemon
-from kelp.examples import example_path
 from kelp.harness import RedisServer
 from kelp.plots import curve_from_logits, plot_accuracy
 from kelp.store.memory import MemoryStore
 from kelp.trainer import ProgressiveValidator, TrainStep, build_model
 from kelp.trainer.evaluation import exact_auc, log_loss_from_logits
 
-__all__ = ["run"]
+__all__ = ["default_data_dir", "run"]
 
 DAY_S = 86_400.0
 QUICK_SAMPLES = 30_000
-EXAMPLES = {CRITEO_ATTRIBUTION: "criteo-attribution.yaml", MOVIELENS: "movielens-100k.yaml"}
 FALLBACK_BUCKETS = 64
 COUNTER_TTL_S = 30 * DAY_S
-
-
-@dataclass
-class Trained:
-    """One run's per-sample labels and pre-update logits, plus what the store held at the end."""
-
-    labels: np.ndarray
-    logits: np.ndarray
-    validator_auc: float = math.nan
-    rows_stored: int = 0
-    rows_peak: int = 0
-    counters: int = 0
-
-    @property
-    def auc(self) -> float:
-        return exact_auc(self.labels, self.logits)
-
-    @property
-    def log_loss(self) -> float:
-        return float(log_loss_from_logits(self.labels, self.logits).mean())
-
-
-def default_data_dir() -> Path:
-    """``$KELP_DATA_DIR``, else ``../shared/data`` beside this checkout (this repository's CI data)."""
-    if os.environ.get("KELP_DATA_DIR"):
-        return Path(os.environ["KELP_DATA_DIR"])
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-# ---------------------------------------------------------------------------------------- Kelp configs
-
-
-def kelp_config(stream: str, data_dir: Path, work: Path, limit: int | None, **changes: Any) -> KelpConfig:
-    """The shipped example for ``stream``, pointed at ``data_dir``, embedded (no HTTP, no publisher).
-
-    ``changes``: ``model``, ``prefetch``, ``init_std`` and ``admission`` / ``eviction``
-    (every table's), for the experiments and the sweep. Admission and eviction are
-    off unless asked for, so the headline runs compare with a reference that has neither.
-    """
-    data = yaml.safe_load(example_path(EXAMPLES[stream]).read_text(encoding="utf-8"))
-    source = data["source"]
-    folder = stream_folder(stream, data_dir)
-    source["path"] = str(folder / Path(source["path"]).name)
-    for join in source.get("csv", {}).get("joins", []):
-        join["path"] = str(folder / Path(join["path"]).name)
-    if limit is not None:
-        source["limit"] = limit
-    defaults = data["features"]["table_defaults"]
-    defaults["admission"] = changes.get("admission", {"min_count": 1})
-    defaults["eviction"] = changes.get("eviction", {})
-    if "init_std" in changes:
-        defaults["init"] = {**defaults.get("init", {}), "std": changes["init_std"]}
-    trainer = data["trainer"]
-    trainer["model"] = changes.get("model", trainer["model"])
-    trainer["checkpoint_dir"] = str(work / f"ckpt-{os.urandom(4).hex()}")
-    trainer["prefetch_batches"] = changes.get("prefetch", 2)
-    trainer["log_every_s"] = 3600.0
-    data["publisher"] = {"enabled": False}
-    data["metrics"] = {"enabled": False}
-    data["logging"] = {"level": "warning", "format": "text"}
-    return parse_config(data, f"bench accuracy {stream}", environ={})
-
-
-def train_daemon(cfg: KelpConfig) -> Trained:
-    """Kelp as a user runs it: the ``kelp train`` daemon (prefetch, write-behind, ledger), file to end."""
-    labels: list[np.ndarray] = []
-    logits: list[np.ndarray] = []
-
-    def on_step(_step: int, batch: Any, result: Any) -> None:
-        labels.append(batch.labels)
-        logits.append(result.logits)
-
-    quiet = logging.getLogger("kelp")
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)  # dozens of runs: the bench's own progress lines are enough
-    try:
-        report = TrainDaemon(cfg, http=False, publish=False, on_step=on_step, origin="bench").run()
-    finally:
-        quiet.setLevel(level)
-    return Trained(np.concatenate(labels), np.concatenate(logits), validator_auc=report.auc)
 
 
 class EventClock:
@@ -410,6 +330,10 @@ def run(quick: bool, data_dir: Path | None = None, out_dir: Path | None = None) 
         work = Path(tmp)
         parity, curves = _parity(streams, data_dir, work, limit)
         result.update(parity)
+        tasks, task_curves = multitask_parity(streams[CRITEO_ATTRIBUTION], data_dir, work, limit)
+        result.update(tasks)
+        if task_curves:
+            curves[f"{CRITEO_ATTRIBUTION}, two tasks"] = task_curves
         if not quick:
             progress("experiments (one change at a time)")
             result["experiments"] = _experiments(streams, data_dir, work)

@@ -17,6 +17,13 @@ Models (``kind``), over F one-hot fields of width k::
 Options for the controlled experiments of docs/accuracy.md: the init scale,
 element-wise instead of row-wise Adagrad, and admission after ``min_count``
 occurrences (a zero row, never updated, until then).
+
+Several tasks (``tasks``, kind ``concat`` only): the top MLP's hidden layers
+become a trunk shared by the tasks, and each task gets its own last layer (the
+network of :mod:`kelp.bench.two_heads`); the loss is the sum of the tasks' mean
+BCEs, as Kelp's step sums them with every ``loss_weight`` 1::
+
+    concat   x -> Linear 256 -> ReLU -> Linear 64 -> ReLU -> head_t: Linear 1 -> logit_t
 """
 
 from __future__ import annotations
@@ -47,11 +54,16 @@ class ReferenceOptions:
     rowwise: bool = True
     min_count: int = 1
     seed: int = 0
+    tasks: tuple[str, ...] = ()
+    """Several labels (the stream's, by name), one head each; empty: the stream's one label."""
 
 
 @dataclass(frozen=True)
 class ReferenceRun:
-    """Pre-update logits f32[N] (progressive validation) and the labels f32[N] they score."""
+    """Pre-update logits f32[N] (progressive validation) and the labels f32[N] they score.
+
+    With ``ReferenceOptions.tasks``: f32[N, T] both, column t = ``tasks[t]``.
+    """
 
     logits: np.ndarray
     labels: np.ndarray
@@ -70,7 +82,12 @@ class _Model(nn.Module):
         for size in options.top_mlp:
             layers += [nn.Linear(in_width, size), nn.ReLU()]
             in_width = size
-        self.deep = nn.Sequential(*layers, nn.Linear(in_width, 1))
+        n_tasks = len(options.tasks)
+        if n_tasks and self.kind != "concat":
+            raise ValueError(f"several tasks need kind 'concat', not {self.kind!r}")
+        # several tasks: the hidden layers are the shared trunk, each task has its own last layer
+        self.deep = nn.Sequential(*layers) if n_tasks else nn.Sequential(*layers, nn.Linear(in_width, 1))
+        self.heads = nn.ModuleList(nn.Linear(in_width, 1) for _ in range(n_tasks)) if n_tasks else None
         self.first = nn.ModuleList(nn.Embedding(v, 1) for v in vocab) if self.kind == "deepfm" else None
         if self.first is not None:
             for e in self.first:
@@ -86,6 +103,9 @@ class _Model(nn.Module):
         """``x`` int64[B, F] remapped ids; ``live[f]`` f32[B, 1]: 1 where the id is admitted, else 0."""
         fields = [self.emb[f](x[:, f]) * live[f] for f in range(x.shape[1])]
         flat = torch.cat(fields, dim=1)
+        if self.heads is not None:  # f32[B, T]
+            trunk = self.deep(flat)
+            return torch.cat([head(trunk) for head in self.heads], dim=1)
         logit = self.deep(flat).squeeze(1)
         if self.kind == "concat":
             return logit
@@ -117,7 +137,7 @@ def _adagrad(table: Tensor, accumulator: Tensor, options: ReferenceOptions) -> N
 
 
 def train_reference(stream: Stream, options: ReferenceOptions) -> ReferenceRun:
-    """One progressive pass over ``stream`` in order; returns every sample's pre-update logit."""
+    """One progressive pass over ``stream`` in order; returns every sample's pre-update logit (per task)."""
     torch.manual_seed(options.seed)
     remapped = np.empty(stream.ids.shape, dtype=np.int64)
     vocab = []
@@ -131,8 +151,9 @@ def train_reference(stream: Stream, options: ReferenceOptions) -> ReferenceRun:
     dense = torch.optim.Adam([p for p in model.parameters() if id(p) not in sparse_ids], lr=options.dense_lr)
     accumulators = [torch.zeros(t.shape[0], 1 if options.rowwise else t.shape[1]) for t in sparse]
     seen = [np.zeros(v, dtype=np.int64) for v in vocab]
-    x_all, y_all = torch.from_numpy(remapped), torch.from_numpy(stream.labels)
-    logits = np.empty(len(stream.labels), dtype=np.float32)
+    labels = stream.task_labels(options.tasks) if options.tasks else stream.labels
+    x_all, y_all = torch.from_numpy(remapped), torch.from_numpy(labels)
+    logits = np.empty(labels.shape, dtype=np.float32)
     for start in range(0, len(stream.labels), options.batch_size):
         x, y = x_all[start : start + options.batch_size], y_all[start : start + options.batch_size]
         live = []
@@ -141,10 +162,13 @@ def train_reference(stream: Stream, options: ReferenceOptions) -> ReferenceRun:
             live.append(torch.from_numpy(counts[remapped[start : start + len(y), f]] >= options.min_count))
         logit = model(x, [m.float().unsqueeze(1) for m in live])
         logits[start : start + len(y)] = logit.detach().numpy()
-        loss = F.binary_cross_entropy_with_logits(logit, y)
+        if options.tasks:  # each task's mean BCE, summed (Kelp's step with every loss_weight 1)
+            loss = F.binary_cross_entropy_with_logits(logit, y, reduction="none").mean(dim=0).sum()
+        else:
+            loss = F.binary_cross_entropy_with_logits(logit, y)
         dense.zero_grad(set_to_none=True)
         loss.backward()
         dense.step()
         for table, accumulator in zip(sparse, accumulators, strict=True):
             _adagrad(table, accumulator, options)
-    return ReferenceRun(logits=logits, labels=stream.labels)
+    return ReferenceRun(logits=logits, labels=labels)

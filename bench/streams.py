@@ -6,7 +6,9 @@ reads the same files through its own CSV source (the example configs), so the
 two paths share no parsing code.
 
 * ``criteo-attribution`` (``train.csv.gz``): rows sorted by ``orig_row`` (the
-  original log order); features cat1, cat4, cat6, cat8, cat9; label ``click``.
+  original log order); features cat1, cat4, cat6, cat8, cat9; label ``click``,
+  and ``conversion`` as a second label where the file has that column (the
+  full Criteo Attribution dataset has it; the sample Kelp ships does not).
 * ``movielens-100k`` (``u.data`` + ``u.item``): ratings sorted by time (stable);
   label = rating >= 4 (implicit feedback); features user, item and the film's
   first genre flag (``unknown`` first, as in ``u.item``'s column order).
@@ -16,7 +18,8 @@ from __future__ import annotations
 
 import csv
 import gzip
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +27,19 @@ import numpy as np
 from kelp.errors import UserError
 from kelp.examples import data_dir
 
-__all__ = ["CRITEO_ATTRIBUTION", "MOVIELENS", "SHIPPED_DATA", "Stream", "load_stream", "stream_folder"]
+__all__ = [
+    "CRITEO_ATTRIBUTION",
+    "CRITEO_ATTRIBUTION_TASKS",
+    "MOVIELENS",
+    "SHIPPED_DATA",
+    "Stream",
+    "load_stream",
+    "stream_folder",
+]
 
 CRITEO_ATTRIBUTION = "criteo-attribution"
+CRITEO_ATTRIBUTION_TASKS = ("click", "conversion")
+"""The two labels of criteo-attribution's two-task run, in task order."""
 MOVIELENS = "movielens-100k"
 SHIPPED_DATA = data_dir()
 """The samples Kelp ships (criteo-attribution's train split among them; MovieLens is not redistributed)."""
@@ -34,19 +47,39 @@ SHIPPED_DATA = data_dir()
 
 @dataclass(frozen=True)
 class Stream:
-    """``ids`` int64[N, F] (column f = ``features[f]``), ``labels`` f32[N], ``ts`` f64[N] (NaN: none)."""
+    """``ids`` int64[N, F] (column f = ``features[f]``), ``labels`` f32[N], ``ts`` f64[N] (NaN: none).
+
+    ``labels`` is the label named ``label``; ``extra_labels`` holds any other
+    label the file has (name -> f32[N]), for runs with several tasks.
+    """
 
     name: str
     features: tuple[str, ...]
     ids: np.ndarray
     labels: np.ndarray
     ts: np.ndarray
+    label: str = "label"
+    extra_labels: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def head(self, n: int | None) -> Stream:
         """The first ``n`` samples (all when None)."""
         if n is None or n >= len(self.labels):
             return self
-        return Stream(self.name, self.features, self.ids[:n], self.labels[:n], self.ts[:n])
+        extra = {k: v[:n] for k, v in self.extra_labels.items()}
+        return Stream(self.name, self.features, self.ids[:n], self.labels[:n], self.ts[:n], self.label, extra)
+
+    def has_labels(self, tasks: Sequence[str]) -> bool:
+        return all(t == self.label or t in self.extra_labels for t in tasks)
+
+    def task_labels(self, tasks: Sequence[str]) -> np.ndarray:
+        """f32[N, T], column t = the label named ``tasks[t]``; a KeyError names a label the stream lacks."""
+        columns = []
+        for task in tasks:
+            if task != self.label and task not in self.extra_labels:
+                known = [self.label, *self.extra_labels]
+                raise KeyError(f"{self.name} has no label {task!r} (it has {known})")
+            columns.append(self.labels if task == self.label else self.extra_labels[task])
+        return np.stack(columns, axis=1).astype(np.float32, copy=False)
 
 
 def _criteo_attribution(folder: Path) -> Stream:
@@ -56,7 +89,12 @@ def _criteo_attribution(folder: Path) -> Stream:
     rows.sort(key=lambda r: int(r["orig_row"]))
     ids = np.array([[int(r[f]) for f in features] for r in rows], dtype=np.int64)
     labels = np.array([float(r["click"]) for r in rows], dtype=np.float32)
-    return Stream(CRITEO_ATTRIBUTION, features, ids, labels, np.full(len(rows), np.nan))
+    extra = {
+        name: np.array([float(r[name]) for r in rows], dtype=np.float32)
+        for name in CRITEO_ATTRIBUTION_TASKS[1:]
+        if rows and name in rows[0]
+    }
+    return Stream(CRITEO_ATTRIBUTION, features, ids, labels, np.full(len(rows), np.nan), "click", extra)
 
 
 def _movielens(folder: Path) -> Stream:

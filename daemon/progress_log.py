@@ -10,6 +10,14 @@ starts a new run: its progressive metrics start again)::
      "fraction": 0.31, "auc_window": 0.71, "auc": 0.69, "log_loss_window": 0.60, "log_loss": 0.62,
      "samples_per_s": 25000.0}
 
+With several labels (``features.labels``) a point also carries each task's
+metrics under ``tasks``; the top-level metrics stay the first task's, so a
+reader that knows nothing of tasks draws the first task as before, and a
+one-task point is exactly the line above::
+
+    {..., "auc": 0.69, ..., "tasks": {"click": {"auc_window": 0.71, "auc": 0.69,
+     "log_loss_window": 0.60, "log_loss": 0.62}, "buy": {"auc_window": 0.83, ...}}}
+
 Points are written at every 1% of a file source and every
 ``trainer.progress_every_s`` in which samples were trained (on a topic gone
 quiet, one more point covers the last batch, then none until samples arrive);
@@ -24,12 +32,18 @@ import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["PROGRESS_FILE", "ProgressLog", "read_progress"]
+if TYPE_CHECKING:  # typing only: kelp report reads records without importing the trainer (torch)
+    from kelp.trainer.evaluation import AucResult
+
+__all__ = ["METRICS", "PROGRESS_FILE", "ProgressLog", "point_tasks", "read_progress", "task_fields"]
 
 PROGRESS_FILE = "progress.jsonl"
+METRICS: tuple[str, ...] = ("auc_window", "auc", "log_loss_window", "log_loss")
+"""The metrics of a point (top level: the first task's) and of each entry of its ``tasks``."""
 log = logging.getLogger("kelp.train")
 
 
@@ -44,8 +58,9 @@ class ProgressLog:
     def write(self, **point: Any) -> None:
         if self.path is None:
             return
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in point.items()}
-        line = json.dumps({"run": self.run, "t": round(time.time(), 3), **clean}, sort_keys=True)
+        doc = {"run": self.run, "t": round(time.time(), 3), **_finite(point)}
+        # Top-level keys sorted (as always); ``tasks`` keeps config order, the order its curves are drawn in.
+        line = json.dumps(dict(sorted(doc.items())))
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as fh:
@@ -55,6 +70,44 @@ class ProgressLog:
             self.path = None
             return
         self.points += 1
+
+
+def _finite(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Non-finite floats become null (JSON has no NaN), in nested maps too (``tasks``)."""
+    return {
+        k: _finite(v)
+        if isinstance(v, Mapping)
+        else (None if isinstance(v, float) and not math.isfinite(v) else v)
+        for k, v in doc.items()
+    }
+
+
+def task_fields(results: Mapping[str, tuple[AucResult, AucResult]]) -> dict[str, dict[str, float]]:
+    """A point's ``tasks``: task -> its metrics, from ``TaskValidators.results()`` (cumulative, windowed)."""
+    return {
+        task: {
+            "auc_window": window.auc,
+            "auc": total.auc,
+            "log_loss_window": window.log_loss,
+            "log_loss": total.log_loss,
+        }
+        for task, (total, window) in results.items()
+    }
+
+
+def point_tasks(point: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """task -> its :data:`METRICS` at ``point`` (NaN where null or missing); ``{}`` for a one-task point."""
+    tasks = point.get("tasks")
+    if not isinstance(tasks, Mapping):
+        return {}
+    return {
+        str(task): {k: _number(m.get(k) if isinstance(m, Mapping) else None) for k in METRICS}
+        for task, m in tasks.items()
+    }
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
 
 
 def read_progress(path: Path) -> dict[str, list[dict[str, Any]]]:

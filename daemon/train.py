@@ -46,7 +46,7 @@ from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import END, Prefetcher, Prepared, PushWriter
 from kelp.daemon.preflight import preflight
-from kelp.daemon.progress_log import ProgressLog
+from kelp.daemon.progress_log import ProgressLog, task_fields
 from kelp.daemon.resume import adopt, leader_start
 from kelp.daemon.summary import RunSummary, summarize
 from kelp.errors import KelpError, UserError
@@ -579,6 +579,10 @@ class TrainDaemon:
             self._record_hundredths = int(fraction * 100)
         self._last_record = (now, self.report.samples)
         window, total = self.validator.windowed(), self.validator.cumulative()
+        tasks = self.step.task_validators
+        per_task = (
+            {"tasks": task_fields(tasks.results())} if tasks is not None and len(tasks.names) > 1 else {}
+        )
         self.progress_log.write(
             step=self.step_no,
             samples=self.report.samples,
@@ -588,6 +592,7 @@ class TrainDaemon:
             log_loss_window=window.log_loss,
             log_loss=total.log_loss,
             samples_per_s=round((self.report.samples - samples_then) / max(now - since, 1e-9), 1),
+            **per_task,  # several labels only: a one-task point is unchanged
         )
 
     def _export_eval(self) -> None:

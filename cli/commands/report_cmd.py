@@ -3,16 +3,23 @@
 ``RUN`` is the run's progress record (``progress.jsonl``, written by ``kelp
 train`` into its checkpoint directory), that directory, or the run directory
 above it (``runs/<deployment>``); ``--config FILE`` finds it from the config.
+A run with several labels (``features.labels``) draws one curve per task,
+labelled by the task's name; a one-task run draws one curve.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kelp.errors import UserError
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from kelp.plots import Curve
+
+__all__ = ["register", "run_curves"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,27 +53,46 @@ def find_record(run: Path | None, config: Path | None) -> Path:
     raise UserError(f"{run}: no {PROGRESS_FILE} there (kelp train writes it into trainer.checkpoint_dir)")
 
 
+def run_curves(name: str, points: Sequence[Mapping[str, Any]]) -> list[Curve]:
+    """One run's curves: one for a one-task record, else one per task (in the record's order).
+
+    A task missing from a point (or a null metric) is NaN there, so every curve
+    has one value per point and the panels share their x axis.
+    """
+    from kelp.daemon.progress_log import METRICS, point_tasks
+    from kelp.plots import Curve
+
+    per_point = [point_tasks(p) for p in points]
+    tasks = list(dict.fromkeys(t for tasks in per_point for t in tasks))
+    if not tasks:
+        curve = Curve(f"run {name}")
+        for p in points:
+            curve.add(int(p["samples"]), *(_metric(p.get(k)) for k in METRICS))
+        return [curve]
+    curves = []
+    for task in tasks:
+        curve = Curve(f"run {name}: {task}")
+        for p, got in zip(points, per_point, strict=True):
+            metrics = got.get(task, {})
+            curve.add(int(p["samples"]), *(metrics.get(k, float("nan")) for k in METRICS))
+        curves.append(curve)
+    return curves
+
+
+def _metric(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
 def _report(args: argparse.Namespace) -> int:
     from kelp.daemon.progress_log import read_progress
-    from kelp.plots import Curve, plot_learning
+    from kelp.plots import plot_learning
 
     record = find_record(args.run, args.config)
     runs = read_progress(record)
     if not runs:
         raise UserError(f"{record}: no progress points yet")
     chosen = list(runs.items()) if args.all_runs else [list(runs.items())[-1]]
-    curves = []
-    for name, points in chosen:
-        curve = Curve(f"run {name}")
-        for p in points:
-            curve.add(
-                int(p["samples"]),
-                *(
-                    float("nan") if p.get(k) is None else float(p[k])
-                    for k in ("auc_window", "auc", "log_loss_window", "log_loss")
-                ),
-            )
-        curves.append(curve)
+    curves = [curve for name, points in chosen for curve in run_curves(name, points)]
     out = args.out or record.with_name("report.png")
     last = chosen[-1][1][-1]
     title = f"{record.parent}: {last['samples']:,} samples, step {last['step']}" + (
@@ -75,5 +101,6 @@ def _report(args: argparse.Namespace) -> int:
         else ""
     )
     path = plot_learning(curves, out, title)
-    print(f"wrote {path} ({sum(len(c.samples) for c in curves)} points)")
+    points = sum(len(points) for _name, points in chosen)
+    print(f"wrote {path} ({points} points, {len(curves)} curve{'s' if len(curves) != 1 else ''})")
     return 0

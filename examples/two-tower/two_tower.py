@@ -12,6 +12,18 @@ tower outputs plus a learned bias::
 Because the towers never see each other's features, an item's vector can be
 computed once per item and matched against many users (retrieval); Kelp serves
 the whole model, scoring one user against candidates with ``/v1/score/candidates``.
+
+With several labels (``features.labels``, e.g. click and buy) each tower keeps
+one shared hidden layer and gets a last layer per task, and the forward returns
+``{task: logits}``::
+
+    user features ──► shared hidden ──► u_t = head_t(h_u) ─┐
+                                                           ├─► (u_t · v_t) + bias_t ──► logit_t
+    item features ──► shared hidden ──► v_t = head_t(h_v) ─┘
+
+A task's own last layers (not only a scale and bias on one dot product) let the
+tasks rank items differently, while each task's item vectors can still be
+computed once per item. One label builds exactly the one-task model above.
 Keep the model in this one module: the snapshot's digest covers this file only.
 """
 
@@ -32,11 +44,15 @@ def _tower(width_in: int, hidden: int, dim: int) -> nn.Sequential:
 
 
 class TwoTower(nn.Module):
-    """``logit = user_tower(user features) · item_tower(item features) + bias``.
+    """``logit = user_tower(user features) · item_tower(item features) + bias``, one per task.
 
     ``user_features`` and ``item_features`` name the spec's features (sparse or
     dense); each feature belongs to exactly one tower, so no input is left
-    untrained and none is shared.
+    untrained and none is shared. With one task the towers are whole MLPs and
+    the forward returns logits f32[B]; with several, ``user_tower`` and
+    ``item_tower`` are the shared hidden layers, ``user_heads[t]`` and
+    ``item_heads[t]`` task ``t``'s last layers (``spec.tasks`` order), and the
+    forward returns ``{task: logits f32[B]}``.
     """
 
     def __init__(
@@ -57,14 +73,28 @@ class TwoTower(nn.Module):
         self.item_sparse = [n for n in spec.sparse if n in item_features]
         user_in = len(self.user_dense) + sum(spec.sparse[n] for n in self.user_sparse)
         item_in = len(self.item_dense) + sum(spec.sparse[n] for n in self.item_sparse)
-        self.user_tower = _tower(user_in, hidden, dim)
-        self.item_tower = _tower(item_in, hidden, dim)
-        self.bias = nn.Parameter(torch.zeros(()))
+        self.tasks = tuple(spec.tasks)
+        if len(self.tasks) == 1:
+            self.user_tower = _tower(user_in, hidden, dim)
+            self.item_tower = _tower(item_in, hidden, dim)
+            self.bias = nn.Parameter(torch.zeros(()))
+            return
+        self.user_tower = nn.Sequential(nn.Linear(user_in, hidden), nn.ReLU())
+        self.item_tower = nn.Sequential(nn.Linear(item_in, hidden), nn.ReLU())
+        # ModuleLists in task order: a label's name need not be a valid module key
+        self.user_heads = nn.ModuleList(nn.Linear(hidden, dim) for _ in self.tasks)
+        self.item_heads = nn.ModuleList(nn.Linear(hidden, dim) for _ in self.tasks)
+        self.bias = nn.Parameter(torch.zeros(len(self.tasks)))
 
-    def forward(self, batch: ModelInput) -> Tensor:
+    def forward(self, batch: ModelInput) -> Tensor | dict[str, Tensor]:
         user = self.user_tower(_inputs(batch, self.user_dense, self.user_sparse))
         item = self.item_tower(_inputs(batch, self.item_dense, self.item_sparse))
-        return (user * item).sum(dim=1) + self.bias
+        if len(self.tasks) == 1:
+            return (user * item).sum(dim=1) + self.bias
+        return {
+            task: (u(user) * v(item)).sum(dim=1) + self.bias[t]
+            for t, (task, u, v) in enumerate(zip(self.tasks, self.user_heads, self.item_heads, strict=True))
+        }
 
 
 def _inputs(batch: ModelInput, dense_columns: list[int], sparse: list[str]) -> Tensor:
@@ -89,8 +119,6 @@ def _check_split(spec: ModelSpec, user: Sequence[str], item: Sequence[str]) -> N
     left = sorted(known - set(user) - set(item))
     if left:
         raise ValueError(f"features {left} are in neither user_features nor item_features")
-    if len(spec.tasks) != 1:
-        raise ValueError(f"this model predicts one label, the config has {list(spec.tasks)}")
 
 
 def two_tower(

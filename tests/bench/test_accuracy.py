@@ -36,6 +36,16 @@ def test_quick_run_reports_parity_sweep_and_writes_the_png(tmp_path: Path) -> No
         assert result[f"{stream}_auc_gap"] == pytest.approx(
             result[f"{stream}_auc"] - result[f"{stream}_reference_auc"], abs=2e-4
         )
+    # the two-task run needs a conversion label; without one it says so and trains nothing
+    skipped = result.get("criteo_attribution_multitask_skipped")
+    if skipped is not None:
+        assert "no conversion column" in skipped
+        assert not any(k.startswith("criteo_attribution_multitask_click") for k in result)
+    else:
+        for task in ("click", "conversion"):
+            for key in ("auc", "reference_auc", "auc_gap", "log_loss", "reference_log_loss"):
+                value = result[f"criteo_attribution_multitask_{task}_{key}"]
+                assert value is not None and math.isfinite(value), (task, key, value)
     sweep = {p["name"]: p for p in result["sweep"]}
     assert set(sweep) == {"min_count 1", "min_count 3", "min_count 3 + fallback", "TTL 7 d"}
     assert sweep["min_count 1"]["admission_counters"] == 0  # min_count 1 keeps no counters

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from kelp.bench.streams import CRITEO_ATTRIBUTION, MOVIELENS, SHIPPED_DATA, load_stream, stream_folder
+from kelp.bench.streams import (
+    CRITEO_ATTRIBUTION,
+    CRITEO_ATTRIBUTION_TASKS,
+    MOVIELENS,
+    SHIPPED_DATA,
+    load_stream,
+    stream_folder,
+)
 from kelp.errors import UserError
 
 
@@ -26,3 +33,13 @@ def test_movielens_is_not_shipped_and_says_where_to_get_it(tmp_path: Path) -> No
     assert not (SHIPPED_DATA / MOVIELENS).exists()
     with pytest.raises(UserError, match=r"grouplens\.org"):
         load_stream(MOVIELENS, tmp_path)
+
+
+def test_the_shipped_criteo_attribution_sample_has_no_conversion_label(tmp_path: Path) -> None:
+    stream = load_stream(CRITEO_ATTRIBUTION, tmp_path)
+    assert stream.label == "click" and dict(stream.extra_labels) == {}
+    assert not stream.has_labels(CRITEO_ATTRIBUTION_TASKS)
+    with pytest.raises(KeyError, match="no label 'conversion'"):
+        stream.task_labels(CRITEO_ATTRIBUTION_TASKS)
+    head = stream.head(10)
+    assert head.label == "click" and head.task_labels(["click"]).shape == (10, 1)

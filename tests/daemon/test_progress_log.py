@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
 
-from kelp.daemon.progress_log import PROGRESS_FILE, ProgressLog, read_progress
+from kelp.config import FeatureSpec, FileSourceConfig
+from kelp.daemon.progress_log import PROGRESS_FILE, ProgressLog, point_tasks, read_progress, task_fields
+from kelp.daemon.train import TrainDaemon
+from kelp.trainer.evaluation import AucResult
 
 
 def test_points_are_json_lines_named_by_run_and_non_finite_values_become_null(tmp_path: Path) -> None:
@@ -51,3 +55,50 @@ def test_no_directory_records_nothing() -> None:
     record = ProgressLog(None)
     record.write(step=1, samples=1)
     assert record.points == 0
+
+
+def test_task_fields_and_point_tasks_round_trip_and_a_one_task_point_has_none() -> None:
+    results = {
+        "click": (AucResult(0.7, 0.01, 0.5, 100, 30), AucResult(0.72, 0.02, 0.48, 50, 15)),
+        "buy": (AucResult(float("nan"), 0.0, 0.1, 100, 0), AucResult(float("nan"), 0.0, 0.1, 50, 0)),
+    }
+    fields = task_fields(results)
+    assert fields["click"] == {"auc_window": 0.72, "auc": 0.7, "log_loss_window": 0.48, "log_loss": 0.5}
+    back = point_tasks(json.loads(json.dumps({"tasks": {"buy": {**fields["buy"], "auc": None}}})))
+    assert math.isnan(back["buy"]["auc"]) and back["buy"]["log_loss"] == 0.1
+    assert point_tasks({"auc": 0.7, "samples": 1}) == {}
+
+
+def test_a_two_label_run_records_each_task_and_its_last_point_matches_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .conftest import base_config
+    from .test_multitask_train import MODELS, ROWS, write_events
+
+    monkeypatch.syspath_prepend(str(MODELS))
+    cfg = base_config(tmp_path, model="two_heads:TwoHeads", model_args={})
+    cfg.features = FeatureSpec(
+        labels=[{"name": "click"}, {"name": "buy"}],
+        dense=[{"name": "d0"}, {"name": "d1"}],
+        sparse=[{"name": "user"}],
+    )
+    cfg.source = FileSourceConfig(
+        path=write_events(tmp_path / "events.jsonl"),
+        format="json",
+        json={
+            "label_field": "click",
+            "labels": {"buy": "buy"},
+            "dense_fields": ["d0", "d1"],
+            "sparse_fields": ["user"],
+        },
+    )
+    report = TrainDaemon(cfg).run()
+    assert report.summary is not None and report.summary.progress_log is not None
+    [points] = read_progress(Path(report.summary.progress_log)).values()
+    assert all(list(p["tasks"]) == ["click", "buy"] for p in points)
+    last = points[-1]
+    assert last["samples"] == ROWS
+    for task, m in report.summary.tasks.items():
+        assert last["tasks"][task]["auc"] == pytest.approx(m["auc"])
+        assert last["tasks"][task]["log_loss"] == pytest.approx(m["log_loss"])
+    assert last["auc"] == last["tasks"]["click"]["auc"]  # the top level stays the first task's

@@ -270,3 +270,73 @@ def test_each_feature_belongs_to_exactly_one_tower(user: list[str], item: list[s
     spec = ModelSpec(dense=("hour",), sparse={"user": 16, "country": 16, "item": 16, "category": 16})
     with pytest.raises(ValueError, match=re.escape(message)):
         two_tower(spec, user_features=user, item_features=item)
+
+
+def _two_tower_module() -> Any:
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import two_tower
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    return two_tower
+
+
+def _spec_and_batch(tasks: tuple[str, ...]) -> tuple[Any, Any]:
+    import torch
+
+    from kelp.trainer import ModelInput, ModelSpec
+
+    spec = ModelSpec(
+        dense=("hour",), sparse={"user": 16, "country": 16, "item": 16, "category": 16}, tasks=tasks
+    )
+    g = torch.Generator().manual_seed(0)
+    batch = ModelInput(
+        dense=torch.randn(8, 1, generator=g),
+        sparse={name: torch.randn(8, 16, generator=g) for name in spec.sparse},
+    )
+    return spec, batch
+
+
+SPLIT = {"user_features": ["user", "country", "hour"], "item_features": ["item", "category"]}
+
+
+def test_one_label_builds_the_one_task_model_as_before() -> None:
+    import torch
+
+    from kelp.trainer.model_api import to_logits
+
+    spec, batch = _spec_and_batch(("clicked",))
+    torch.manual_seed(3)
+    model = _two_tower_module().two_tower(spec, **SPLIT)
+    # the parameter names a one-task snapshot holds: towers of Linear-ReLU-Linear and one scalar bias
+    assert sorted(n for n, _ in model.named_parameters()) == [
+        "bias",
+        *(f"{t}_tower.{i}.{p}" for t in ("item", "user") for i in (0, 2) for p in ("bias", "weight")),
+    ]
+    out = model(batch)
+    assert isinstance(out, torch.Tensor) and out.shape == (8,)
+    user = model.user_tower(torch.cat([batch.dense, batch.sparse["user"], batch.sparse["country"]], dim=1))
+    item = model.item_tower(torch.cat([batch.sparse["item"], batch.sparse["category"]], dim=1))
+    assert torch.allclose(out, (user * item).sum(dim=1) + model.bias)
+    assert torch.equal(to_logits(out, spec, 8), out)
+
+
+def test_two_labels_give_one_logit_per_task_from_shared_hidden_layers() -> None:
+    import torch
+
+    from kelp.trainer.step import task_logits
+
+    spec, batch = _spec_and_batch(("clicked", "bought"))
+    torch.manual_seed(3)
+    model = _two_tower_module().two_tower(spec, **SPLIT)
+    out = model(batch)
+    assert isinstance(out, dict) and list(out) == ["clicked", "bought"]
+    assert all(v.shape == (8,) and v.dtype == torch.float32 for v in out.values())
+    assert not torch.allclose(out["clicked"], out["bought"])  # each task has its own last layers
+    logits = task_logits(out, spec, 8)  # what the trainer reads: f32[B, T] in spec.tasks order
+    assert torch.equal(logits[:, 1], out["bought"])
+    # one task's loss trains the shared layers and that task's heads only
+    out["bought"].sum().backward()
+    assert model.user_tower[0].weight.grad is not None and model.item_tower[0].weight.grad is not None
+    assert model.user_heads[0].weight.grad is None and model.user_heads[1].weight.grad is not None
+    assert model.bias.grad is not None and model.bias.grad.tolist() == [0.0, 8.0]
