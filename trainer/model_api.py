@@ -238,7 +238,7 @@ def import_factory(model: str) -> ModelFactory:
     return target
 
 
-def _source_files(reference: str, factory: object) -> list[Path]:
+def _module_files(reference: str, factory: object) -> list[Path]:
     """The file of the referenced module, plus that of the module defining ``factory`` when it differs."""
     names = [reference.split(":", 1)[0]]
     defined_in = getattr(factory, "__module__", None)
@@ -253,19 +253,58 @@ def _source_files(reference: str, factory: object) -> list[Path]:
     return files
 
 
+def _package_root(module_name: str) -> Path | None:
+    """The folder of ``module_name``'s top-level package, or None for a top-level module (one file)."""
+    top = sys.modules.get(module_name.split(".", 1)[0])
+    locations = getattr(top, "__path__", None)  # only packages have one
+    if not locations:
+        return None
+    return Path(next(iter(locations)))
+
+
+def _source_files(reference: str, factory: object) -> list[tuple[str, Path]]:
+    """``(name, path)`` of every source file a model's digest covers, in a stable order.
+
+    A model in a package (``mypkg.towers:make``) is usually spread over several
+    of its modules (layers, heads, helpers), and an edit to any of them changes
+    what the weights mean: every ``.py`` file under the top-level package's
+    folder is covered, named by its path relative to that folder. A top-level
+    module, and a built-in (whose package is Kelp itself), is its own file.
+    """
+    module_name = reference.split(":", 1)[0]
+    root = None if is_builtin(reference) else _package_root(module_name)
+    if root is None or not root.is_dir():
+        return [(path.name, path) for path in _module_files(reference, factory)]
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    return [(p.relative_to(root).as_posix(), p) for p in files]
+
+
+_DIGESTS: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+"""Digests by reference and the (name, mtime, size) of its files: a replica checks every
+snapshot it loads, and a large model package need not be re-read while it has not changed."""
+
+
 def model_digest(model: str) -> str:
     """``sha256:<hex>`` of the source file(s) behind ``model``: equal digests mean the same model code.
 
-    Covers the module the reference names and the one that defines the factory;
-    code those import is not covered (put a model's code in one module).
+    Covers the referenced module and the one defining the factory, and, for a
+    model inside a package, every module of that package (:func:`_source_files`).
+    Code outside the package (other installed libraries) is not covered.
     """
     reference = resolve_reference(model)
     factory = import_factory(reference)
+    files = _source_files(reference, factory)
+    stamp = tuple((name, (st := path.stat()).st_mtime_ns, st.st_size) for name, path in files)
+    key = (reference, stamp)
+    cached = _DIGESTS.get(key)
+    if cached is not None:
+        return cached
     digest = hashlib.sha256()
-    for path in _source_files(reference, factory):
-        digest.update(path.name.encode() + b"\n")
+    for name, path in files:
+        digest.update(name.encode() + b"\n")
         digest.update(path.read_bytes())
-    return "sha256:" + digest.hexdigest()
+    _DIGESTS[key] = "sha256:" + digest.hexdigest()
+    return _DIGESTS[key]
 
 
 def model_kwargs(config: TrainerConfig) -> dict[str, Any]:

@@ -118,3 +118,57 @@ def test_the_checkpoint_fingerprint_covers_a_plugin_model_source(tmp_path: Path)
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("edited_model", None)
+
+
+PACKAGE_MODEL = """
+from torch import nn
+
+from .layers import head
+
+
+def make(spec):
+    return Model(len(spec.dense) + sum(spec.sparse.values()))
+
+
+class Model(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.head = head(width)
+
+    def forward(self, batch):
+        import torch
+
+        return self.head(torch.cat([batch.dense, *batch.sparse.values()], dim=1)).squeeze(1)
+"""
+
+
+def test_a_model_in_a_package_is_digested_with_every_module_of_its_package(tmp_path: Path) -> None:
+    """Editing a helper module the model imports changes the digest; a file outside the package does not."""
+    package = tmp_path / "user_pkg_digest"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text(PACKAGE_MODEL)
+    (package / "layers.py").write_text(
+        "from torch import nn\n\n\ndef head(width):\n    return nn.Linear(width, 1)\n"
+    )
+    outside = tmp_path / "unrelated.py"
+    outside.write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        reference = "user_pkg_digest.model:make"
+        check_model(small_spec(), small_config(model=reference))  # imports, builds and runs it once
+        first = model_digest(reference)
+        outside.write_text("X = 2\n")
+        assert model_digest(reference) == first
+        layers = package / "layers.py"
+        layers.write_text(
+            layers.read_text().replace("nn.Linear(width, 1)", "nn.Linear(width, 1, bias=False)")
+        )
+        edited = model_digest(reference)
+        assert edited != first
+        (package / "extra.py").write_text("# a new module of the package\n")
+        assert model_digest(reference) != edited
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m.startswith("user_pkg_digest")]:
+            sys.modules.pop(name, None)
