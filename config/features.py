@@ -245,6 +245,10 @@ class DenseFeature(StrictModel):
         return v
 
 
+EVENT_FIELDS = frozenset({"v", "batch", "labels", "weight", "ts", "dense", "sparse"})
+"""The event schema's own top-level fields: a label (task) of one of these names would read them."""
+
+
 class LabelSpec(StrictModel):
     """One training target (a task): where its label is, what values it takes, how much its loss counts."""
 
@@ -255,6 +259,16 @@ class LabelSpec(StrictModel):
     loss_weight: float = Field(
         1.0, ge=0, allow_inf_nan=False, description="Factor of this task's loss in the summed loss."
     )
+
+    @field_validator("name")
+    @classmethod
+    def _not_an_event_field(cls, v: str) -> str:
+        if v in EVENT_FIELDS:
+            raise ValueError(
+                f"label name {v!r} is a field of the event schema ({', '.join(sorted(EVENT_FIELDS))}): "
+                "a message would read that field as the label; pick another name"
+            )
+        return v
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

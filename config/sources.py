@@ -78,13 +78,25 @@ class CsvMapping(StrictModel):
     a value of ASCII digits only below 2**64 is that integer id; any other value
     (``-3``, ``0x1f``, ``12.0``, ``alice``, digits of 2**64 and beyond) is a
     string id, hashed with xxh3_64. An empty value is a missing feature.
+
+    With several labels (``features.labels``) ``label_column`` is the first
+    task's and ``label_columns`` names the column of every later task, as the
+    JSON mapping's ``labels`` does; ``weight_column`` gives each row a weight.
     """
 
-    label_column: str
+    label_column: str = Field(description="Column of the label; with features.labels, the first task's.")
     label_threshold: float | None = Field(
         None,
         description="Binary label from a numeric column: 1 when the value is >= this, else 0 (e.g. "
-        "rating >= 4 as implicit feedback). None: the column holds the label itself.",
+        "rating >= 4 as implicit feedback). None: the column holds the label itself. Applies to "
+        "label_column only, never to label_columns.",
+    )
+    label_columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="features.labels: each task after the first -> the column of its label (read as is).",
+    )
+    weight_column: str | None = Field(
+        None, description="Column of the sample weight (a finite number >= 0); None or an empty cell: 1."
     )
     dense_columns: dict[str, str] = Field(default_factory=dict, description="dense feature name -> column.")
     sparse_columns: dict[str, str] = Field(default_factory=dict, description="sparse feature name -> column.")

@@ -1,9 +1,10 @@
 """What a source config promises that only the filesystem can confirm, checked before anything starts.
 
 ``kelp config validate`` and ``kelp train`` call :func:`check_source` so a
-file that is not there, a CSV column the header lacks, or a declared feature
-that no column feeds fails at load with one line naming the field, instead of
-mid-run (or, worse, training silently on no ids).
+file that is not there, a CSV column the header lacks, a declared feature
+that no column feeds, or a task of ``features.labels`` that no column holds
+fails at load with one line naming the field, instead of mid-run (or, worse,
+training silently on no ids, or rejecting every row).
 
 Each problem is ``(field, message)``; ``field`` is the config's dotted path.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kelp.config import FeatureSpec, FileSourceConfig, SourceConfig
+from kelp.config import CsvMapping, FeatureSpec, FileSourceConfig, SourceConfig
 from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES
 from kelp.consumers.errors import SourceUserError
 
@@ -61,6 +62,11 @@ def _check_csv(source: FileSourceConfig, features: FeatureSpec) -> list[Problem]
             )
 
     column("source.csv.label_column", mapping.label_column)
+    problems += _check_csv_labels(mapping, features)
+    for task, col in mapping.label_columns.items():
+        column(f"source.csv.label_columns.{task}", col)
+    if mapping.weight_column:
+        column("source.csv.weight_column", mapping.weight_column)
     if mapping.sort_by:
         column("source.csv.sort_by", mapping.sort_by, own)
     if mapping.event_time_column:
@@ -92,6 +98,24 @@ def _check_csv(source: FileSourceConfig, features: FeatureSpec) -> list[Problem]
                     "maps a column to it (no column: it would train with no ids)",
                 )
             )
+    return problems
+
+
+def _check_csv_labels(mapping: CsvMapping, features: FeatureSpec) -> list[Problem]:
+    """``label_columns`` names exactly the tasks after the first: one left out would reject every row."""
+    tasks = features.task_names()
+    problems: list[Problem] = [
+        (
+            f"source.csv.label_columns.{task}",
+            f"{task!r} is not a label after the first of features.labels "
+            f"(the first, {tasks[0]!r}, is label_column)",
+        )
+        for task in mapping.label_columns
+        if task not in tasks[1:]
+    ]
+    missing = [t for t in tasks[1:] if t not in mapping.label_columns]
+    if missing:
+        problems.append(("source.csv.label_columns", f"label(s) {', '.join(missing)} have no column"))
     return problems
 
 

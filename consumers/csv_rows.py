@@ -20,7 +20,15 @@ Values become sample fields by fixed rules (written down in the README):
 * numbers parse as int, then float; anything else is left as text and the decoder
   rejects the row as ``bad_type`` (``label is str``, ``dense 'price' is str``); a
   number that is no valid label (not 0/1 for a binary label, NaN) is ``bad_label``,
-  a NaN or infinite dense value ``bad_dense``.
+  a NaN or infinite dense value ``bad_dense``;
+* the labels of later tasks (``label_columns``) go into the sample's ``labels``
+  map and are checked like the first (an empty cell is ``missing_label`` naming
+  the task); ``label_threshold`` turns only the first label into 0/1;
+* a weight cell (``weight_column``) becomes the sample's ``weight``: empty means 1,
+  text is ``bad_type``, a negative, NaN or infinite number ``bad_weight``.
+
+A one-label mapping without a weight writes neither key, so its rows cost
+nothing extra to build or to decode.
 
 :func:`iter_csv_numbered` also yields each row's 1-based line number in the file
 (the header is line 1), so a rejected row is reported as ``FILE:LINE``.
@@ -150,6 +158,22 @@ def _flags(values: list[str], at: list[int], names: list[str], spec: FlagColumns
     return chosen or None
 
 
+def _add_extras(
+    sample: dict[str, Any], values: list[str], extra: list[tuple[str, int]], weight_at: int | None
+) -> None:
+    """The later tasks' labels and the weight of one row, under the message keys the decoder reads.
+
+    A task whose cell is empty is left out of ``labels``, so the decoder rejects
+    the row as ``missing_label`` naming that task; an empty weight is left out
+    (weight 1). Values stay as parsed: the decoder checks them as it checks any
+    message's, so a CSV row and an event get the same reasons.
+    """
+    if extra:
+        sample["labels"] = {task: parse_number(values[i]) for task, i in extra if values[i] != ""}
+    if weight_at is not None and values[weight_at] != "":
+        sample["weight"] = parse_number(values[weight_at])
+
+
 def iter_csv(path: Path, mapping: CsvMapping, label: str = "label") -> Iterator[bytes]:
     """Schema-v1 messages, one per data row of ``path``, columns (joined ones too) mapped by ``mapping``."""
     return (message for _line, message in iter_csv_numbered(path, mapping, label))
@@ -173,6 +197,9 @@ def iter_csv_numbered(path: Path, mapping: CsvMapping, label: str = "label") -> 
                 f"{path}: join column {spec.column!r} is not among its columns ({', '.join(header)})"
             )
     label_at = at(mapping.label_column)
+    extra = [(task, at(col)) for task, col in mapping.label_columns.items()]
+    weight_at = at(mapping.weight_column) if mapping.weight_column else None
+    rich = bool(extra) or weight_at is not None
     ts_at = at(mapping.event_time_column) if mapping.event_time_column else None
     dense = [(name, at(col)) for name, col in mapping.dense_columns.items()]
     sparse = [(name, at(col)) for name, col in mapping.sparse_columns.items()]
@@ -201,4 +228,6 @@ def iter_csv_numbered(path: Path, mapping: CsvMapping, label: str = "label") -> 
             if got is not None:
                 ids[name] = got
         sample["sparse"] = ids
+        if rich:
+            _add_extras(sample, values, extra, weight_at)
         yield line, msgpack.packb(sample, use_bin_type=True)

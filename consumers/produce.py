@@ -64,18 +64,27 @@ def file_messages(
         sample = msgpack.unpackb(r, raw=False)
         key = frozenset(sample.get("dense", {}))
         if group and (key != group_key or len(group) == batch_size):
-            yield _group_message(group), len(group)
+            yield _group_message(group, label), len(group)
             group = []
         group.append(sample)
         group_key = key
     if group:
-        yield _group_message(group), len(group)
+        yield _group_message(group, label), len(group)
 
 
-def _group_message(group: list[dict[str, Any]]) -> bytes:
-    """Single-sample dicts -> one columnar message (list form, so odd values are validated by consumers)."""
+def _group_message(group: list[dict[str, Any]], label: str = "label") -> bytes:
+    """Single-sample dicts -> one columnar message (list form, so odd values are validated by consumers).
+
+    ``label`` is the first task's field; the other tasks' labels (``labels``) and
+    the sample weights (``weight``, 1 where a sample has none) become columns too.
+    """
     n = len(group)
-    msg: dict[str, Any] = {"v": 1, "batch": n, "label": [g.get("label") for g in group]}
+    msg: dict[str, Any] = {"v": 1, "batch": n, label: [g.get(label) for g in group]}
+    tasks = sorted({t for g in group for t in g.get("labels", {})})
+    if tasks:
+        msg["labels"] = {t: [g.get("labels", {}).get(t) for g in group] for t in tasks}
+    if any("weight" in g for g in group):
+        msg["weight"] = [g.get("weight", 1.0) for g in group]
     dense_names = sorted({k for g in group for k in g.get("dense", {})})
     if dense_names:
         msg["dense"] = {k: [g.get("dense", {}).get(k, np.nan) for g in group] for k in dense_names}

@@ -156,6 +156,11 @@ def test_label_configs_and_mappings_that_disagree_are_refused_naming_the_field()
         FeatureSpec(labels=[{"name": "a"}, {"name": "a"}])
     with pytest.raises(ValidationError, match="loss_weight"):
         FeatureSpec(labels=[{"name": "a", "loss_weight": -1}])
+    for reserved in ("ts", "weight", "dense", "labels"):  # a message would read that field as the label
+        with pytest.raises(ValidationError, match=f"label name '{reserved}' is a field of the event schema"):
+            FeatureSpec(labels=[{"name": "click"}, {"name": reserved}])
+    with pytest.raises(ValidationError, match="label name 'sparse'"):
+        FeatureSpec(label={"name": "sparse"})
     with pytest.raises(SourceUserError, match=r"source.json.labels: label\(s\) dwell have no field"):
         MappedDecoder(SPEC, JsonMapping(**{**MAPPING, "labels": {"buy": "ev.buy"}}))
     with pytest.raises(SourceUserError, match=r"source\.json\.labels\.click"):
