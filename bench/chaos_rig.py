@@ -50,8 +50,8 @@ def chaos_config(
     cfg.source = cfg.source.model_copy(
         update={
             "group_id": f"chaos-{uuid.uuid4().hex[:8]}",
-            # A restarted trainer's JoinGroup waits until the killed member's session expires: 6 s made
-            # the rejoin take 4-15 s (quick run 76-86 s); 3 s makes it ~2.8 s (quick run ~60 s).
+            # A restarted trainer's JoinGroup waits until the killed member's session expires, so a
+            # short session keeps each rejoin, and the run, short (docs/performance.md).
             "session_timeout_ms": 3000,
             "heartbeat_interval_ms": 500,
             "max_poll_interval_ms": 20000,

@@ -121,7 +121,7 @@ def _kelp(bootstrap: str, topic: str, samples: int, **overrides: Any) -> tuple[f
     finally:
         src.close()
     # The stream is finite: its last partial batch waits max_batch_delay_ms for samples that never
-    # come (up to 200 ms, a third of a quick run). That is the latency bound at work, not ingest
+    # come (a large share of a quick run). That is the latency bound at work, not ingest
     # throughput, and a plain poll has no such tail, so the rate is taken up to the last full batch.
     if start is None or full_got <= first:
         return float("nan"), {"batches": batches}
@@ -149,8 +149,8 @@ def _raw(consumer: Any, messages: int, per_message: int) -> float:
 
 
 def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
-    # Quick sizes: at 150k samples the plain poll finished in ~0.1 s, too short a window to measure
-    # either side in steady state on a shared machine; 600k / 40k take ~0.4 s and ~0.6 s to poll.
+    # Quick sizes: large enough that each poll runs long enough to measure either side in steady
+    # state on a shared machine (docs/performance.md).
     batched_samples = 600_000 if quick else 2_000_000
     single_samples = 40_000 if quick else 200_000
     json_source = {"format": "json", "json": JSON_MAPPING}

@@ -13,7 +13,7 @@ The workload is fixed by BENCHMARKS.md so numbers from ``store``, ``ingest``,
   dense features; its bias is calibrated so about 25% of samples are positive.
 
 Sampling is vectorised: ranks come from one ``searchsorted`` over a
-precomputed CDF (tens of millions of ids per second on one core), and the
+precomputed CDF (no Python per id), and the
 hidden per-id weights are a hash of the id, so no table is ever built.
 
 Optional drift (``drift_per_sample``) shifts every feature's rank window as the

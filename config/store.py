@@ -79,11 +79,12 @@ class RowLayoutSpec(StrictModel):
 
     ``auto`` (the default): ``buckets`` on ``backend: redis``, ``keys`` where
     buckets do not apply (Redis Cluster, ``sparse_updates: compose``).
-    ``keys``: one string key per row; fastest reads; 187 bytes per dim-16 row in
-    Redis, 229 with a TTL (each key also sits in the expires table).
+    ``keys``: one string key per row; fastest reads; Redis's own per-key memory
+    comes on top of every row, and more with a TTL (each key also sits in the
+    expires table).
     ``buckets``: rows are fields of ``buckets_per_table`` hashes per table, kept
-    in Redis's compact listpack encoding: about 100 bytes per row, with or
-    without a TTL, because a TTL is enforced from each row's update time (rows
+    in Redis's compact listpack encoding: little more than the row value per row,
+    with or without a TTL, because a TTL is enforced from each row's update time (rows
     past it read as absent; a sweeper driven by the trainer's pushes deletes
     them) instead of a per-key expiry. Reads cost Redis more CPU (one HGET per
     row instead of one MGET per 2,048 rows). Hazard: ``buckets_per_table``

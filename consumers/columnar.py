@@ -7,10 +7,9 @@ never touched per sample.
 
 Messages entirely in the packed one-id-per-sample form ``kelp produce``
 writes go through :class:`PackedRun` instead: it only checks byte lengths
-and joins each column's bytes across the run, so a run of 90 messages costs
-one ``frombuffer`` per column rather than 30 numpy calls per message
-(docs/performance.md). Anything else takes
-:func:`read_columnar`, which gives every reject reason.
+and joins each column's bytes across the run, so a whole run costs one
+``frombuffer`` per column rather than dozens of numpy calls per message.
+Any other message takes :func:`read_columnar`, which gives every reject reason.
 """
 
 from __future__ import annotations

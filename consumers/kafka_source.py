@@ -417,8 +417,7 @@ class KafkaSource(Source):
 
         While paused the thread waits on the queue itself, not in a paused
         ``poll``: a poll cannot end early when the trainer takes a batch, so
-        the trainer used to sit idle for the rest of it (up to 50 ms per
-        pause, docs/performance.md).
+        the trainer would sit idle for the rest of it (docs/performance.md).
         """
         try:
             if wait:
@@ -436,8 +435,8 @@ class KafkaSource(Source):
         One poll brings many batches' worth of records (a fetch is up to
         ``max_partition_fetch_bytes`` per partition). Cutting only one batch per
         ``poll`` made every other batch wait for a poll that returns nothing
-        and still costs a round trip to kafka-python's IO thread (1-5 ms each,
-        docs/performance.md), so all due batches go out before the next poll.
+        and still costs a round trip to kafka-python's IO thread
+        (docs/performance.md), so all due batches go out before the next poll.
         """
         while True:
             emitted = self._batcher.take()
@@ -470,8 +469,7 @@ class KafkaSource(Source):
         every batch: in a profile of the poll thread the synchronous commits
         took a large share of its time while records waited to be decoded
         (docs/performance.md). Reports are therefore gathered and committed at
-        most every ``_COMMIT_INTERVAL_S`` (the old per-report commit gathered
-        only what came in between two polls), except when a caller waits
+        most every ``_COMMIT_INTERVAL_S``, except when a caller waits
         (``commit(..., wait=True)``) and at shutdown (``final``); revocations
         commit on their own. What is committed is unchanged: only what the
         trainer reported durable. A commit that fails is retried after the

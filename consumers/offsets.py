@@ -13,9 +13,11 @@ Example::
     >>> for last in (9, 19, 29):
     ...     t.register(("ev", 0), last)
     >>> t.mark_durable(("ev", 0), 19)
+    True
     >>> t.committable()
     {}
     >>> t.mark_durable(("ev", 0), 9)
+    True
     >>> t.committable()
     {('ev', 0): 20}
 """

@@ -41,7 +41,7 @@ def read_plain(
     ``sparse`` a map of every configured feature, in config order, to one int.
     Such a message is checked with a few type-set and list comparisons and
     its ids stay in one list per message, converted for the whole run by one
-    ``np.array``: ~3x less Python per sample than :func:`read_singles`,
+    ``np.array``: far less Python per sample than :func:`read_singles`,
     which walks every id (docs/performance.md). Messages not in that form are
     returned untouched for :func:`read_singles`, as is the whole run if an id
     falls outside ``[0, 2**64)``, so every reject reason and detail still

@@ -66,8 +66,8 @@ PEER_STOPPED = "another rank stopped"
 def _cpu_threads(cfg: KelpConfig) -> int:
     """Intra-op threads: leave a core to the prefetch and push threads, or the two fight over CPUs.
 
-    Measured on 2 cores (``kelp bench train``): with torch on both cores and the
-    I/O threads busy, forward/backward ran several times slower than alone.
+    With torch on every core while the I/O threads are busy, forward/backward
+    slows down far more than the one core given up costs (docs/performance.md).
     """
     if cfg.trainer.torch_threads is not None:
         return cfg.trainer.torch_threads

@@ -227,7 +227,7 @@ class RedisChannel(SnapshotChannel):
         With ``store.backend: redis-cluster`` and no ``redis_url``, a cluster client on the
         store's seed nodes is used (the hash tag keeps every snapshot key in one slot).
         """
-        timeout = max(store.socket_timeout_s, 10.0)  # a snapshot is ~0.5 MB, not a row
+        timeout = max(store.socket_timeout_s, 10.0)  # a snapshot is a whole model's weights, not a row
         if pub.redis_url is not None:  # an explicit URL carries its own credentials
             options = connection_options(store, credentials=False, socket_timeout_s=timeout)
             errors = dataclasses.replace(CHANNEL_ERRORS, credentials="the credentials in publisher.redis_url")

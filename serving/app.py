@@ -31,8 +31,8 @@ encode) in one call on a worker thread, so the blocking store call and the
 model forward never block the loop; torch and the Redis client release the
 GIL while they work. ``POST`` on the score routes is answered by
 :class:`~kelp.serving.dispatch.ScoreRoutes` before FastAPI's middleware and
-router (same metrics, body limit and error shapes; measured in-process with
-the work stubbed out, 31 instead of 100 µs of CPU per request). ``/readyz``
+router (same metrics, body limit and error shapes, for a fraction of the CPU per
+request; docs/performance.md). ``/readyz``
 is a plain ``def`` (worker thread) too.
 The request models of :mod:`kelp.serving.schemas` describe the bodies in the
 OpenAPI spec; the endpoints do not build them (that cost more than the rest of

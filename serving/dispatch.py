@@ -1,10 +1,10 @@
 """The two score routes as a plain ASGI handler in front of FastAPI (the hot path).
 
-Through FastAPI, a score request passed two middleware wrappers, Starlette's
+Through FastAPI, a score request passes two middleware wrappers, Starlette's
 error and exception middleware, the router, a ``Request`` object, anyio's
 thread hand-off (a checkpoint, a capacity limiter and a cancel scope on the
-event loop) and a ``Response`` object: 100 µs of CPU per request in-process
-with the work stubbed out, against 31 µs on this path. A ``POST`` to
+event loop) and a ``Response`` object: with the work stubbed out, that costs
+far more CPU per request than this path (docs/performance.md). A ``POST`` to
 ``/v1/score`` or ``/v1/score/candidates`` is answered by :class:`ScoreRoutes`
 directly; every other request goes to FastAPI unchanged. The routes stay declared in FastAPI
 (the OpenAPI spec, and the same handler behind them).
@@ -52,12 +52,11 @@ __all__ = ["SCORE_THREADS", "Parse", "ScoreRoutes", "body_timeout"]
 
 Parse = Callable[[Any], MicroBatch]
 
-# Threads that score requests: one. A request holds the GIL for most of its ~2 ms of work; a second
-# thread would overlap only the store round trip, and every GIL release (each torch op, each socket
-# call) between two runnable threads becomes a switch. Measured with kelp bench serve --quick (medians
-# of 3, shared 2-core machine), one thread vs four: replica CPU per request 2.06 vs 2.47 ms, p99 at
-# 2 clients 10.7 vs 11.2 ms, at 8 clients 36 vs 43 ms. Waiting requests queue first come first
-# served, and the event loop stays free for /healthz and /metrics even if the store hangs.
+# Threads that score requests: one. A request holds the GIL for most of its work; a second thread
+# would overlap only the store round trip, and every GIL release (each torch op, each socket call)
+# between two runnable threads becomes a switch, so more threads cost CPU and tail latency
+# (docs/performance.md). Waiting requests queue first come first served, and the event loop stays
+# free for /healthz and /metrics even if the store hangs.
 SCORE_THREADS = 1
 
 

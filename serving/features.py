@@ -1,8 +1,8 @@
 """Decoded request bodies -> a :class:`~kelp.consumers.batch.MicroBatch`, checked in one pass.
 
-Why not pydantic here: a 100-candidate request used to become ~300 pydantic
-objects before any scoring, and that validation was the largest single cost of
-the serving path (docs/performance.md). The rules are the same as the
+Why not pydantic here: a 100-candidate request would become ~300 pydantic
+objects before any scoring, and that validation would be the largest single cost
+of the serving path (docs/performance.md). The rules are the same as the
 generated request models (:mod:`kelp.serving.schemas`, still the OpenAPI
 contract) and the event schema's, checked directly on the decoded JSON or
 msgpack values:

@@ -5,7 +5,7 @@ The trainer's path (:attr:`MicroBatch.tables`, then
 :func:`~kelp.trainer.embedding.pool_features`) works table by table: one sort
 per table, then one ``F.embedding`` per feature. A scoring request has ~100
 rows per table and 26 tables, so numpy's and torch's fixed cost per call,
-paid ~300 times, was most of the work (docs/performance.md, "Serving").
+paid ~300 times, would be most of the work (docs/performance.md, "Serving").
 Serving computes the same pooled inputs with a handful of calls:
 
 * **dedup**: every feature's ids in one array, tagged with their table's index;

@@ -4,8 +4,8 @@
   intra-op threads on top would oversubscribe the cores.
 * ``gc.freeze()`` after start-up, and a larger generation-0 threshold: a
   scoring request allocates thousands of small objects, and every full
-  collection otherwise re-scans everything torch and FastAPI allocated at import.
-  Measured on 2 cores (``kelp bench serve``, 2 clients): p99 86 ms -> 23 ms.
+  collection otherwise re-scans everything torch and FastAPI allocated at import,
+  which shows up as the tail latency (docs/performance.md).
 * :func:`uvicorn_options`: the uvicorn settings of a replica (``kelp serve``
   and its worker processes): the bounded request head of
   :mod:`kelp.serving.protocol`.

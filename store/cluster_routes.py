@@ -5,8 +5,8 @@ table (:mod:`kelp.store.keys`), so a bucket is one slot and one node. Knowing
 the node of every bucket lets the store send each node one pipeline of commands
 packed by hiredis or numpy (:class:`~kelp.store.packed_pipeline.PackedPipeline`),
 as it does for standalone shards, instead of redis-py's cluster pipeline, which
-computes the slot of every key of every command in Python (the cluster pull ran
-at ~0.5M rows/s against ~1.5-1.9M for three standalone shards, docs/performance.md).
+computes the slot of every key of every command in Python (a cluster pull through it
+ran at a fraction of the rows per second of three standalone shards, docs/performance.md).
 
 Shard indices name nodes (``host:port``) and only grow: a node that appears
 after a resharding or a failover gets the next index, so a plan built before a

@@ -207,7 +207,7 @@ def connection_options(
     ``credentials=False`` leaves out ``store.username``/``store.password`` (a
     client whose URL carries its own, like ``publisher.redis_url``);
     ``socket_timeout_s`` overrides ``store.socket_timeout_s`` (a snapshot is
-    ~0.5 MB, not a row). redis-py's own retry is off: Kelp's RetryPolicy is the
+    a whole model's weights, not a row). redis-py's own retry is off: Kelp's RetryPolicy is the
     one retry, and a blind reconnect loop would hide outages from it.
     """
     kw: dict[str, Any] = {

@@ -3,8 +3,9 @@
 A training step touches every table (26 on criteo-synth), ~1,700 ids each. With
 one :class:`~kelp.store.slots.SlotTable` per table, each verb of the hot tier
 (:mod:`kelp.store.hot_cache`) cost ~26 rounds of a dozen small numpy calls,
-and the per-call overhead, not the work, dominated (~21 ms of CPU per step
-under the GIL, against ~10 ms for Redis to serve the rows it saved). Here the
+and the per-call overhead, not the work, dominated: under the GIL it cost the
+step more CPU than Redis took to serve the rows the tier saved
+(docs/performance.md). Here the
 tables of one width share one table keyed by (table tag, id)
 (:class:`~kelp.store.index.IdIndex` with tags), one count-min sketch and one
 set of columns, so a step's lookup, gather, write and dirty scan are each one

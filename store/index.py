@@ -116,8 +116,8 @@ class IdIndex:
             free = self._state[p] < _FULL
             # Several pending ids may want the same free position: one of them wins. A free slot's
             # value is unused, so each candidate writes its own index there and the one that
-            # reads itself back won (a scatter, not a sort: this was np.unique, a third of a step's
-            # inserts into the hot tier).
+            # reads itself back won (a scatter, not a sort: an np.unique of the candidates was a
+            # large share of the hot tier's inserts).
             cand, at = todo[free], p[free]
             self._vals[at] = cand
             won = self._vals[at] == cand

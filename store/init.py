@@ -7,8 +7,8 @@ turned into a uniform float and, for ``normal``, Box-Muller. No generator state,
 so two trainers admitting the same id at once write identical rows.
 
 ``normal`` works in float32 from the top 24 bits (the rows are float32 anyway):
-a training pull admits ~20,000 new rows per step on criteo-synth, and the
-float64 version cost 4.8 ms of it against 1.8 ms now (values differ by < 2e-7).
+a training pull admits ~20,000 new rows per step on criteo-synth, and float64
+math costs the pull far more for values that differ by < 2e-7 (docs/performance.md).
 """
 
 from __future__ import annotations

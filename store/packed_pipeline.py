@@ -1,8 +1,8 @@
 """A pipeline for one standalone Redis whose commands hiredis packs in C, sent in one write.
 
 redis-py's own pipeline checks and converts every argument in Python before
-hiredis packs it: for a training pull of ~45,000 row keys that was a third of
-the pull's time on the client (docs/performance.md). Kelp's commands hold only
+hiredis packs it: for a training pull of ~45,000 row keys that is a large share
+of the pull's time on the client (docs/performance.md). Kelp's commands hold only
 ``str``/``bytes``/``int`` arguments, so they can go to ``hiredis.pack_command``
 as they are. Replies are read in order on the same connection; an error reply
 does not desynchronise the connection (every reply is read before the first

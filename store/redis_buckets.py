@@ -1,12 +1,13 @@
-"""``store.layout.kind: buckets``: rows as fields of listpack-encoded hashes, about 100 bytes per row.
+"""``store.layout.kind: buckets``: rows as fields of listpack-encoded hashes, little more than the value.
 
-With one key per row (:mod:`kelp.store.redis_backend`), Redis spends ~110 bytes
-of its own per row on top of the 80-byte dim-16 value (the key's dict entry,
-key string, value object), and ~40 more when the key has a TTL (the expires
-table): 187 / 229 bytes measured. Here each table's rows are spread over
-``buckets`` hashes (:class:`~kelp.store.keys.BucketLayout`), and a small hash is
+With one key per row (:mod:`kelp.store.redis_backend`), Redis spends more memory
+of its own per row than the 80-byte dim-16 value itself (the key's dict entry,
+key string, value object), and more again when the key has a TTL (the expires
+table). Here each table's rows are spread over ``buckets`` hashes
+(:class:`~kelp.store.keys.BucketLayout`), and a small hash is
 stored as one *listpack* (field and value back to back): the per-row cost is the
-value plus ~12 bytes, with or without a TTL (docs/store.md has the measurements).
+value plus a few bytes, with or without a TTL (docs/store.md and
+docs/performance.md have the measurements).
 
 What changes against the key layout, and how each rule is kept:
 
@@ -16,9 +17,9 @@ What changes against the key layout, and how each rule is kept:
   one run, parsed by numpy off the socket (:mod:`kelp.store.resp_rows`). Redis
   spends more CPU per row than on ``MGET``.
 * **pushes**: one ``HSET`` per row, packed the same way; where rows share
-  buckets (a hot tier's flush) one ``HSET`` per bucket, which halves Redis's
-  CPU per row; pushes that must not
-  create rows (admission) and admissions that must not overwrite a live row run
+  buckets (a hot tier's flush) one ``HSET`` per bucket, which cuts Redis's
+  CPU per row; pushes that must not create rows (admission) and admissions
+  that must not overwrite a live row run
   :data:`~kelp.store.redis_bucket_scripts.SET_ROWS_IF`.
 * **TTL**: a row whose update time is older than the table's TTL reads as
   absent at once; :class:`BucketSweeper` deletes such rows, a few buckets per
@@ -26,9 +27,9 @@ What changes against the key layout, and how each rule is kept:
 * **routing**: whole buckets go to shards (rendezvous hashing on the bucket).
 * **server settings**: a listpack holds values up to ``hash-max-listpack-value``
   bytes (default 64, a dim-16 row is 80) and ``hash-max-listpack-entries``
-  fields; above either the hash becomes a hashtable (still correct, ~160 bytes
-  per row). The store raises them on connect (``layout.configure_server``) or
-  logs the redis.conf lines.
+  fields; above either the hash becomes a hashtable (still correct, but with
+  Redis's per-entry overhead back on every row). The store raises them on
+  connect (``layout.configure_server``) or logs the redis.conf lines.
 * ``store.sparse_updates: compose`` and Redis Cluster keep the key layout (refused at load).
 """
 
@@ -339,10 +340,10 @@ class RedisBucketStore(RedisStore):
     def _rows_share_buckets(self, fused: _Fused) -> bool:
         """Whether writing ``fused`` one command per bucket saves enough commands to pay for grouping.
 
-        Grouping costs the client ~2.5x the packing of one command per row (a sort and
+        Grouping costs the client more than packing one command per row (a sort and
         more gathers); it pays where rows outnumber buckets, as in a hot tier's flush
-        (~5 rows per bucket: Redis CPU per row halved), not in a step's write-through
-        push (~0.3 rows per bucket, ~14% fewer commands)."""
+        (several rows per bucket cut Redis's CPU per row), not in a step's write-through
+        push (~0.3 rows per bucket, ~14% fewer commands; docs/performance.md)."""
         buckets = sum(self.buckets[name].buckets for name in fused.names)
         return len(fused.keys) >= _GROUP_AT_ROWS_PER_BUCKET * buckets
 

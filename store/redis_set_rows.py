@@ -2,13 +2,12 @@
 
 ``MSET`` writes a chunk of rows in one command, but it can set neither an
 expiry nor ``XX``. Without this script a table with a TTL (or with admission,
-whose pushes must not re-create rows) sent one ``SET key value [XX] PX ms`` per
-row, and redis-py's per-command packing made a push with a TTL 5-6x slower
-than one without (``kelp bench store``: ``push_ratio_ttl`` 0.17 before, see
-docs/performance.md). The script takes the chunk's keys, the expiry and the
-values as one ``EVAL`` and returns how many rows it wrote (``XX`` skips keys
-that are not stored). All keys of a chunk share a hash tag, so it runs on one
-Redis Cluster node as well.
+whose pushes must not re-create rows) would send one ``SET key value [XX] PX ms``
+per row, and redis-py's per-command packing would make a push with a TTL far
+slower than one without (docs/performance.md). The script takes the chunk's
+keys, the expiry and the values as one ``EVAL`` and returns how many rows it
+wrote (``XX`` skips keys that are not stored). All keys of a chunk share a
+hash tag, so it runs on one Redis Cluster node as well.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def pack_runs(words: tuple[str, ...], lengths: np.ndarray, *columns: np.ndarray)
     ``lengths[j]`` rows (one per column each), e.g. ``MGET k1 k2 k3`` or ``MSET k1 v1 k2 v2``.
 
     A Redis Cluster pull has one ``MGET`` per hash-tag bucket, ~1,600 of ~30 keys each:
-    built one by one they cost ~40 us of Python each. Here the rows are packed once
+    built one by one each costs its own round of Python planning. Here the rows are packed once
     (:func:`pack_commands`' records, without a head) and each command is its head plus
     a slice of them.
 
@@ -128,8 +128,8 @@ class GroupedCommands:
 
     Iterating yields the wire form in parts of at most ``part_rows`` rows, packed
     as they are asked for: the pipeline sends each part as soon as it is packed,
-    so Redis works through the first parts while the client packs the next (a
-    hot tier's flush of ~500k rows spent as long packing as Redis spent writing).
+    so Redis works through the first parts while the client packs the next (packing
+    a hot tier's whole flush first would keep Redis idle for about as long as it then writes).
     Iterating again packs again (the plan runner retries a failed pipeline whole).
     """
 
@@ -176,8 +176,8 @@ def pack_grouped(
 
     Why: Redis spends about as much per command (parsing, dispatch, the reply) as on
     the work itself. Rows that share a bucket (a hot tier's flush puts ~5 rows in
-    each) are written with one command: Redis's CPU per row written fell from
-    ~1.0 to ~0.5 us (docs/performance.md). Groups of more than ``max_rows`` rows
+    each) are written with one command, which lowers Redis's CPU per row written
+    (docs/performance.md). Groups of more than ``max_rows`` rows
     become several commands. Commands come out ordered by size, not by row, so a
     (key, field) must appear once per call, as the store's contract already says
     (ids are unique per table).
@@ -193,9 +193,9 @@ def pack_grouped(
 def read_replies(conn: Any, n: int) -> list[Any]:
     """Read ``n`` replies from a redis-py connection, straight from its hiredis reader when it has one.
 
-    redis-py's ``Connection.read_response`` costs several microseconds of
-    Python per reply (health checks, push handling); with ~45,000 per-row
-    replies per step that was a third of a pull. Error replies come back as
+    redis-py's ``Connection.read_response`` spends Python per reply (health
+    checks, push handling); with ~45,000 per-row replies per step that is a
+    large share of a pull (docs/performance.md). Error replies come back as
     exception instances (as in a pipeline), never raised here.
     """
     parser = getattr(conn, "_parser", None)

@@ -2,8 +2,8 @@
 
 A step's write-through push sends ~30,000 ``HSET`` commands (the buckets layout),
 and each answers ``:0\\r\\n`` or ``:1\\r\\n``. Through hiredis each reply becomes
-a Python ``int`` in a list that nobody reads: ~1.7 ms of the push thread's CPU
-per 30,000 replies against ~0.2 ms for a few numpy passes over the raw bytes.
+a Python ``int`` in a list that nobody reads, which costs the push thread far
+more CPU than a few numpy passes over the raw bytes (docs/performance.md).
 
 Every RESP reply ends with at least one CRLF, and an integer reply holds exactly
 one, so :func:`read_ints` receives until the buffer holds ``n`` line ends, then

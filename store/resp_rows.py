@@ -2,8 +2,8 @@
 
 A training pull reads ~30,000 rows with one ``HGET`` each (the buckets layout).
 Through hiredis every reply becomes a Python ``bytes`` or ``None``, then the
-codec joins them again: ~0.35 us per reply, about a third of a pull's client
-CPU (docs/performance.md). But such a reply stream holds only two record kinds::
+codec joins them again: a large share of a pull's client CPU
+(docs/performance.md). But such a reply stream holds only two record kinds::
 
     $-1\\r\\n  or  _\\r\\n               nil (RESP2) or null (RESP3)
     $<width>\\r\\n<width bytes>\\r\\n    a row value

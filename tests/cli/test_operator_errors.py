@@ -1,4 +1,4 @@
-"""Operator-facing fit and finish (issue 17), each through the real CLI: exit code, one line, no secret.
+"""Operator-facing fit and finish, each through the real CLI: exit code, one line, no secret.
 
 * a password inside a URL never reaches any output (config show, logs, errors,
   /metrics, snapshot manifests, /v1/model, files the run writes), checked

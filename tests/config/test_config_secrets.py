@@ -7,7 +7,6 @@ the URL forms redis-py accepts credentials in (user-info, ``?password=``).
 
 from __future__ import annotations
 
-import doctest
 import os
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, SecretStr
 
-import kelp.config.secrets
 from kelp.config import KelpConfig, load_config
 from kelp.config.secrets import is_secret_field
 from kelp.errors import ConfigError
@@ -267,7 +265,3 @@ def test_every_field_named_like_a_secret_is_a_secret_str() -> None:
         assert is_secret_field(KelpConfig, loc), loc
     assert not is_secret_field(KelpConfig, ("store", "username"))
     assert not is_secret_field(KelpConfig, ("serving", "auth_token_file"))
-
-
-def test_the_secrets_module_examples_hold() -> None:
-    assert doctest.testmod(kelp.config.secrets).failed == 0

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
 import logging
 
 import pytest
 
-from kelp.consumers import topic_watch
 from kelp.consumers.topic_watch import TopicWatch, commit_metadata, committed_topic_id
-
-
-def test_docstring_examples() -> None:
-    result = doctest.testmod(topic_watch)
-    assert result.attempted > 0 and result.failed == 0, result
 
 
 def test_one_absence_is_not_missing_but_stops_commits() -> None:
