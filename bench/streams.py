@@ -12,6 +12,11 @@ two paths share no parsing code.
 * ``movielens-100k`` (``u.data`` + ``u.item``): ratings sorted by time (stable);
   label = rating >= 4 (implicit feedback); features user, item and the film's
   first genre flag (``unknown`` first, as in ``u.item``'s column order).
+* ``taobao-userbehavior`` (``UserBehavior.csv``, no header, already in time
+  order: replayed in file order): one sample per event, features user, item and
+  category; two labels from the behaviour (:data:`TAOBAO_TASKS`): ``engaged``
+  (anything beyond a page view) and ``buy``. Not shipped and not redistributed:
+  it is read from the data folder only.
 """
 
 from __future__ import annotations
@@ -31,7 +36,13 @@ __all__ = [
     "CRITEO_ATTRIBUTION",
     "CRITEO_ATTRIBUTION_TASKS",
     "MOVIELENS",
+    "NOT_SHIPPED",
     "SHIPPED_DATA",
+    "TAOBAO",
+    "TAOBAO_COLUMNS",
+    "TAOBAO_FILE",
+    "TAOBAO_POSITIVE_BEHAVIORS",
+    "TAOBAO_TASKS",
     "Stream",
     "load_stream",
     "stream_folder",
@@ -41,8 +52,30 @@ CRITEO_ATTRIBUTION = "criteo-attribution"
 CRITEO_ATTRIBUTION_TASKS = ("click", "conversion")
 """The two labels of criteo-attribution's two-task run, in task order."""
 MOVIELENS = "movielens-100k"
+TAOBAO = "taobao-userbehavior"
+TAOBAO_FILE = "UserBehavior.csv"
+TAOBAO_COLUMNS = ("user", "item", "category", "behavior", "unix_ts")
+"""``UserBehavior.csv``'s columns (the file has no header row)."""
+TAOBAO_TASKS = ("engaged", "buy")
+"""The two labels of Taobao's two-task run, in task order."""
+TAOBAO_POSITIVE_BEHAVIORS: dict[str, frozenset[str]] = {
+    "engaged": frozenset({"cart", "fav", "buy"}),
+    "buy": frozenset({"buy"}),
+}
+"""Each Taobao task's label is 1 where the event's behaviour is one of its set (``pv``: a page view).
+
+The one definition both sides of the two-task run use (the reference's
+loader here, Kelp's JSON Lines in :mod:`kelp.bench.accuracy_tasks`); each
+side still reads and orders the file itself.
+"""
 SHIPPED_DATA = data_dir()
 """The samples Kelp ships (criteo-attribution's train split among them; MovieLens is not redistributed)."""
+NOT_SHIPPED = {
+    MOVIELENS: "MovieLens is not redistributed: download ml-100k from grouplens.org",
+    TAOBAO: "Kelp does not ship Taobao UserBehavior (Tianchi's terms); ../shared/data beside a checkout "
+    "has it",
+}
+"""Where to get each stream Kelp may not ship, for the error that names a missing folder."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +146,21 @@ def _movielens(folder: Path) -> Stream:
     return Stream(MOVIELENS, ("user", "item", "genre"), ids, labels, ratings[:, 3].astype(np.float64))
 
 
-_LOADERS = {CRITEO_ATTRIBUTION: _criteo_attribution, MOVIELENS: _movielens}
+def _taobao(folder: Path) -> Stream:
+    with open(folder / TAOBAO_FILE, encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh, fieldnames=TAOBAO_COLUMNS))
+    features = ("user", "item", "category")
+    ids = np.array([[int(r[f]) for f in features] for r in rows], dtype=np.int64)
+    labels = {
+        task: np.array([r["behavior"] in TAOBAO_POSITIVE_BEHAVIORS[task] for r in rows], dtype=np.float32)
+        for task in TAOBAO_TASKS
+    }
+    first, *rest = TAOBAO_TASKS
+    ts = np.array([float(r["unix_ts"]) for r in rows], dtype=np.float64)
+    return Stream(TAOBAO, features, ids, labels[first], ts, first, {t: labels[t] for t in rest})
+
+
+_LOADERS = {CRITEO_ATTRIBUTION: _criteo_attribution, MOVIELENS: _movielens, TAOBAO: _taobao}
 
 
 def stream_folder(name: str, data_dir: Path) -> Path:
@@ -131,10 +178,6 @@ def load_stream(name: str, data_dir: Path) -> Stream:
     """The stream ``name`` from :func:`stream_folder`; a one-line error where the files are missing."""
     folder = stream_folder(name, data_dir)
     if not folder.is_dir():
-        hint = (
-            " (MovieLens is not redistributed: download ml-100k from grouplens.org)"
-            if name == MOVIELENS
-            else ""
-        )
+        hint = f" ({NOT_SHIPPED[name]})" if name in NOT_SHIPPED else ""
         raise UserError(f"{folder}: not found; pass --data DIR holding {name}/{hint}")
     return _LOADERS[name](folder)

@@ -46,6 +46,20 @@ def test_quick_run_reports_parity_sweep_and_writes_the_png(tmp_path: Path) -> No
             for key in ("auc", "reference_auc", "auc_gap", "log_loss", "reference_log_loss"):
                 value = result[f"criteo_attribution_multitask_{task}_{key}"]
                 assert value is not None and math.isfinite(value), (task, key, value)
+    # Taobao (engaged, buy) runs where the data folder has it (Kelp does not ship it)
+    if (DATA / "taobao-userbehavior" / "UserBehavior.csv").is_file():
+        assert result["taobao_multitask_samples"] == 30_000
+        for task in ("engaged", "buy"):
+            for key in ("auc", "reference_auc", "auc_gap", "log_loss", "reference_log_loss", "binned_auc"):
+                value = result[f"taobao_multitask_{task}_{key}"]
+                assert value is not None and math.isfinite(value), (task, key, value)
+        assert (
+            0.0
+            < result["taobao_multitask_buy_positive_rate"]
+            < result["taobao_multitask_engaged_positive_rate"]
+        )
+    else:
+        assert "not found" in result["taobao_multitask_skipped"]
     sweep = {p["name"]: p for p in result["sweep"]}
     assert set(sweep) == {"min_count 1", "min_count 3", "min_count 3 + fallback", "TTL 7 d"}
     assert sweep["min_count 1"]["admission_counters"] == 0  # min_count 1 keeps no counters
