@@ -1,8 +1,9 @@
 """``kelp dashboard preview``: the Grafana dashboard as a person would see it, drawn from real metrics.
 
 Grafana need not be installed. The command runs a short real deployment
-(redis-server, the Tansu broker, ``kelp train`` on the shipped Criteo example,
-a producer, ``kelp serve`` answering a few requests a second), scrapes the
+(redis-server, a Kafka broker: Apache Kafka where Java runs, Tansu elsewhere;
+``kelp train`` on the shipped Criteo example, a producer, ``kelp serve``
+answering a few requests a second), scrapes the
 trainer's and the replica's ``/metrics`` every ``--interval`` seconds for
 ``--seconds``, evaluates the dashboard's overview stats and key panels with
 promtool over those scrapes (no Prometheus server) and draws them into a PNG.
@@ -94,13 +95,14 @@ def _preview(args: argparse.Namespace) -> int:
     else:
         from kelp.demo.dashboard_run import record_deployment
         from kelp.demo.run import default_config_path
+        from kelp.harness import broker_kind
 
         config = args.config or default_config_path()
         print(f"kelp dashboard preview: a {args.seconds:g}s deployment of {config.name}")
         recording = record_deployment(config, seconds=args.seconds, interval_s=args.interval)
         scrapes, interval = recording.scrapes, recording.interval_s
         origin = (
-            f"kelp train + kelp serve on {config.name} (Tansu, redis-server), "
+            f"kelp train + kelp serve on {config.name} ({broker_kind()} broker, redis-server), "
             f"{recording.produced_samples:,} samples produced, {sum(recording.requests.values())} requests"
         )
         if args.save_scrapes is not None:
