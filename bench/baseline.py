@@ -29,8 +29,8 @@ from torch import Tensor, nn
 
 from kelp.config import FeatureSpec, InitSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
-from kelp.store.init import init_rows
-from kelp.store.slots import Column, SlotTable
+from kelp.store.policy.initial_rows import init_rows
+from kelp.store.rows.slots import Column, SlotTable
 from kelp.trainer.embedding import BatchTensors
 from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.optim import RowWiseAdagrad, build_dense_optimizer
@@ -45,7 +45,8 @@ Rows must depend only on (table, id), never on call order."""
 
 
 def spec_init(spec: FeatureSpec, override: InitSpec | None = None) -> InitFn:
-    """The store's own deterministic init (:func:`kelp.store.init.init_rows`) for every table of ``spec``.
+    """The store's own deterministic init (:func:`kelp.store.policy.initial_rows.init_rows`) for every
+    table of ``spec``.
 
     Using the very function the store uses means the baseline and a store-backed
     trainer start from bit-identical rows, which the equivalence oracle relies on.
@@ -70,7 +71,8 @@ class PreparedBatch:
 
 
 class _Table:
-    """One in-memory table: a :class:`~kelp.store.slots.SlotTable`, ``weight`` and ``state`` on the device.
+    """One in-memory table: a :class:`~kelp.store.rows.slots.SlotTable`, ``weight`` and ``state`` on the
+    device.
 
     Slots are never freed here (the baseline keeps every id it trained), so a
     new id's row is the next slot, inserted with its init row; its state reads

@@ -30,7 +30,7 @@ from kelp.harness import RedisServer
 from kelp.retry import RetryPolicy
 from kelp.store import build_store
 from kelp.store.base import EmbeddingStore
-from kelp.store.durability import Durability, durability_of
+from kelp.store.redis.durability import Durability, durability_of
 
 __all__ = ["DurabilityProbe", "probe_acked_updates"]
 

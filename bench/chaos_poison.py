@@ -34,8 +34,8 @@ from kelp.bench.chaos_rig import Rig
 from kelp.bench.synth import CriteoSynth
 from kelp.config import KelpConfig
 from kelp.consumers.criteo import SPARSE_NAMES
-from kelp.store.codec import HEADER_BYTES, RowCodec
-from kelp.store.keys import BucketLayout
+from kelp.store.redis.keys import BucketLayout
+from kelp.store.rows.codec import HEADER_BYTES, RowCodec
 
 __all__ = ["SnapshotAuditor", "poison_targets", "poisoned_rows"]
 

@@ -67,9 +67,8 @@ from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES, criteo_feature_spec
 from kelp.harness import RedisServer, free_port
 from kelp.publish import build_publisher
 from kelp.store import build_store
-from kelp.store.keys import BucketLayout, KeyLayout
-from kelp.store.packed_pipeline import PackedPipeline
-from kelp.store.resp import pack_commands
+from kelp.store.redis import PackedPipeline, pack_commands
+from kelp.store.redis.keys import BucketLayout, KeyLayout
 from kelp.trainer import ModelInput, build_model
 
 __all__ = ["run"]

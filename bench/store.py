@@ -45,11 +45,10 @@ from kelp.bench.runner import progress
 from kelp.config import EvictionSpec, RowLayoutSpec, StoreConfig, TableSpec
 from kelp.harness import RedisCluster, RedisServer
 from kelp.store import build_store
-from kelp.store.packed_pipeline import PackedPipeline
-from kelp.store.redis import RedisStore
-from kelp.store.redis_backend import RedisBackend
-from kelp.store.redis_buckets import RedisBucketStore
-from kelp.store.resp import pack_commands, pack_runs
+from kelp.store.redis import PackedPipeline, pack_commands, pack_runs
+from kelp.store.redis.buckets import RedisBucketStore
+from kelp.store.redis.shared import RedisBackend
+from kelp.store.redis.standalone import RedisStore
 
 __all__ = ["run"]
 
@@ -86,7 +85,7 @@ class _Raw:
     """The baseline client: the same keys, chunking and parallelism, sent the fastest plain way.
 
     Commands go out through the transport Kelp's stores use
-    (:class:`~kelp.store.packed_pipeline.PackedPipeline`); with redis-py's own pipeline
+    (:class:`~kelp.store.redis._wire.packed_pipeline.PackedPipeline`); with redis-py's own pipeline
     the floor was slower than Kelp (``push_ratio`` above 1). ``MGET`` commands are built
     before the clock starts, and ``MSET`` s are packed by numpy inside it, as Kelp packs
     both: packing by hiredis inside the clock would have made the floor slower than Kelp.
@@ -301,9 +300,9 @@ def _measure_buckets(server: RedisServer, steps: int, reps: int) -> dict[str, fl
     """``store.layout.kind: buckets`` on one shard, against its own raw floor and the keys layout's.
 
     Raw floor: the same per-row ``HGET``/``HSET`` commands on the same buckets, packed
-    the same way (:func:`~kelp.store.resp.pack_commands`), replies read as Kelp reads them
-    (``HGET``: :func:`~kelp.store.resp_rows.read_rows`, values as one array, viewed as
-    floats; ``HSET``: :func:`~kelp.store.resp_ints.read_ints`): what Kelp's encoding,
+    the same way (:func:`~kelp.store.redis._wire.packing.pack_commands`), replies read as Kelp reads them
+    (``HGET``: :func:`~kelp.store.redis._wire.row_replies.read_rows`, values as one array, viewed as
+    floats; ``HSET``: :func:`~kelp.store.redis._wire.int_replies.read_ints`): what Kelp's encoding,
     routing and decoding cost on top.
     """
     server.client().flushall()

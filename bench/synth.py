@@ -43,7 +43,7 @@ import numpy as np
 
 from kelp.consumers.codec import encode_columns, encode_sample
 from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES, criteo_feature_spec
-from kelp.store.hashing import splitmix64
+from kelp.store.rows.hashing import splitmix64
 
 if TYPE_CHECKING:
     from kelp.config import FeatureSpec

@@ -38,7 +38,7 @@ class HotCacheConfig(StrictModel):
     Hazard: a row updated in the tier reaches the store (and serving replicas)
     up to ``writeback_every_steps`` pushes or ``writeback_interval_s`` later, and
     Kafka offsets are committed only after that write-back, so a crash replays
-    at most that much. See kelp.store.hot_cache and docs/store.md.
+    at most that much. See kelp.store.hot.tier and docs/store.md.
     """
 
     enabled: bool | Literal["auto"] = Field(

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from kelp.store.base import PullResult
-from kelp.store.id_sets import shared
+from kelp.store.rows.id_sets import shared
 from kelp.trainer.optim import SparseUpdate
 
 __all__ = ["UpdateLedger"]

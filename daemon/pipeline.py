@@ -39,7 +39,7 @@ from kelp.consumers.errors import SourceClosedError
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.store.base import EmbeddingStore, PullResult
-from kelp.store.fallback import PullPlan
+from kelp.store.policy.fallback import PullPlan
 from kelp.trainer.metrics import TrainerMetrics
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate
 

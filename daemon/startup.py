@@ -73,7 +73,7 @@ def _reason(exc: BaseException) -> str:
 
 def _endpoints(cfg: KelpConfig, role: Role, budget: float) -> Iterator[_Endpoint]:
     from kelp.publish.redis_channel import CHANNEL_ERRORS
-    from kelp.store.connection import STORE_ERRORS, connection_options
+    from kelp.store.redis.connection import STORE_ERRORS, connection_options
 
     store = cfg.store
     if store.backend != "memory":
@@ -93,7 +93,7 @@ def _endpoints(cfg: KelpConfig, role: Role, budget: float) -> Iterator[_Endpoint
 
 def _redis_ping(url: str, options: dict[str, Any], room: Any) -> Callable[[], None]:
     """PING one node (a cluster's seed nodes answer it too) through the one Redis error translation."""
-    from kelp.store.connection import connect_node, node_name, translate_redis_errors
+    from kelp.store.redis.connection import connect_node, node_name, translate_redis_errors
 
     def probe() -> None:
         client = connect_node(url, options)

@@ -209,7 +209,7 @@ class TrainSummary:
 
 def _stored_rows(cfg: KelpConfig) -> int:
     """Rows this deployment holds in Redis, counted by the store itself (either row layout)."""
-    from kelp.store.redis_backend import RedisBackend
+    from kelp.store.redis.shared import RedisBackend
 
     with build_store(cfg.store, cfg.features.store_tables(), cfg.deployment) as store:
         assert isinstance(store, RedisBackend)

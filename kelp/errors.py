@@ -4,7 +4,7 @@ Every exception Kelp raises on purpose derives from :class:`KelpError`. The
 class attribute ``retriable`` tells callers (and the shared retry policy)
 whether trying again can help, so no caller has to know which backend raised.
 Errors from Redis and Kafka are translated into this tree at the boundary, in
-one place each: ``kelp.store.connection.translate_redis_errors`` for every
+one place each: ``kelp.store.redis.connection.translate_redis_errors`` for every
 Redis client Kelp opens (store, snapshot channel, serving), and
 ``kelp.consumers.errors.translate_kafka_error`` for Kafka; never further up.
 
@@ -48,7 +48,7 @@ class RedisAuthError(UserError):
 
     One class whichever room hit it (the store, the publish Redis channel, a
     serving replica's store), translated only by
-    :func:`kelp.store.connection.translate_redis_errors`. Never retriable:
+    :func:`kelp.store.redis.connection.translate_redis_errors`. Never retriable:
     trying again with the same settings cannot help. The message is one line
     naming the node (``host:port``, never the password) and the setting to check.
     """

@@ -22,7 +22,7 @@ import redis
 
 from kelp.config import PublisherConfig, StoreConfig
 from kelp.redaction import redact_text, redact_url
-from kelp.store.connection import connect_node, connection_options, node_name
+from kelp.store.redis.connection import connect_node, connection_options, node_name
 
 __all__ = ["ChannelEvictionCheck", "check_channel_eviction", "evicts_channel_keys"]
 

@@ -1,7 +1,7 @@
 """Snapshot errors: the publish package's error tree.
 
 Translation happens at each channel's boundary, not here: redis-py errors by
-the one Redis translator, :func:`kelp.store.connection.translate_redis_errors`
+the one Redis translator, :func:`kelp.store.redis.connection.translate_redis_errors`
 (so Redis refusing the credentials is :class:`~kelp.errors.RedisAuthError`, the
 same non-retriable class the store raises), and the filesystem channel's
 ``OSError`` s by its own small translator.

@@ -37,7 +37,7 @@ publisher with no memory of its own (a new deployment, or every key lost while
 the trainer was restarting) starts at 1 and says so in a warning.
 
 Connections and error translation are the store's Redis boundary
-(:mod:`kelp.store.connection`), with this channel's :data:`CHANNEL_ERRORS`: an
+(:mod:`kelp.store.redis.connection`), with this channel's :data:`CHANNEL_ERRORS`: an
 unreachable Redis is a retriable :class:`ChannelUnavailableError`, a wrong
 password the same non-retriable :class:`~kelp.errors.RedisAuthError` the store
 raises, naming ``publisher.redis_url`` or ``store.username / store.password``.
@@ -60,7 +60,7 @@ from kelp.publish.errors import (
     SnapshotMissingError,
 )
 from kelp.publish.snapshot import Snapshot
-from kelp.store.connection import (
+from kelp.store.redis.connection import (
     ErrorRoom,
     cluster_name,
     connect_cluster,
@@ -69,7 +69,7 @@ from kelp.store.connection import (
     node_name,
     translate_redis_errors,
 )
-from kelp.store.keys import KEY_LAYOUT_VERSION
+from kelp.store.redis.keys import KEY_LAYOUT_VERSION
 
 __all__ = ["CHANNEL_ERRORS", "RedisChannel", "RedisSubscription", "channel_prefix"]
 
@@ -81,7 +81,9 @@ def _unavailable(where: str, reason: str) -> ChannelUnavailableError:
 
 
 CHANNEL_ERRORS = ErrorRoom("snapshot channel", _unavailable, ChannelError)
-"""How the snapshot channel names Redis failures (see ``kelp.store.connection.translate_redis_errors``)."""
+"""How the snapshot channel names Redis failures.
+
+See ``kelp.store.redis.connection.translate_redis_errors``."""
 
 # Shared by the scripts: a key's value as a version number (nil: missing or not a plain integer),
 # and the highest version `latest` and the `versions` set know of, with what `latest` holds when it

@@ -18,7 +18,7 @@ The cache is whole-generation: it is emptied when its oldest entry reaches the
 TTL (or it holds ``capacity_rows``), which bounds staleness exactly and needs
 no per-row bookkeeping. Default rows are cached too, so a newly admitted id is
 seen up to TTL late. Per table the copies live in a
-:class:`~kelp.store.slots.SlotTable` (columns ``rows``, ``updated``, ``admitted``).
+:class:`~kelp.store.rows.slots.SlotTable` (columns ``rows``, ``updated``, ``admitted``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import numpy as np
 
 from kelp.serving.metrics import ServingMetrics
 from kelp.store.base import EmbeddingStore, PullResult
-from kelp.store.fallback import Fallback
-from kelp.store.slots import Column, SlotTable
+from kelp.store.policy.fallback import Fallback
+from kelp.store.rows.slots import Column, SlotTable
 
 __all__ = ["FetchedRows", "RowFetcher"]
 

@@ -5,30 +5,32 @@ default), ``redis`` (client-sharded standalone nodes) and ``redis-cluster``.
 Build one with :func:`build_store`; every backend passes :mod:`kelp.store.checks`.
 :func:`check_store_config` reports (and ``build_store`` refuses) table settings
 the configured backend cannot enforce. Every Redis connection Kelp opens, and
-the translation of redis-py errors, is :mod:`kelp.store.connection`.
+the translation of redis-py errors, is :mod:`kelp.store.redis.connection`.
 
-Modules: ``base`` (interface, result types), ``backend`` (the pull/push flow on
-backend primitives), ``admission`` / ``eviction`` (policy strategy classes),
-``slots`` (id -> slot columns), ``memory``, ``redis_plan`` / ``redis_backend`` /
-``redis`` / ``redis_cluster`` (Redis), ``hot_cache``, ``connection``,
-``errors``, ``codec`` / ``keys`` (versioned wire formats), ``quarantine``
-(stored rows that are no valid finite row, non-finite pushes), ``factory``.
+Layout (docs/store.md): at the top the interface and the flow (``base``,
+``flow``: the pull/push flow on backend primitives), ``factory``, ``checks``
+(the contract suite), ``memory``, ``errors``, ``metrics``, ``quarantine``;
+``policy/`` (admission, eviction, fallback rows, initial rows); ``rows/`` (the
+codec, hashing, the id index, slot tables, id sets); ``hot/`` (the hot tier, its
+rows, sketch and write-back); ``redis/`` (connections, ACL, durability, key
+layouts, the standalone and cluster stores, their plans and scripts) with the
+wire code private to it in ``redis/_wire/``.
 """
 
-from kelp.store.admission import AdmissionPolicy, AdmitAfterCount, AdmitByChance, AlwaysAdmit
 from kelp.store.base import EmbeddingStore, PullResult, StoreStats, UnknownTableError
-from kelp.store.codec import ROW_FORMAT_VERSION, RowCodec
-from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.factory import BACKENDS, build_store, check_store_config
-from kelp.store.keys import KEY_LAYOUT_VERSION
 from kelp.store.memory import MemoryStore
-from kelp.store.slots import Column, SlotTable
+from kelp.store.policy.admission import AdmissionPolicy, AdmitAfterCount, AdmitByChance, AlwaysAdmit
+from kelp.store.policy.eviction import EvictionPolicy, LfuCapacity, TtlEviction
+from kelp.store.redis.keys import KEY_LAYOUT_VERSION
+from kelp.store.rows.codec import ROW_FORMAT_VERSION, RowCodec
+from kelp.store.rows.slots import Column, SlotTable
 
 
 def __getattr__(name: str) -> object:
-    """``HotRowCache`` on first use: it needs torch, and ``import kelp.store.hashing`` should not."""
+    """``HotRowCache`` on first use: it needs torch, and ``import kelp.store.rows.hashing`` should not."""
     if name == "HotRowCache":
-        from kelp.store.hot_cache import HotRowCache
+        from kelp.store.hot.tier import HotRowCache
 
         return HotRowCache
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

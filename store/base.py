@@ -6,7 +6,7 @@ call anywhere) and the multi-table forms :meth:`EmbeddingStore.pull_many` /
 :meth:`EmbeddingStore.push_many` are primary: a trainer step touches every table
 (26 in criteo-synth) and a backend sends them in one round trip per shard.
 
-Admission (:mod:`kelp.store.admission`): with :class:`~kelp.store.admission.AlwaysAdmit`
+Admission (:mod:`kelp.store.policy.admission`): with :class:`~kelp.store.policy.admission.AlwaysAdmit`
 (the default) every id is admitted; a missing row reads as its init row and the
 first push stores it. With a counting or chance policy, ``pull(count=True)``
 records a sighting and admits an id (stores its init row) once it qualifies;
@@ -14,7 +14,7 @@ pushes for ids without a stored row are discarded. The serving path uses
 ``count=False``, which never writes.
 
 Capabilities are explicit: ``enforces`` lists the eviction policies
-(:mod:`kelp.store.eviction`) a backend enforces, checked at load by
+(:mod:`kelp.store.policy.eviction`) a backend enforces, checked at load by
 :func:`~kelp.store.factory.check_store_config`; :meth:`EmbeddingStore.flush`
 tells whether everything acknowledged is durable (the rule the trainer commits
 Kafka offsets by).
@@ -34,10 +34,10 @@ import numpy as np
 from kelp.closing import Closeable
 from kelp.config import TableSpec
 from kelp.errors import UserError
-from kelp.store.admission import Draws, build_admission
-from kelp.store.codec import RowCodec
-from kelp.store.eviction import EvictionPolicy, LfuCapacity, TtlEviction, build_evictions
-from kelp.store.init import init_rows
+from kelp.store.policy.admission import Draws, build_admission
+from kelp.store.policy.eviction import EvictionPolicy, LfuCapacity, TtlEviction, build_evictions
+from kelp.store.policy.initial_rows import init_rows
+from kelp.store.rows.codec import RowCodec
 
 __all__ = ["EmbeddingStore", "PullResult", "StoreStats", "Table", "UnknownTableError"]
 
@@ -93,7 +93,7 @@ class StoreStats:
 class Table:
     """A table's spec plus what every backend derives from it: codec, policies, default rows.
 
-    * ``admission``: its :class:`~kelp.store.admission.AdmissionPolicy`;
+    * ``admission``: its :class:`~kelp.store.policy.admission.AdmissionPolicy`;
     * ``evictions``: its eviction policies; ``ttl`` / ``capacity`` the TTL and LFU
       ones, or None when the table asks for none.
     """

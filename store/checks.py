@@ -12,9 +12,9 @@ from collections.abc import Callable
 import numpy as np
 
 from kelp.config import TableSpec
-from kelp.store.backend import BackendStore, RowWrite
 from kelp.store.base import EmbeddingStore
-from kelp.store.init import init_rows
+from kelp.store.flow import BackendStore, RowWrite
+from kelp.store.policy.initial_rows import init_rows
 
 __all__ = ["ALL_CHECKS", "MakeStore"]
 

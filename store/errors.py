@@ -1,7 +1,7 @@
-"""The store's error classes (the redis-py translation itself lives in :mod:`kelp.store.connection`).
+"""The store's error classes (the redis-py translation itself lives in :mod:`kelp.store.redis.connection`).
 
 Every Redis call of the Redis backends runs inside
-:func:`kelp.store.connection.translate_redis_errors` with the store's error
+:func:`kelp.store.redis.connection.translate_redis_errors` with the store's error
 room, so callers only ever see these classes and can rely on ``retriable``:
 
 * :class:`ShardUnavailableError` (a :class:`~kelp.errors.StoreUnavailableError`,

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from kelp.config import StoreConfig, TableSpec
 from kelp.errors import ConfigError
 from kelp.store.base import EmbeddingStore
-from kelp.store.eviction import build_evictions
+from kelp.store.policy.eviction import build_evictions
 
 __all__ = ["BACKENDS", "backend_class", "build_store", "check_store_config"]
 
@@ -24,12 +24,12 @@ __all__ = ["BACKENDS", "backend_class", "build_store", "check_store_config"]
 # backend never needs redis-py's cluster machinery.
 BACKENDS: dict[str, str] = {
     "memory": "kelp.store.memory:MemoryStore",
-    "redis": "kelp.store.redis:RedisStore",
-    "redis-cluster": "kelp.store.redis_cluster:RedisClusterStore",
+    "redis": "kelp.store.redis.standalone:RedisStore",
+    "redis-cluster": "kelp.store.redis.cluster:RedisClusterStore",
 }
 
 
-LAYOUTS: dict[tuple[str, str], str] = {("redis", "buckets"): "kelp.store.redis_buckets:RedisBucketStore"}
+LAYOUTS: dict[tuple[str, str], str] = {("redis", "buckets"): "kelp.store.redis.buckets:RedisBucketStore"}
 """(backend, store.layout.kind) -> the class, where the row layout needs its own."""
 
 
@@ -105,7 +105,7 @@ def build_store(
     else:
         store = cls(store_cfg, tables, deployment, registry, **kwargs)
     if store_cfg.hot_tier(trainers):
-        from kelp.store.hot_cache import HotRowCache
+        from kelp.store.hot.tier import HotRowCache
 
         store = HotRowCache(store, store_cfg.hot_cache)
     return store

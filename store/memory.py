@@ -1,4 +1,4 @@
-"""The in-process backend (the embedded default): one :class:`~kelp.store.slots.SlotTable` of rows per table.
+"""The in-process backend (the embedded default): one :class:`~kelp.store.rows.slots.SlotTable` per table.
 
 Each table keeps its rows in contiguous numpy columns (``rows[cap, dim]`` in
 the table's storage dtype, ``state``, ``count`` of training reads, ``updated``
@@ -6,10 +6,10 @@ unix seconds) behind a vectorized id index; freed slots are reused. Admission
 counters live in a second slot table per table (``count``, ``first`` sighting
 time), dropped once ``counter_ttl_s`` old.
 
-It enforces both eviction policies (:mod:`kelp.store.eviction`):
-:class:`~kelp.store.eviction.TtlEviction` is checked lazily on every access and
+It enforces both eviction policies (:mod:`kelp.store.policy.eviction`):
+:class:`~kelp.store.policy.eviction.TtlEviction` is checked lazily on every access and
 by a vectorized sweep when a table runs out of freed slots;
-:class:`~kelp.store.eviction.LfuCapacity` evicts the rows with the lowest
+:class:`~kelp.store.policy.eviction.LfuCapacity` evicts the rows with the lowest
 access count (pulls with ``count=True``), oldest update first on ties.
 Thread-safe (one lock per store); nothing is shared between processes.
 """
@@ -24,10 +24,10 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from kelp.config import TableSpec
-from kelp.store.backend import BackendStore, InitRows, RowWrite, StoredRows
 from kelp.store.base import StoreStats, Table
-from kelp.store.eviction import LfuCapacity, TtlEviction
-from kelp.store.slots import Column, SlotTable
+from kelp.store.flow import BackendStore, InitRows, RowWrite, StoredRows
+from kelp.store.policy.eviction import LfuCapacity, TtlEviction
+from kelp.store.rows.slots import Column, SlotTable
 
 __all__ = ["MemoryStore"]
 

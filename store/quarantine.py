@@ -5,14 +5,14 @@ a bug, a bad restore. One non-finite row trained through makes the loss NaN,
 and the NaN spreads to every dense parameter at the next step; one value of
 the wrong length would fail every pull that touched it, on every restart.
 So a stored value that is not a valid finite row of its table is *quarantined*
-when read (the codec marks it, :data:`~kelp.store.codec.FAULT_REASONS`)::
+when read (the codec marks it, :data:`~kelp.store.rows.codec.FAULT_REASONS`)::
 
     reason         what was stored
     nonfinite      a NaN or an infinity in the embedding or the Adagrad state
     wrong_length   a value of another length than the table's rows
     bad_header     another format version, dtype or dim in the row header
 
-and the pull goes on without it (:meth:`~kelp.store.backend.BackendStore.pull_many`
+and the pull goes on without it (:meth:`~kelp.store.flow.BackendStore.pull_many`
 decides what it reads instead: an init row for training, so the next push
 overwrites the bad value and the store heals; the default row for serving).
 Pushes refuse non-finite rows the same way (reason ``nonfinite_push``): the
@@ -40,8 +40,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kelp.store.codec import FAULT_REASONS, finite_rows
 from kelp.store.metrics import StoreMetrics
+from kelp.store.rows.codec import FAULT_REASONS, finite_rows
 
 __all__ = ["REASONS", "Quarantine", "Where"]
 

@@ -4,7 +4,7 @@ Pure compute, no I/O: the daemon pulls rows, calls :class:`TrainStep`, pushes
 ``result.updates`` and only then commits offsets. Per step::
 
     batch + pulled rows ──> BatchTensors (device) + per-table leaf rows [U, dim]
-      (ids not admitted read their fallback bucket's row, see kelp.store.fallback)
+      (ids not admitted read their fallback bucket's row, see kelp.store.policy.fallback)
       ──> forward(ModelInput) ──> logits f32[B] ──> progressive eval (scored *before* the update)
       ──> BCE per task (sample-weighted, summed by loss_weight) ──> backward
       ──> finite? ──> dense optimizer step
@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.consumers.batch import MicroBatch
-from kelp.store.fallback import Fallback, PullPlan
+from kelp.store.policy.fallback import Fallback, PullPlan
 from kelp.trainer.embedding import (
     BatchTensors,
     gather_sequences,

@@ -1,5 +1,5 @@
 """``kelp store stats --config F``, ``kelp store inspect --config F TABLE ID...`` and
-``kelp store acl --deployment D --role trainer|serving`` (the Redis ACL users, see kelp.store.acl)."""
+``kelp store acl --deployment D --role trainer|serving`` (the Redis ACL users, see kelp.store.redis.acl)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _open(path: str):  # type: ignore[no-untyped-def]
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from kelp.store.redis_backend import RedisBackend
+    from kelp.store.redis.shared import RedisBackend
 
     cfg = load_config(args.config)
     if cfg.store.backend == "memory":
@@ -79,7 +79,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _acl(args: argparse.Namespace) -> int:
     from kelp.config.root import KelpConfig
-    from kelp.store.acl import setuser_line
+    from kelp.store.redis.acl import setuser_line
 
     try:  # the same rule as the config's deployment field, so the patterns match its keys
         KelpConfig._deployment(args.deployment)

@@ -23,7 +23,7 @@ from kelp.consumers.criteo import SPARSE_NAMES
 from kelp.publish import build_snapshot
 from kelp.publish.publisher import build_channel
 from kelp.publish.snapshot import Snapshot
-from kelp.store.codec import FAULT_REASONS, RowCodec
+from kelp.store.rows.codec import FAULT_REASONS, RowCodec
 from kelp.trainer import build_model
 
 pytestmark = pytest.mark.integration

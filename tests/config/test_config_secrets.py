@@ -20,7 +20,7 @@ from kelp.config import KelpConfig, load_config
 from kelp.config.secrets import is_secret_field
 from kelp.errors import ConfigError
 from kelp.redaction import REDACTED, redact_text, redact_url
-from kelp.store.connection import node_name
+from kelp.store.redis.connection import node_name
 
 DATA = Path(__file__).resolve().parents[1] / "consumers" / "data"
 CRITEO = DATA / "criteo_sample.tsv"

@@ -36,7 +36,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 
 def _stored_rows(url: str, deployment: str, table: str) -> dict[int, bytes]:
-    """Every stored row of a table, read straight from Redis in either row layout (store/keys.py)."""
+    """Every stored row of a table, read straight from Redis in either row layout (store/redis/keys.py)."""
     client = redis.Redis.from_url(url)
     try:
         keys = list(client.scan_iter(match=f"k1:{deployment}:{table}:r:*", count=10_000))

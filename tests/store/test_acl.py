@@ -33,7 +33,7 @@ from kelp.errors import RedisAuthError
 from kelp.harness import RedisServer
 from kelp.publish import build_channel
 from kelp.store import build_store
-from kelp.store.acl import acl_rules, key_patterns, setuser_line
+from kelp.store.redis.acl import acl_rules, key_patterns, setuser_line
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import pytest
 from kelp.config import FeatureSpec, HotCacheConfig, StoreConfig, TableSpec
 from kelp.errors import ConfigError
 from kelp.store import build_store, check_store_config
-from kelp.store.eviction import LfuCapacity, TtlEviction
 from kelp.store.factory import BACKENDS, backend_class
+from kelp.store.policy.eviction import LfuCapacity, TtlEviction
 
 REDIS_HINT = (
     "store.backend 'redis' does not enforce max_rows; cap memory with Redis maxmemory + maxmemory-policy "

@@ -21,14 +21,14 @@ from kelp.config import HotCacheConfig, StoreConfig, TableSpec
 from kelp.harness import RedisCluster, RedisServer
 from kelp.retry import RetryPolicy
 from kelp.store import build_store
-from kelp.store.codec import RowCodec
 from kelp.store.errors import LayoutMarkerError, WrongTypeError
-from kelp.store.hot_cache import HotRowCache
-from kelp.store.init import init_rows
-from kelp.store.keys import BucketLayout, quote_key
-from kelp.store.layout_marker import marker_key
-from kelp.store.redis_backend import RedisBackend
-from kelp.store.redis_buckets import RedisBucketStore
+from kelp.store.hot.tier import HotRowCache
+from kelp.store.policy.initial_rows import init_rows
+from kelp.store.redis.buckets import RedisBucketStore
+from kelp.store.redis.keys import BucketLayout, quote_key
+from kelp.store.redis.layout_marker import marker_key
+from kelp.store.redis.shared import RedisBackend
+from kelp.store.rows.codec import RowCodec
 
 pytestmark = pytest.mark.integration
 

@@ -157,7 +157,7 @@ def test_cli_reports_a_refused_certificate_in_one_line(
 def test_acl_users_on_a_tls_cluster(tls_cluster: TlsRedisCluster, pki: TestPki) -> None:
     """The ACL lines cover redis-py's cluster start-up (slot map, COMMAND, READONLY) too."""
     from kelp.errors import RedisAuthError
-    from kelp.store.acl import setuser_line
+    from kelp.store.redis.acl import setuser_line
 
     for server in tls_cluster.servers:  # ACL users are per node
         for role, password in (("trainer", "tr-pw"), ("serving", "sv-pw")):

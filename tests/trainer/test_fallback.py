@@ -12,9 +12,9 @@ from kelp.config import DenseFeature, FeatureSpec, SparseFeature, TableSpec, Tra
 from kelp.consumers.batch import MicroBatch
 from kelp.serving.embeddings import RowFetcher
 from kelp.serving.metrics import ServingMetrics
-from kelp.store.fallback import Fallback
-from kelp.store.init import init_rows
 from kelp.store.memory import MemoryStore
+from kelp.store.policy.fallback import Fallback
+from kelp.store.policy.initial_rows import init_rows
 from kelp.trainer.models import build_model
 from kelp.trainer.step import StepResult, TrainStep
 

@@ -18,7 +18,7 @@ import pytest
 
 from kelp.config import KelpConfig, parse_config
 from kelp.daemon.train import TrainDaemon
-from kelp.store.init import init_rows
+from kelp.store.policy.initial_rows import init_rows
 
 MODELS = Path(__file__).parent / "seq_models"
 ROWS = 600

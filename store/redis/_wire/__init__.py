@@ -1,0 +1,1 @@
+"""The RESP wire, private to :mod:`kelp.store.redis`: commands packed by numpy, replies parsed off sockets."""

@@ -1,0 +1,460 @@
+"""``store.layout.kind: buckets``: rows as fields of listpack-encoded hashes, little more than the value.
+
+With one key per row (:mod:`kelp.store.redis.shared`), Redis spends more memory
+of its own per row than the 80-byte dim-16 value itself (the key's dict entry,
+key string, value object), and more again when the key has a TTL (the expires
+table). Here each table's rows are spread over ``buckets`` hashes
+(:class:`~kelp.store.redis.keys.BucketLayout`), and a small hash is
+stored as one *listpack* (field and value back to back): the per-row cost is the
+value plus a few bytes, with or without a TTL (docs/store.md and
+docs/performance.md have the measurements).
+
+What changes against the key layout, and how each rule is kept:
+
+* **reads**: one ``HGET`` per row (a hash has no multi-key read), packed by numpy
+  into one write per shard (:mod:`kelp.store.redis._wire.packing`), so the client does no
+  per-row Python work; the replies of all tables of one row width come back as
+  one run, parsed by numpy off the socket (:mod:`kelp.store.redis._wire.row_replies`). Redis
+  spends more CPU per row than on ``MGET``.
+* **pushes**: one ``HSET`` per row, packed the same way; where rows share
+  buckets (a hot tier's flush) one ``HSET`` per bucket, which cuts Redis's
+  CPU per row; pushes that must not create rows (admission) and admissions
+  that must not overwrite a live row run
+  :data:`~kelp.store.redis.bucket_scripts.SET_ROWS_IF`.
+* **TTL**: a row whose update time is older than the table's TTL reads as
+  absent at once; :class:`BucketSweeper` deletes such rows, a few buckets per
+  push, so every bucket is swept once per ``layout.sweep_period_s``.
+* **routing**: whole buckets go to shards (rendezvous hashing on the bucket).
+* **server settings**: a listpack holds values up to ``hash-max-listpack-value``
+  bytes (default 64, a dim-16 row is 80) and ``hash-max-listpack-entries``
+  fields; above either the hash becomes a hashtable (still correct, but with
+  Redis's per-entry overhead back on every row). The store raises them on
+  connect (``layout.configure_server``) or logs the redis.conf lines.
+* ``store.sparse_updates: compose`` and Redis Cluster keep the key layout (refused at load).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from kelp.config import StoreConfig, TableSpec
+from kelp.store.base import Table
+from kelp.store.flow import InitRows, RowWrite, StoredRows
+from kelp.store.redis._wire.packing import pack_commands, pack_grouped
+from kelp.store.redis._wire.row_replies import RowReplies
+from kelp.store.redis.bucket_scripts import set_rows_if_args, sweep_args
+from kelp.store.redis.connection import translate_redis_errors
+from kelp.store.redis.keys import BucketLayout, quote_key
+from kelp.store.redis.plan import Gathered, Plan, adder, chunks, scatter, split_replies
+from kelp.store.redis.shared import TypedKeys
+from kelp.store.redis.standalone import RedisStore
+from kelp.store.rows.hashing import rendezvous, splitmix64
+
+__all__ = ["BucketSweeper", "RedisBucketStore"]
+
+log = logging.getLogger("kelp.store.redis_buckets")  # the name users filter on, kept across moves
+
+_LISTPACK_ENTRIES = 512  # fields per bucket before Redis converts it to a hashtable
+_SWEEP_KEYS_PER_CALL = 64
+_GROUP_AT_ROWS_PER_BUCKET = 1.0  # rows per bucket from which a write groups them (~37% fewer commands)
+
+
+class BucketSweeper:
+    """Which buckets of one TTL table to sweep now: all ``buckets`` once per ``period_s``, spread evenly.
+
+    >>> t = [0.0]
+    >>> s = BucketSweeper(buckets=100, period_s=10.0, clock=lambda: t[0])
+    >>> t[0] = 1.0; s.due().tolist()[:3], len(s.due())
+    ([0, 1, 2], 0)
+    """
+
+    def __init__(self, buckets: int, period_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.buckets = buckets
+        self.period_s = period_s
+        self._clock = clock
+        self._last = clock()
+        self._owed = 0.0
+        self._cursor = 0
+
+    def due(self) -> np.ndarray:
+        """int64 buckets to sweep now (possibly none); the cursor wraps around the table."""
+        now = self._clock()
+        self._owed = min(float(self.buckets), self._owed + (now - self._last) / self.period_s * self.buckets)
+        self._last = now
+        n = int(self._owed)
+        self._owed -= n
+        out = (self._cursor + np.arange(n, dtype=np.int64)) % self.buckets
+        self._cursor = (self._cursor + n) % self.buckets
+        return out
+
+
+@dataclass
+class _Fused:
+    """Ids of tables that share a bucket-key width and a row format, concatenated in table order."""
+
+    names: list[str]
+    bounds: np.ndarray  # table i holds positions bounds[i]:bounds[i + 1]
+    keys: np.ndarray  # V<key width>[n]: each id's bucket key
+    bucket: np.ndarray  # int64[n]: table index << 32 | bucket, one value per bucket key
+    fields: np.ndarray  # V8[n]
+    shard: np.ndarray  # int64[n]
+
+    def per_shard(self) -> list[tuple[int, np.ndarray]]:
+        if not len(self.shard):
+            return []
+        if not self.shard.any():
+            return [(0, np.arange(len(self.shard)))]
+        order = np.argsort(self.shard, kind="stable")
+        cuts = np.flatnonzero(np.diff(self.shard[order])) + 1
+        return [(int(self.shard[part[0]]), part) for part in np.split(order, cuts)]
+
+
+class RedisBucketStore(RedisStore):
+    """``backend: redis`` with ``layout.kind: buckets`` (see the module docstring)."""
+
+    backend = "redis"
+    composes_updates = False
+
+    def __init__(
+        self,
+        cfg: StoreConfig,
+        tables: list[TableSpec],
+        deployment: str = "kelp",
+        registry: CollectorRegistry | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.buckets = {
+            t.name: BucketLayout(deployment, t.name, cfg.layout.buckets_for(t.name)) for t in tables
+        }
+        super().__init__(cfg, tables, deployment, registry, **kwargs)
+        self._sweepers = {
+            name: BucketSweeper(self.buckets[name].buckets, cfg.layout.sweep_period_s, self._clock)
+            for name, t in self.tables.items()
+            if t.ttl is not None
+        }
+        self._configure_server = cfg.layout.configure_server
+
+    def _first_contact(self) -> None:
+        super()._first_contact()
+        if self.writer:  # listpack limits shape how rows are written; a reader need not touch them
+            self._check_listpack_limits(self._configure_server)
+
+    def _layout_description(self) -> dict[str, Any]:
+        return {"kind": "buckets", "buckets": {name: b.buckets for name, b in self.buckets.items()}}
+
+    def _foreign_patterns(self) -> list[str]:
+        """SCAN patterns of this deployment's rows in the ``keys`` layout."""
+        return [layout.pattern for layout in self.layouts.values()]
+
+    # -- routing --------------------------------------------------------------------------------
+
+    def shard_of(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """Whole buckets live on one shard: rendezvous hashing on the bucket, not the id."""
+        return self._shard_of_buckets(table, self.buckets[table].bucket_of(np.asarray(ids, np.uint64)))
+
+    def _shard_of_buckets(self, table: str, buckets: np.ndarray) -> np.ndarray:
+        return rendezvous(buckets.astype(np.uint64) ^ self._table_seeds[table], self._seeds)
+
+    def _fuse(self, arrays: Mapping[str, np.ndarray]) -> list[_Fused]:
+        """The ids of ``arrays``' tables, fused per (bucket-key width, row format): one packed run of
+        commands per shard for all of them (a serving request reads ~50 rows from each of 26 tables;
+        26 runs cost more in numpy's per-call overhead than the rows do)."""
+        by_kind: dict[tuple[int, int, str], list[str]] = {}
+        for name in arrays:
+            codec = self.tables[name].codec
+            by_kind.setdefault((self.buckets[name].key_width, codec.dim, codec.dtype), []).append(name)
+        out = []
+        for names in by_kind.values():
+            layouts = [self.buckets[n] for n in names]
+            parts = [np.asarray(arrays[n], dtype=np.uint64) for n in names]
+            lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+            table = np.repeat(np.arange(len(names)), lengths)
+            ids = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            seeds = np.array([lay.seed for lay in layouts], dtype=np.uint64)[table]
+            counts = np.array([lay.buckets for lay in layouts], dtype=np.uint64)[table]
+            bucket = (splitmix64(ids ^ seeds) % counts).astype(np.int64)
+            keys = np.empty(len(ids), dtype=layouts[0].key_dtype)
+            keys["p"] = np.array([lay.prefix for lay in layouts])[table]
+            keys["b"] = bucket
+            table_seeds = np.array([self._table_seeds[n] for n in names], dtype=np.uint64)[table]
+            shard = rendezvous(bucket.astype(np.uint64) ^ table_seeds, self._seeds)
+            bounds = np.concatenate([[0], np.cumsum(lengths)])
+            out.append(
+                _Fused(
+                    names,
+                    bounds,
+                    keys.view(f"V{layouts[0].key_width}"),
+                    (table.astype(np.int64) << 32) | bucket,
+                    BucketLayout.fields(ids),
+                    shard,
+                )
+            )
+        return out
+
+    def _per_row(
+        self, fused: _Fused, command: str, *values: np.ndarray
+    ) -> list[tuple[int, np.ndarray, bytes]]:
+        """(shard, positions, payload) per shard: one ``command bucket-key field [value]`` per id."""
+        out = []
+        for shard, pos in fused.per_shard():
+            columns = (fused.keys[pos], fused.fields[pos], *(v[pos] for v in values))
+            out.append((shard, pos, pack_commands((command,), *columns)))
+        return out
+
+    # -- the flow's primitives ------------------------------------------------------------------
+
+    def _read_rows(
+        self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
+    ) -> dict[str, StoredRows]:
+        reads = []
+        runs: dict[tuple[int, int], list[tuple[bytes, int, Callable[[Any], None]]]] = {}
+        for fused in self._fuse(ids_by_table):
+            gathered = Gathered()
+            reads.append((fused, gathered))
+            width = self.tables[fused.names[0]].codec.nbytes
+            for shard, pos, payload in self._per_row(fused, "HGET"):
+                runs.setdefault((shard, width), []).append((payload, len(pos), gathered.add(pos)))
+        plan = Plan()
+        for (shard, width), parts in runs.items():  # one run per shard and row width, parsed as rows
+            counts = [(n, on_reply) for _, n, on_reply in parts]
+            payload = [p for p, _, _ in parts]
+            plan.add_packed(shard, payload, sum(n for n, _ in counts), split_replies(counts), width)
+        self._runner.run(plan, "pull", readonly=not touch)
+        stored: dict[str, StoredRows] = {}
+        for fused, gathered in reads:
+            t = self.tables[fused.names[0]]  # every table of a fused group shares the row format
+            values = gathered.values()
+            if isinstance(values, RowReplies):
+                decoded = t.codec.decode_present(values.present, values.values).in_order(gathered.order)
+            else:
+                decoded = t.codec.decode(values).in_order(gathered.order)
+            b = fused.bounds.tolist()
+            for i, name in enumerate(fused.names):
+                rows = self._stored(self.tables[name], decoded.part(b[i], b[i + 1]))
+                self._hide_expired(self.tables[name], rows, now)
+                stored[name] = rows
+        return stored
+
+    def _hide_expired(self, t: Table, rows: StoredRows, now: float) -> None:
+        """Rows past the table's TTL read as absent (the sweep deletes them later). A value that is no
+        valid row has no stamp to trust: it stays, to be quarantined (and overwritten) by the flow."""
+        if t.ttl is None:
+            return
+        expired = rows.present & (rows.updated_s < self._cutoff(t, now))
+        if rows.fault is not None:
+            expired &= rows.fault == 0
+        if expired.any():
+            rows.present[expired] = False
+            rows.updated_s[expired] = 0
+
+    @staticmethod
+    def _cutoff(t: Table, now: float) -> int:
+        """A row of ``t`` stamped before this unix second is expired (0: the table has no TTL).
+
+        Stamps are whole seconds rounded down, so a row written at ``w`` is stamped
+        in ``(w - 1, w]``; ``floor(now - ttl)`` expires it between ``ttl`` and
+        ``ttl + 1`` seconds after ``w``: never early, at most a second late.
+        """
+        return max(1, int(np.floor(now - t.ttl.ttl_s))) if t.ttl is not None else 0
+
+    def _store_init_rows(self, admits: Mapping[str, InitRows], now: float) -> None:
+        """Admitted ids' init rows where no live row is stored (``nx``); DEL the sighting counters."""
+        plan = Plan()
+        for name, a in admits.items():
+            t = self.tables[name]
+            values = t.codec.encode(a.rows, a.state, 0, int(now))
+            self._conditional(plan, name, a.ids, values, only_live=False, cutoff=self._cutoff(t, now))
+            if a.drop_counters:
+                layout = self.layouts[name]
+                for g in self.groups(name, a.ids):
+                    for pos in chunks(g.pos, self.chunk):
+                        plan.add(g.shard, ("DEL", *layout.counter_keys(a.ids[pos])))
+        self._runner.run(plan, "admit")
+
+    def _conditional(
+        self,
+        plan: Plan,
+        name: str,
+        ids: np.ndarray,
+        values: list[bytes],
+        *,
+        only_live: bool,
+        cutoff: int,
+        on_reply: Callable[[Any], None] | None = None,
+    ) -> None:
+        (fused,) = self._fuse({name: ids})
+        for shard, pos in fused.per_shard():
+            for part in chunks(pos, self.chunk):
+                rows = [values[i] for i in part.tolist()]
+                keys, fields = fused.keys[part].tolist(), fused.fields[part].tolist()
+                plan.add(shard, set_rows_if_args(keys, fields, rows, only_live, cutoff), on_reply)
+
+    def _write_rows(self, writes: Mapping[str, RowWrite], now: float) -> dict[str, int]:
+        """``HSET`` per row, packed; ``create=False`` (admission) only over live rows, by script.
+        Due TTL sweeps ride in the same round trip."""
+        plan = Plan()
+        kept: dict[str, list[int]] = {}
+        plain: dict[str, np.ndarray] = {}
+        for name, w in writes.items():
+            t = self.tables[name]
+            got = kept[name] = [0]
+            self.metrics.bytes_sent.labels(table=name).inc(len(w.ids) * (t.codec.nbytes + 8))
+            if not w.create:
+                values = t.codec.encode(w.rows, w.state, 0, int(now))
+                cutoff = self._cutoff(t, now)
+                on_reply = adder(got)
+                self._conditional(plan, name, w.ids, values, only_live=True, cutoff=cutoff, on_reply=on_reply)
+                continue
+            plain[name] = w.ids
+            got[0] = len(w.ids)
+        for fused in self._fuse(plain):
+            codec = self.tables[fused.names[0]].codec
+            packed = np.concatenate(
+                [codec.pack(writes[n].rows, writes[n].state, 0, int(now)) for n in fused.names]
+            ).view(f"V{codec.nbytes}")
+            group = self._rows_share_buckets(fused)
+            for shard, pos in fused.per_shard():
+                mine = pos if len(pos) < len(fused.shard) else slice(None)  # one shard: no copies
+                keys, fields, values = fused.keys[mine], fused.fields[mine], packed[mine]
+                if group:
+                    grouped = pack_grouped(("HSET",), fused.bucket[mine], keys, fields, values)
+                    plan.add_packed(shard, grouped, grouped.count, integers=True)
+                else:
+                    plan.add_packed(
+                        shard, pack_commands(("HSET",), keys, fields, values), len(keys), integers=True
+                    )
+        swept = self._plan_sweeps(plan, now)
+        self._runner.run(plan, "push")
+        for name, n in swept.items():
+            if n[0]:
+                self.metrics.evictions.labels(table=name, reason="ttl").inc(n[0])
+        return {name: got[0] for name, got in kept.items()}
+
+    def _rows_share_buckets(self, fused: _Fused) -> bool:
+        """Whether writing ``fused`` one command per bucket saves enough commands to pay for grouping.
+
+        Grouping costs the client more than packing one command per row (a sort and
+        more gathers); it pays where rows outnumber buckets, as in a hot tier's flush
+        (several rows per bucket cut Redis's CPU per row), not in a step's write-through
+        push (~0.3 rows per bucket, ~14% fewer commands; docs/performance.md)."""
+        buckets = sum(self.buckets[name].buckets for name in fused.names)
+        return len(fused.keys) >= _GROUP_AT_ROWS_PER_BUCKET * buckets
+
+    def _plan_sweeps(self, plan: Plan, now: float) -> dict[str, list[int]]:
+        """Add the due TTL sweeps (:class:`BucketSweeper`) to ``plan``; their removed counts land here."""
+        removed: dict[str, list[int]] = {}
+        for name, sweeper in self._sweepers.items():
+            due = sweeper.due()
+            if not len(due):
+                continue
+            got = removed[name] = [0]
+            keys = self.buckets[name].bucket_keys(due)
+            shard = self._shard_of_buckets(name, due)
+            cutoff = self._cutoff(self.tables[name], now)
+            for s in np.unique(shard).tolist():
+                mine = keys[shard == s].tolist()
+                for i in range(0, len(mine), _SWEEP_KEYS_PER_CALL):
+                    plan.add(s, sweep_args(mine[i : i + _SWEEP_KEYS_PER_CALL], cutoff), adder(got))
+        return removed
+
+    # -- where rows live: quarantine log lines and WRONGTYPE errors --------------------------------
+
+    def _where(self, table: str, ids: np.ndarray) -> list[str]:
+        """Each id's bucket key and field (as redis-cli reads them) and its shard."""
+        layout = self.buckets[table]
+        keys = layout.bucket_keys(layout.bucket_of(ids)).tolist()
+        fields = BucketLayout.fields(ids).tolist()
+        shards = self.shard_of(table, ids).tolist()
+        return [
+            f"key {quote_key(k)} field {quote_key(f)} on {self.shard_names[s]}"
+            for k, f, s in zip(keys, fields, shards, strict=True)
+        ]
+
+    def _typed_keys(self, table: str, ids: np.ndarray) -> Iterator[TypedKeys]:
+        """Each bucket the ids fall in (once) must be a hash; their admission counters, strings."""
+        layout = self.buckets[table]
+        buckets = np.unique(layout.bucket_of(ids))
+        shard = self._shard_of_buckets(table, buckets)
+        keys = layout.bucket_keys(buckets)
+        for s in np.unique(shard).tolist():
+            yield s, keys[shard == s].tolist(), "hash", "bucket"
+        for g in self.groups(table, ids):
+            yield g.shard, self.layouts[table].counter_keys(ids[g.pos]), "string", "admission counter"
+
+    # -- delete / inspect / stats ---------------------------------------------------------------
+
+    def _delete(self, table: str, ids: np.ndarray) -> int:
+        deleted = [0]
+        plan = Plan()
+
+        def count(replies: list[Any]) -> None:
+            deleted[0] += sum(int(r) for r in replies)
+
+        (fused,) = self._fuse({table: ids})
+        for shard, pos, payload in self._per_row(fused, "HDEL"):
+            plan.add_packed(shard, payload, len(pos), count)
+            for part in chunks(pos, self.chunk):
+                plan.add(shard, ("DEL", *self.layouts[table].counter_keys(ids[part])))
+        self._runner.run(plan, "delete")
+        return deleted[0]
+
+    def raw_values(self, table: str, ids: np.ndarray) -> list[bytes | None]:
+        """Stored values as bytes (for ``kelp store inspect``); never counts or admits."""
+        self._ready()
+        ids = self.table(table).check_ids(ids)
+        values: list[bytes | None] = [None] * len(ids)
+        plan = Plan()
+        (fused,) = self._fuse({table: ids})
+        for shard, pos, payload in self._per_row(fused, "HGET"):
+            plan.add_packed(shard, payload, len(pos), scatter(values, pos))
+        with self._naming_wrong_type({table: ids}):
+            self._runner.run(plan, "inspect", readonly=True)
+        return values
+
+    def count_keys(self) -> dict[str, dict[str, int]]:
+        """Per table, stored rows (``HLEN`` of every bucket found by SCAN) and admission counters."""
+        out = {}
+        for name, layout in self.buckets.items():
+            rows = 0
+            for shard_name, client in zip(self.shard_names, self._clients, strict=True):
+                with translate_redis_errors(shard_name):
+                    pipe = client.pipeline(transaction=False)
+                    for key in client.scan_iter(match=layout.pattern, count=1000):
+                        pipe.hlen(key)
+                    rows += sum(pipe.execute())
+            out[name] = {"rows": rows, "counters": self._scan_count(self.layouts[name].counter_pattern)}
+        return out
+
+    # -- server settings ------------------------------------------------------------------------
+
+    def _check_listpack_limits(self, configure: bool) -> None:
+        """Make sure a bucket can stay a listpack; else say (once) what to set in redis.conf."""
+        need_value = max(t.codec.nbytes for t in self.tables.values())
+        wanted = {"hash-max-listpack-value": need_value, "hash-max-listpack-entries": _LISTPACK_ENTRIES}
+        for name, client in zip(self.shard_names, self._clients, strict=True):
+            try:
+                with translate_redis_errors(name):
+                    current = {k: int(client.config_get(k).get(k, 0)) for k in wanted}
+                    low = {k: v for k, v in wanted.items() if current[k] < v}
+                    if low and configure:
+                        for k, v in low.items():
+                            client.config_set(k, v)
+                        log.info("raised %s on %s for the buckets layout", low, name)
+                        continue
+            except Exception as exc:  # no CONFIG rights (ACL), a renamed CONFIG: say what to set instead
+                low = wanted
+                log.debug("could not read or set listpack limits on %s: %s", name, exc)
+            if low:
+                lines = "; ".join(f"{k} {v}" for k, v in low.items())
+                log.warning(
+                    "store.layout buckets on %s: set %s in redis.conf, or rows cost ~160 bytes, not ~100",
+                    name,
+                    lines,
+                )
