@@ -18,6 +18,8 @@ from kelp.consumers.batch import JaggedIds, MicroBatch
 from kelp.serving.pooling import PoolPlan
 from kelp.trainer.embedding import BatchTensors, pool_features
 
+from .pooling_inputs import random_batch, tagged_rows
+
 
 def _spec() -> FeatureSpec:
     return FeatureSpec.model_validate(
@@ -40,42 +42,18 @@ def _spec() -> FeatureSpec:
     )
 
 
-def _batch(spec: FeatureSpec, rng: np.random.Generator, b: int, *, one_hot_only: bool) -> MicroBatch:
-    sparse: dict[str, JaggedIds] = {}
-    for f in spec.sparse:
-        if f.max_ids == 1 or one_hot_only:
-            sparse[f.name] = JaggedIds.one_hot(rng.integers(0, 6, b).astype(np.uint64))
-        else:
-            lengths = rng.integers(0, f.max_ids + 1, b)
-            values = rng.integers(0, 6, int(lengths.sum())).astype(np.uint64)
-            sparse[f.name] = JaggedIds.from_lengths(values, lengths)
-    return MicroBatch.from_columns(
-        spec, labels=np.zeros(b, np.float32), dense=np.zeros((b, 1), np.float32), sparse=sparse
-    )
-
-
-def _rows(spec: FeatureSpec, unique: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Rows that identify their table and id, so a wrong index shows up in the values."""
-    dims = {t.name: t.dim for t in spec.tables}
-    out = {}
-    for k, (table, ids) in enumerate(sorted(unique.items())):
-        base = ids.astype(np.float32)[:, None] * 10 + k * 1000
-        out[table] = (base + np.arange(dims[table], dtype=np.float32)).astype(np.float32)
-    return out
-
-
 @pytest.mark.parametrize("one_hot_only", [True, False])
 @pytest.mark.parametrize("b", [1, 7, 50])
 def test_pooled_inputs_equal_the_trainers(b: int, one_hot_only: bool) -> None:
     spec = _spec()
     plan = PoolPlan(spec)
     rng = np.random.default_rng(b)
-    batch = _batch(spec, rng, b, one_hot_only=one_hot_only)
+    batch = random_batch(spec, rng, b, one_hot_only=one_hot_only)
 
     ids = plan.dedup(batch)
     for table, t in batch.tables.items():
         np.testing.assert_array_equal(ids.unique[table], t.unique_ids)
-    rows = _rows(spec, ids.unique)
+    rows = tagged_rows(spec, ids.unique)
     got = plan.pool(batch, ids, rows)
 
     bt = BatchTensors.from_batch(batch, spec, torch.device("cpu"))
@@ -98,7 +76,7 @@ def test_b_ids_in_uneven_bags_are_not_taken_for_one_hot() -> None:
     plan = PoolPlan(spec)
     ids = plan.dedup(batch)
     assert ids.one_hot == [True, False, True, True, True]
-    rows = _rows(spec, ids.unique)
+    rows = tagged_rows(spec, ids.unique)
     pooled = plan.pool(batch, ids, rows)
     wide = rows["wide"]
     position = {int(v): i for i, v in enumerate(ids.unique["wide"])}

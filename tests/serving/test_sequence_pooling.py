@@ -18,6 +18,8 @@ from kelp.consumers.batch import JaggedIds, MicroBatch
 from kelp.serving.pooling import PoolPlan
 from kelp.trainer.embedding import BatchTensors, gather_sequences, pool_features
 
+from .pooling_inputs import random_batch, tagged_rows
+
 CPU = torch.device("cpu")
 
 
@@ -42,37 +44,13 @@ def _spec() -> FeatureSpec:
     )
 
 
-def _batch(spec: FeatureSpec, rng: np.random.Generator, b: int) -> MicroBatch:
-    sparse: dict[str, JaggedIds] = {}
-    for f in spec.sparse:
-        if f.max_ids == 1:
-            sparse[f.name] = JaggedIds.one_hot(rng.integers(0, 6, b).astype(np.uint64))
-        else:
-            lengths = rng.integers(0, f.max_ids + 1, b)
-            values = rng.integers(0, 6, int(lengths.sum())).astype(np.uint64)
-            sparse[f.name] = JaggedIds.from_lengths(values, lengths)
-    return MicroBatch.from_columns(
-        spec, labels=np.zeros(b, np.float32), dense=np.zeros((b, 1), np.float32), sparse=sparse
-    )
-
-
-def _rows(spec: FeatureSpec, unique: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Rows that identify their table and id, so a wrong index shows up in the values."""
-    dims = {t.name: t.dim for t in spec.tables}
-    out = {}
-    for k, (table, ids) in enumerate(sorted(unique.items())):
-        base = ids.astype(np.float32)[:, None] * 10 + k * 1000
-        out[table] = (base + np.arange(dims[table], dtype=np.float32)).astype(np.float32)
-    return out
-
-
 @pytest.mark.parametrize("b", [1, 7, 50])
 def test_sequence_and_pooled_inputs_equal_the_trainers(b: int) -> None:
     spec = _spec()
     plan = PoolPlan(spec)
-    batch = _batch(spec, np.random.default_rng(b), b)
+    batch = random_batch(spec, np.random.default_rng(b), b)
     ids = plan.dedup(batch)
-    rows = _rows(spec, ids.unique)
+    rows = tagged_rows(spec, ids.unique)
     leaves = {t: torch.from_numpy(r) for t, r in rows.items()}
     bt = BatchTensors.from_batch(batch, spec, CPU)
 
