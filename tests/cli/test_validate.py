@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from validate_run import run_validate
 
 DATA = Path(__file__).resolve().parents[1] / "consumers" / "data"
 CRITEO = DATA / "criteo_sample.tsv"
@@ -22,19 +21,6 @@ CRITEO_FEATURES = (
 FS_PUBLISHER = "publisher: {channel: filesystem, path: snapshots}\n"
 
 
-def _validate(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "kelp.yaml"
-    path.write_text(text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
-    return subprocess.run(
-        [sys.executable, "-m", "kelp.cli", "config", "validate", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-
-
 def _one_line_error(result: subprocess.CompletedProcess[str], *expected: str) -> str:
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
@@ -46,7 +32,7 @@ def _one_line_error(result: subprocess.CompletedProcess[str], *expected: str) ->
 
 
 def test_a_valid_config_passes(tmp_path: Path) -> None:
-    result = _validate(tmp_path, CRITEO_FILE + CRITEO_FEATURES + FS_PUBLISHER)
+    result = run_validate(tmp_path, CRITEO_FILE + CRITEO_FEATURES + FS_PUBLISHER)
     assert result.returncode == 0, result.stderr
     assert "ok (" in result.stdout
 
@@ -58,13 +44,15 @@ def test_max_rows_on_a_redis_backend(tmp_path: Path) -> None:
         + "  tables: [{name: C1, eviction: {max_rows: 1000}}]\n"
         + "store: {backend: redis, urls: ['redis://127.0.0.1:1']}\n"
     )
-    _one_line_error(_validate(tmp_path, text), "features.tables[0].eviction.max_rows", "redis", "maxmemory")
+    _one_line_error(
+        run_validate(tmp_path, text), "features.tables[0].eviction.max_rows", "redis", "maxmemory"
+    )
 
 
 def test_an_unbuilt_model(tmp_path: Path) -> None:
     text = CRITEO_FILE + CRITEO_FEATURES + FS_PUBLISHER + "trainer: {model: wide-and-deep}\n"
     _one_line_error(
-        _validate(tmp_path, text),
+        run_validate(tmp_path, text),
         "trainer.model: got 'wide-and-deep'",
         "'dlrm-small', 'dcn-v2', 'deepfm' or an import reference package.module:attr",
     )
@@ -72,12 +60,12 @@ def test_an_unbuilt_model(tmp_path: Path) -> None:
 
 def test_a_redis_publisher_with_a_memory_store(tmp_path: Path) -> None:
     text = CRITEO_FILE + CRITEO_FEATURES + "store: {backend: memory}\npublisher: {channel: redis}\n"
-    _one_line_error(_validate(tmp_path, text), "publisher.channel", "publisher.redis_url")
+    _one_line_error(run_validate(tmp_path, text), "publisher.channel", "publisher.redis_url")
 
 
 def test_a_file_that_does_not_exist(tmp_path: Path) -> None:
     text = CRITEO_FILE.replace(str(CRITEO), str(tmp_path / "gone.tsv")) + CRITEO_FEATURES + FS_PUBLISHER
-    _one_line_error(_validate(tmp_path, text), "source.path", "gone.tsv: no such file")
+    _one_line_error(run_validate(tmp_path, text), "source.path", "gone.tsv: no such file")
 
 
 def test_a_mapped_csv_column_that_does_not_exist(tmp_path: Path) -> None:
@@ -86,7 +74,7 @@ def test_a_mapped_csv_column_that_does_not_exist(tmp_path: Path) -> None:
         "{label_column: click, sparse_columns: {cat1: cat1, cat4: kat4}}}\n"
         "features: {sparse: [{name: cat1}, {name: cat4}]}\n" + FS_PUBLISHER
     )
-    line = _one_line_error(_validate(tmp_path, text), "source.csv.sparse_columns.cat4", "'kat4'")
+    line = _one_line_error(run_validate(tmp_path, text), "source.csv.sparse_columns.cat4", "'kat4'")
     assert "columns: orig_row, cat1, cat4, cat6, cat8, cat9, click" in line
 
 
@@ -97,7 +85,9 @@ def test_a_declared_feature_that_no_csv_column_feeds(tmp_path: Path, missing: st
         "{label_column: click, sparse_columns: {cat1: cat1}}}\n"
         f"features: {{sparse: [{{name: cat1}}, {{name: {missing}}}]}}\n" + FS_PUBLISHER
     )
-    _one_line_error(_validate(tmp_path, text), "features.sparse[1]", f"'{missing}' is declared", "no column")
+    _one_line_error(
+        run_validate(tmp_path, text), "features.sparse[1]", f"'{missing}' is declared", "no column"
+    )
 
 
 def test_max_rows_from_table_defaults_points_at_table_defaults(tmp_path: Path) -> None:
@@ -108,7 +98,7 @@ def test_max_rows_from_table_defaults_points_at_table_defaults(tmp_path: Path) -
         + "  table_defaults: {eviction: {max_rows: 1000}}\n"
         + "store: {backend: redis, urls: ['redis://127.0.0.1:1']}\n"
     )
-    result = _validate(tmp_path, text)
+    result = run_validate(tmp_path, text)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, lines  # C2..C26 take table_defaults: one mistake, one line
@@ -125,7 +115,9 @@ def test_a_flag_column_or_join_key_that_does_not_exist(tmp_path: Path) -> None:
         f"joins: [{{path: {tmp_path / 'items.csv'}, column: cat4, key: item}}]}}}}\n"
         "features: {sparse: [{name: cat1}, {name: genre}]}\n" + FS_PUBLISHER
     )
-    line = _one_line_error(_validate(tmp_path, text), "source.csv.flag_columns.genre", "'Drama'")
+    line = _one_line_error(run_validate(tmp_path, text), "source.csv.flag_columns.genre", "'Drama'")
     assert "Action" in line  # the joined file's columns are listed as available
     missing_join = text.replace(str(tmp_path / "items.csv"), str(tmp_path / "gone.csv"))
-    _one_line_error(_validate(tmp_path, missing_join), "source.csv.joins[0].path", "gone.csv: no such file")
+    _one_line_error(
+        run_validate(tmp_path, missing_join), "source.csv.joins[0].path", "gone.csv: no such file"
+    )

@@ -7,13 +7,12 @@ that cannot be reached, or that refuses ``CONFIG``, is a note, never a failure.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from validate_run import run_validate
 
 from kelp.harness import RedisServer, free_port
 
@@ -27,19 +26,6 @@ BASE = (
     "  sparse: [" + ", ".join(f"{{name: C{i}}}" for i in range(1, 27)) + "]\n"
 )
 PASSWORD = "s3cret-pw"
-
-
-def _validate(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "kelp.yaml"
-    path.write_text(text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
-    return subprocess.run(
-        [sys.executable, "-m", "kelp.cli", "config", "validate", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
 
 
 def _server(policy: str, password: str | None = None) -> Iterator[RedisServer]:
@@ -68,7 +54,7 @@ def test_a_channel_on_the_stores_evicting_redis_is_warned_about(
 ) -> None:
     # the store's URL carries the password: the channel uses it (no publisher.redis_url)
     text = BASE + f"store: {{backend: redis, urls: ['{lfu_server.url}']}}\n"
-    lines = _warnings(_validate(tmp_path, text))
+    lines = _warnings(run_validate(tmp_path, text))
     assert len(lines) == 1, lines
     line = lines[0]
     assert "warning:" in line and "shares the store's Redis" in line and "allkeys-lfu" in line
@@ -83,13 +69,13 @@ def test_a_redis_url_naming_the_stores_server_is_shared_too(tmp_path: Path, lfu_
         + f"store: {{backend: redis, urls: ['{lfu_server.url}']}}\n"
         + f"publisher: {{redis_url: '{lfu_server.url}/3'}}\n"  # another database, the same memory
     )
-    lines = _warnings(_validate(tmp_path, text))
+    lines = _warnings(run_validate(tmp_path, text))
     assert len(lines) == 1 and "shares the store's Redis" in lines[0], lines
 
 
 def test_noeviction_says_nothing(tmp_path: Path, noeviction_server: RedisServer) -> None:
     text = BASE + f"store: {{backend: redis, urls: ['{noeviction_server.url}']}}\n"
-    result = _validate(tmp_path, text)
+    result = run_validate(tmp_path, text)
     assert _warnings(result) == []
     assert ": ok (" in result.stdout
 
@@ -104,15 +90,15 @@ def test_a_separate_channel_redis_is_checked_by_itself(
         )
 
     good = config(lfu_server, noeviction_server)
-    assert _warnings(_validate(tmp_path, good)) == []  # rows may be evicted, the channel's keys not
+    assert _warnings(run_validate(tmp_path, good)) == []  # rows may be evicted, the channel's keys not
     bad = config(noeviction_server, lfu_server)
-    lines = _warnings(_validate(tmp_path, bad))
+    lines = _warnings(run_validate(tmp_path, bad))
     assert len(lines) == 1 and "(publisher.redis_url) has maxmemory-policy allkeys-lfu" in lines[0], lines
 
 
 def test_an_unreachable_redis_is_a_note_not_a_failure(tmp_path: Path) -> None:
     url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}"
-    lines = _warnings(_validate(tmp_path, BASE + f"store: {{backend: redis, urls: ['{url}']}}\n"))
+    lines = _warnings(run_validate(tmp_path, BASE + f"store: {{backend: redis, urls: ['{url}']}}\n"))
     assert len(lines) == 1 and "note:" in lines[0] and "could not reach it" in lines[0], lines
     assert PASSWORD not in lines[0]
 
@@ -122,6 +108,6 @@ def test_a_user_without_config_rights_is_a_note(tmp_path: Path, lfu_server: Redi
         "ACL", "SETUSER", "kelp-noconfig", "on", ">pw2", "~*", "+@all", "-config"
     )
     url = f"redis://kelp-noconfig:pw2@127.0.0.1:{lfu_server.port}"
-    lines = _warnings(_validate(tmp_path, BASE + f"store: {{backend: redis, urls: ['{url}']}}\n"))
+    lines = _warnings(run_validate(tmp_path, BASE + f"store: {{backend: redis, urls: ['{url}']}}\n"))
     assert len(lines) == 1 and "note:" in lines[0] and "CONFIG GET was refused" in lines[0], lines
     assert "pw2" not in lines[0]
