@@ -47,7 +47,7 @@ from kelp.harness import RedisCluster, RedisServer
 from kelp.store import build_store
 from kelp.store.redis import PackedPipeline, pack_commands, pack_runs
 from kelp.store.redis.buckets import RedisBucketStore
-from kelp.store.redis.shared import RedisBackend
+from kelp.store.redis.shared import RedisStoreBase
 from kelp.store.redis.standalone import RedisStore
 
 __all__ = ["run"]
@@ -91,7 +91,7 @@ class _Raw:
     both: packing by hiredis inside the clock would have made the floor slower than Kelp.
     """
 
-    def __init__(self, store: RedisBackend, servers: list[RedisServer]) -> None:
+    def __init__(self, store: RedisStoreBase, servers: list[RedisServer]) -> None:
         """``servers`` in ``store``'s shard order (a cluster store's shards are its primaries)."""
         self.store = store
         self.clients = [redis.Redis(host=s.host, port=s.port) for s in servers]
@@ -230,7 +230,7 @@ def _compare(cfg: StoreConfig, servers: list[RedisServer], steps: int, reps: int
         s.client().flushall()
     tables = [TableSpec(name=f"C{j + 1}", dim=DIM) for j in range(N_TABLES)]
     store = build_store(cfg, tables, "bench")
-    assert isinstance(store, RedisBackend)
+    assert isinstance(store, RedisStoreBase)
     ttl_tables = [t.model_copy(update={"eviction": EvictionSpec(ttl_s=3600.0)}) for t in tables]
     ttl_store = build_store(cfg, ttl_tables, "bench-ttl")
     by_name = {f"{s.host}:{s.port}": s for s in servers}

@@ -209,10 +209,10 @@ class TrainSummary:
 
 def _stored_rows(cfg: KelpConfig) -> int:
     """Rows this deployment holds in Redis, counted by the store itself (either row layout)."""
-    from kelp.store.redis.shared import RedisBackend
+    from kelp.store.redis.shared import RedisStoreBase
 
     with build_store(cfg.store, cfg.features.store_tables(), cfg.deployment) as store:
-        assert isinstance(store, RedisBackend)
+        assert isinstance(store, RedisStoreBase)
         return sum(t["rows"] for t in store.count_keys().values())
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from kelp.config import TableSpec
 from kelp.store.base import EmbeddingStore
-from kelp.store.flow import BackendStore, RowWrite
+from kelp.store.flow import FlowStore, RowWrite
 from kelp.store.policy.initial_rows import init_rows
 
 __all__ = ["ALL_CHECKS", "MakeStore"]
@@ -319,7 +319,7 @@ def check_nonfinite_rows_are_quarantined(make_store: MakeStore) -> None:
         assert serving.admitted.tolist() == good.tolist()
         np.testing.assert_array_equal(serving.rows[good], rows[good])
         assert np.isfinite(serving.rows).all() and np.isfinite(serving.state).all()
-        if not isinstance(store, BackendStore):  # the rest plants rows through the flow's primitives
+        if not isinstance(store, FlowStore):  # the rest plants rows through the flow's primitives
             return
         assert _quarantined(store, "t", "nonfinite_push") == 2.0
         store._write_rows({"t": RowWrite(ids, rows, state, create=True)}, store._clock())

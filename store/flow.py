@@ -42,19 +42,19 @@ from kelp.store.metrics import StoreMetrics
 from kelp.store.quarantine import Quarantine
 from kelp.store.rows.codec import FAULT_REASONS, NONFINITE, finite_rows
 
-__all__ = ["BackendStore", "InitRows", "RowWrite", "StoredRows"]
+__all__ = ["FlowStore", "InitRows", "RowWrite", "StoredRows"]
 
 
 @dataclass
 class StoredRows:
-    """What :meth:`BackendStore._read_rows` found for ``n`` ids of one table, in the order given.
+    """What :meth:`FlowStore._read_rows` found for ``n`` ids of one table, in the order given.
 
     * ``present``: bool[n], a row is stored;
     * ``rows``: float32[n, dim] and ``state``: float32[n], any value where not
       present (the flow overwrites those);
     * ``updated_s``: uint32[n], the row's last update (unix s), 0 where not present;
     * ``handle``: the backend's own note about this read (the memory backend:
-      the slots read), handed back to :meth:`BackendStore._store_init_rows`;
+      the slots read), handed back to :meth:`FlowStore._store_init_rows`;
     * ``fault``: uint8[n], why a present value is no valid row of the table
       (:data:`~kelp.store.rows.codec.FAULT_REASONS`; 0: valid), from a backend that
       decodes stored bytes; None from one that holds rows as floats (memory),
@@ -97,7 +97,7 @@ class RowWrite:
     grads: np.ndarray | None = None
 
 
-class BackendStore(EmbeddingStore):
+class FlowStore(EmbeddingStore):
     """An :class:`EmbeddingStore` whose ``pull_many``/``push_many`` are the flow above, on four primitives.
 
     ``clock`` gives unix seconds (the time stamped on rows and used for TTLs);

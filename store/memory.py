@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from kelp.config import TableSpec
 from kelp.store.base import StoreStats, Table
-from kelp.store.flow import BackendStore, InitRows, RowWrite, StoredRows
+from kelp.store.flow import FlowStore, InitRows, RowWrite, StoredRows
 from kelp.store.policy.eviction import LfuCapacity, TtlEviction
 from kelp.store.rows.slots import Column, SlotTable
 
@@ -47,7 +47,7 @@ def _counter_table() -> SlotTable:
     return SlotTable({"count": Column(np.uint32), "first": Column(np.float64)}, capacity=64)
 
 
-class MemoryStore(BackendStore):
+class MemoryStore(FlowStore):
     """Embedded store: everything in this process's memory, lost on exit.
 
     >>> from kelp.config import TableSpec

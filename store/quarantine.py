@@ -12,7 +12,7 @@ when read (the codec marks it, :data:`~kelp.store.rows.codec.FAULT_REASONS`)::
     wrong_length   a value of another length than the table's rows
     bad_header     another format version, dtype or dim in the row header
 
-and the pull goes on without it (:meth:`~kelp.store.flow.BackendStore.pull_many`
+and the pull goes on without it (:meth:`~kelp.store.flow.FlowStore.pull_many`
 decides what it reads instead: an init row for training, so the next push
 overwrites the bad value and the store heals; the default row for serving).
 Pushes refuse non-finite rows the same way (reason ``nonfinite_push``): the

@@ -59,7 +59,7 @@ def _open(path: str):  # type: ignore[no-untyped-def]
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from kelp.store.redis.shared import RedisBackend
+    from kelp.store.redis.shared import RedisStoreBase
 
     cfg = load_config(args.config)
     if cfg.store.backend == "memory":
@@ -69,7 +69,7 @@ def _stats(args: argparse.Namespace) -> int:
         )
     with _open(args.config) as store:
         doc = dataclasses.asdict(store.stats())
-        if isinstance(store, RedisBackend):  # this deployment's keys, not the whole database's
+        if isinstance(store, RedisStoreBase):  # this deployment's keys, not the whole database's
             counts = store.count_keys()
             doc["rows"] = {table: c["rows"] for table, c in counts.items()}
             doc["admission_counters"] = {table: c["counters"] for table, c in counts.items()}

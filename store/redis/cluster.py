@@ -31,14 +31,14 @@ from kelp.store.redis._wire.packing import cut_runs
 from kelp.store.redis.cluster_routes import ClusterRoutes, NodePipeline, SlotMapChangedError
 from kelp.store.redis.connection import cluster_name, connect_cluster, translate_redis_errors
 from kelp.store.redis.plan import Group, PlanRunner
-from kelp.store.redis.shared import RedisBackend
+from kelp.store.redis.shared import RedisStoreBase
 
 __all__ = ["RedisClusterStore"]
 
 T = TypeVar("T")
 
 
-class RedisClusterStore(RedisBackend):
+class RedisClusterStore(RedisStoreBase):
     """``backend: redis-cluster``: ids bucketed by hash tag, each node one packed pipeline per call."""
 
     backend = "redis-cluster"

@@ -3,7 +3,7 @@
 A topology (:class:`~kelp.store.redis.standalone.RedisStore`, client-sharded standalone
 nodes; :class:`~kelp.store.redis.cluster.RedisClusterStore`, Redis Cluster)
 only says how to connect, how ids split into shard/bucket groups, and how to
-open a pipeline; see :class:`RedisBackend`.
+open a pipeline; see :class:`RedisStoreBase`.
 
 Rows are plain string keys (one per row, :mod:`kelp.store.redis.keys`) with ``PX``
 set on every write when the table has a TTL; see docs/store.md for the measured
@@ -35,7 +35,7 @@ from kelp.errors import KelpError
 from kelp.retry import RetryPolicy
 from kelp.store.base import PullResult, StoreStats, Table
 from kelp.store.errors import StoreCommandError, WrongTypeError
-from kelp.store.flow import BackendStore, InitRows, RowWrite, StoredRows
+from kelp.store.flow import FlowStore, InitRows, RowWrite, StoredRows
 from kelp.store.policy.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.redis._wire.packing import pack_runs
 from kelp.store.redis.adagrad import ADAGRAD_SCRIPT, script_args
@@ -46,7 +46,7 @@ from kelp.store.redis.plan import Gathered, Group, Plan, PlanRunner, adder, chun
 from kelp.store.redis.set_rows import set_rows_args
 from kelp.store.rows.codec import DecodedRows
 
-__all__ = ["RedisBackend", "TypedKeys", "retry_policy"]
+__all__ = ["RedisStoreBase", "TypedKeys", "retry_policy"]
 
 TypedKeys = tuple[int, list[bytes], str, str]
 """Keys of one shard a call touches, the Redis type they must hold, and what they are:
@@ -85,7 +85,7 @@ def _runs_by_shard(
         yield shard, pos, lengths, np.repeat(np.array([b for _, b in runs], dtype=np.int64), lengths)
 
 
-class RedisBackend(BackendStore):
+class RedisStoreBase(FlowStore):
     """Base of the Redis topologies. Subclasses implement the four hooks at the end of the class.
 
     ``retry`` replaces the policy from ``store.retry`` (tests pass one that

@@ -23,13 +23,13 @@ from kelp.store.redis.cluster import RedisClusterStore
 from kelp.store.redis.connection import connect_node, node_name, translate_redis_errors
 from kelp.store.redis.layout_marker import check_layout_marker
 from kelp.store.redis.plan import Group
-from kelp.store.redis.shared import RedisBackend
+from kelp.store.redis.shared import RedisStoreBase
 from kelp.store.rows.hashing import name_seed, rendezvous
 
 __all__ = ["RedisClusterStore", "RedisStore"]
 
 
-class RedisStore(RedisBackend):
+class RedisStore(RedisStoreBase):
     """``backend: redis``: standalone nodes (``store.urls``), optional read replicas per shard."""
 
     backend = "redis"

@@ -27,7 +27,7 @@ from kelp.store.policy.initial_rows import init_rows
 from kelp.store.redis.buckets import RedisBucketStore
 from kelp.store.redis.keys import BucketLayout, quote_key
 from kelp.store.redis.layout_marker import marker_key
-from kelp.store.redis.shared import RedisBackend
+from kelp.store.redis.shared import RedisStoreBase
 from kelp.store.rows.codec import RowCodec
 
 pytestmark = pytest.mark.integration
@@ -41,14 +41,14 @@ Plant = Callable[[str, int, bytes], None]
 """Write raw ``bytes`` as the stored value of (table, id), bypassing the store."""
 
 
-def _counted(store: RedisBackend, reason: str, table: str = "t") -> float:
+def _counted(store: RedisStoreBase, reason: str, table: str = "t") -> float:
     return store.metrics.rows_quarantined.labels(table=table, reason=reason)._value.get()
 
 
 @contextmanager
 def _opened(
     topology: str, specs: list[TableSpec], request: pytest.FixtureRequest, **cfg: object
-) -> Iterator[tuple[RedisBackend, Plant]]:
+) -> Iterator[tuple[RedisStoreBase, Plant]]:
     """A fresh store of ``topology`` and a function that plants raw values under its keys."""
     if topology == "cluster":
         cluster: RedisCluster = request.getfixturevalue("clean_redis_cluster")
@@ -61,7 +61,7 @@ def _opened(
         config = StoreConfig(backend="redis", urls=[server.url], layout=layout, **cfg)  # type: ignore[arg-type]
         client = server.client()
     store = build_store(config, specs, next(_deployments), retry=NO_SLEEP, seed=0)
-    assert isinstance(store, RedisBackend)
+    assert isinstance(store, RedisStoreBase)
 
     def plant(table: str, row_id: int, value: bytes) -> None:
         ids = np.array([row_id], np.uint64)
