@@ -34,7 +34,7 @@ from kelp.bench.runner import progress
 from kelp.bench.synth import CriteoSynth, synth_messages
 from kelp.config import BatchingConfig, KafkaSourceConfig
 from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES, criteo_feature_spec
-from kelp.consumers.kafka_settings import consumer_settings
+from kelp.consumers.kafka_client import consumer_settings
 from kelp.consumers.kafka_source import KafkaSource
 from kelp.consumers.produce import produce
 from kelp.harness import make_broker

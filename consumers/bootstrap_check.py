@@ -39,7 +39,7 @@ def watch_bootstrap(settings: Mapping[str, Any]) -> Iterator[None]:
     """Around a kafka-python client's construction (its bootstrap): refusals become :class:`SourceAuthError`.
 
     ``settings`` are the client's kafka-python settings
-    (:func:`kelp.consumers.kafka_settings.client_settings`). The TLS files are
+    (:func:`kelp.consumers.kafka_client.client_settings`). The TLS files are
     loaded first, so a wrong ``ssl_password`` or a missing file fails at once.
     Should the block then fail while some attempt was refused for credentials
     or trust, that refusal is raised instead; any other failure propagates

@@ -77,7 +77,7 @@ from kelp.consumers.decode import Chunk
 from kelp.consumers.errors import SourceClosedError, translate_kafka_error
 from kelp.consumers.formats import record_decoder
 from kelp.consumers.initial_check import InitialCheck
-from kelp.consumers.kafka_settings import client_settings, consumer_settings
+from kelp.consumers.kafka_client import client_settings, consumer_settings
 from kelp.consumers.metrics import ConsumerMetrics
 from kelp.consumers.offsets import OffsetTracker
 from kelp.consumers.topic_watch import TopicChange, TopicWatch, commit_metadata, committed_topic_id

@@ -10,7 +10,10 @@ endpoint (its password hidden) and the budget::
     kelp: error: store.urls[0]: redis://:**redacted**@10.0.0.9:6379 did not answer within 10s
       (trainer.startup_timeout_s): ConnectionError: Error 111 connecting to 10.0.0.9:6379. Connection refused.
 
-Checked: each Redis node of ``store.urls`` (not the memory backend), the
+Each room offers the probe for its own endpoints
+(:func:`kelp.store.redis.connection.ping_probe`,
+:func:`kelp.consumers.kafka_client.bootstrap_probe`); this module only walks the
+config and the budget. Checked: each Redis node of ``store.urls`` (not the memory backend), the
 snapshot channel's ``publisher.redis_url`` (the trainer only when it publishes),
 and, for the trainer, the Kafka bootstrap servers. Wrong credentials are not
 retried: they fail at once as :class:`~kelp.errors.RedisAuthError` or
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from kelp.config import KafkaSourceConfig, KelpConfig
 from kelp.daemon.preflight import Role
@@ -72,76 +74,22 @@ def _reason(exc: BaseException) -> str:
 
 
 def _endpoints(cfg: KelpConfig, role: Role, budget: float) -> Iterator[_Endpoint]:
+    from kelp.consumers.kafka_client import bootstrap_probe
     from kelp.publish.redis_channel import CHANNEL_ERRORS
-    from kelp.store.redis.connection import STORE_ERRORS, connection_options
+    from kelp.store.redis.connection import STORE_ERRORS, connection_options, ping_probe
 
     store = cfg.store
     if store.backend != "memory":
         options = connection_options(store)
         for i, url in enumerate(store.urls):
-            yield _Endpoint(f"store.urls[{i}]", redact_url(url), _redis_ping(url, options, STORE_ERRORS))
+            yield _Endpoint(f"store.urls[{i}]", redact_url(url), ping_probe(url, options, STORE_ERRORS))
     publishes = cfg.publisher.enabled or role == "serve"  # a replica reads snapshots either way
     if publishes and cfg.publisher.channel == "redis" and cfg.publisher.redis_url is not None:
         url = cfg.publisher.redis_url
         room = dataclasses.replace(CHANNEL_ERRORS, credentials="the credentials in publisher.redis_url")
         options = connection_options(store, credentials=False)
-        yield _Endpoint("publisher.redis_url", redact_url(url), _redis_ping(url, options, room))
+        yield _Endpoint("publisher.redis_url", redact_url(url), ping_probe(url, options, room))
     if role == "train" and isinstance(cfg.source, KafkaSourceConfig):
         shown = ",".join(redact_url(s) for s in cfg.source.bootstrap_servers)
-        yield _Endpoint("source.bootstrap_servers", shown, _kafka_bootstrap(cfg.source, budget))
-
-
-def _redis_ping(url: str, options: dict[str, Any], room: Any) -> Callable[[], None]:
-    """PING one node (a cluster's seed nodes answer it too) through the one Redis error translation."""
-    from kelp.store.redis.connection import connect_node, node_name, translate_redis_errors
-
-    def probe() -> None:
-        client = connect_node(url, options)
-        try:
-            with translate_redis_errors(node_name(url), room):
-                client.ping()
-        finally:
-            client.close()
-
-    return probe
-
-
-def _kafka_bootstrap(source: KafkaSourceConfig, budget: float) -> Callable[[], None]:
-    """Bootstrap a throw-away consumer (metadata from any one broker), bounded by the budget itself.
-
-    kafka-python retries the bootstrap on its own until ``bootstrap_timeout_ms``,
-    so one attempt covers the budget; its per-attempt error logs are kept off the
-    output (the one line below says it all). An attempt refused for credentials
-    or TLS trust makes the failure a :class:`~kelp.consumers.errors.SourceAuthError`
-    (exit 2) rather than "no broker answered": waiting cannot fix those.
-    """
-    from kafka import KafkaConsumer
-
-    from kelp.consumers.bootstrap_check import watch_bootstrap
-    from kelp.consumers.errors import SourceUserError, translate_kafka_error
-    from kelp.consumers.kafka_settings import client_settings
-
-    def probe() -> None:
-        settings = client_settings(source)
-        try:
-            with watch_bootstrap(settings):
-                consumer = KafkaConsumer(**settings, bootstrap_timeout_ms=int(budget * 1000))
-                consumer.close()
-        except Exception as exc:
-            err = translate_kafka_error(exc, "bootstrap")
-            if isinstance(err, SourceUserError):
-                raise err from None  # bad credentials or settings: not a matter of waiting
-            # Not retriable here: kafka-python has waited out the whole budget already.
-            raise StartupUnreachableError(
-                f"source.bootstrap_servers: no broker of {', '.join(source.bootstrap_servers)} answered "
-                f"within {budget:g}s (trainer.startup_timeout_s): {_reason_of(exc)}"
-            ) from None
-
-    return probe
-
-
-def _reason_of(exc: BaseException) -> str:
-    """``Type: message``, once (kafka-python's messages often start with their type already)."""
-    text = " ".join(str(exc).split())
-    name = type(exc).__name__
-    return text if text.startswith(name) else f"{name}: {text}"
+        probe = bootstrap_probe(cfg.source, budget, "trainer.startup_timeout_s")
+        yield _Endpoint("source.bootstrap_servers", shown, probe)

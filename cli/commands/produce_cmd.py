@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _produce(args: argparse.Namespace) -> int:
     from kelp.bench.synth import synth_messages
     from kelp.config import FileSourceConfig, KafkaSourceConfig, load_config
-    from kelp.consumers.kafka_settings import client_settings
+    from kelp.consumers.kafka_client import client_settings
     from kelp.consumers.produce import file_messages, produce
 
     cfg = load_config(args.config) if args.config else None

@@ -63,6 +63,7 @@ __all__ = [
     "connect_node",
     "connection_options",
     "node_name",
+    "ping_probe",
     "translate_redis_errors",
 ]
 
@@ -256,3 +257,21 @@ def connect_cluster(
     nodes = [ClusterNode(p.hostname or "127.0.0.1", p.port or 6379) for p in map(urlsplit, urls)]
     with translate_redis_errors(cluster_name(urls), room):
         return RedisCluster(startup_nodes=nodes, **options)
+
+
+def ping_probe(url: str, options: dict[str, Any], room: ErrorRoom) -> Callable[[], None]:
+    """A check that PINGs one node (a cluster's seed nodes answer it too) through the one error translation.
+
+    The start-up check retries it until its budget is spent; ``room`` names the
+    setting and the credentials a failure points at (the store's or the channel's).
+    """
+
+    def probe() -> None:
+        client = connect_node(url, options)
+        try:
+            with translate_redis_errors(node_name(url), room):
+                client.ping()
+        finally:
+            client.close()
+
+    return probe

@@ -12,7 +12,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 
 from kelp.cli.main import main
 from kelp.config import KafkaSourceConfig, parse_config
-from kelp.consumers.kafka_settings import consumer_settings
+from kelp.consumers.kafka_client import consumer_settings
 from kelp.errors import ConfigError
 
 BASE = {"kind": "kafka", "bootstrap_servers": "b:9092", "topics": "events"}

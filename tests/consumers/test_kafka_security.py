@@ -16,7 +16,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from kelp.config import parse_config
-from kelp.consumers.kafka_settings import client_settings, consumer_settings
+from kelp.consumers.kafka_client import client_settings, consumer_settings
 
 
 def _source(tmp_path: Path, security: dict[str, object]) -> dict[str, object]:

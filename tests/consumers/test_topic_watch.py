@@ -80,7 +80,7 @@ def test_kafka_lines_about_a_gone_topic_are_hidden_for_watched_topics_only(
 
 def test_consumer_settings_refresh_metadata_often_and_never_create_the_topic() -> None:
     from kelp.config import KafkaSourceConfig
-    from kelp.consumers.kafka_settings import consumer_settings
+    from kelp.consumers.kafka_client import consumer_settings
 
     settings = consumer_settings(KafkaSourceConfig(bootstrap_servers=["b:9092"], topics=["ev"]))
     assert settings["metadata_max_age_ms"] == 30_000  # kafka-python's own 5 min left new partitions unread

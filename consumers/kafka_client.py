@@ -1,20 +1,33 @@
-"""kafka-python settings from ``source`` (a :class:`~kelp.config.KafkaSourceConfig`), in one place.
+"""Kafka clients from ``source`` (a :class:`~kelp.config.KafkaSourceConfig`): settings and a probe.
 
-Every Kafka client Kelp opens (the trainer's consumer, the dead-letter
-producer, ``kelp produce``, the start-up check, admin clients in tools and
-benchmarks) takes its settings from here, so security, reconnect and group
-options cannot drift between them.
+The consumers' counterpart of :mod:`kelp.store.redis.connection`. Every Kafka
+client Kelp opens (the trainer's consumer, the dead-letter producer, ``kelp
+produce``, admin clients in tools and benchmarks) takes its settings from
+here, so security, reconnect and group options cannot drift between them; and
+the start-up check asks :func:`bootstrap_probe` rather than building a client
+of its own.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from kelp.config import KafkaSourceConfig
-from kelp.errors import ConfigError
+from kelp.errors import ConfigError, KelpError
 
-__all__ = ["assignor_class", "client_settings", "consumer_settings"]
+__all__ = [
+    "BootstrapTimeoutError",
+    "assignor_class",
+    "bootstrap_probe",
+    "client_settings",
+    "consumer_settings",
+]
+
+
+class BootstrapTimeoutError(KelpError):
+    """No bootstrap server answered within the start-up budget (not retriable: the budget is spent)."""
 
 
 def client_settings(kafka: KafkaSourceConfig) -> dict[str, Any]:
@@ -91,3 +104,43 @@ def consumer_settings(kafka: KafkaSourceConfig) -> dict[str, Any]:
         "allow_auto_create_topics": False,
         "enable_incremental_fetch_sessions": kafka.incremental_fetch_sessions,
     }
+
+
+def bootstrap_probe(source: KafkaSourceConfig, budget_s: float, budget_setting: str) -> Callable[[], None]:
+    """A check that a throw-away consumer bootstraps (metadata from any one broker) within ``budget_s``.
+
+    kafka-python retries the bootstrap on its own until ``bootstrap_timeout_ms``,
+    so one attempt covers the budget; its per-attempt error logs are kept off the
+    output (the one line raised says it all). An attempt refused for credentials
+    or TLS trust raises a :class:`~kelp.consumers.errors.SourceUserError` (exit 2)
+    rather than "no broker answered": waiting cannot fix those. Anything else is a
+    :class:`BootstrapTimeoutError` naming the servers, the budget and ``budget_setting``.
+    """
+    from kafka import KafkaConsumer
+
+    from kelp.consumers.bootstrap_check import watch_bootstrap
+    from kelp.consumers.errors import SourceUserError, translate_kafka_error
+
+    def probe() -> None:
+        settings = client_settings(source)
+        try:
+            with watch_bootstrap(settings):
+                consumer = KafkaConsumer(**settings, bootstrap_timeout_ms=int(budget_s * 1000))
+                consumer.close()
+        except Exception as exc:
+            err = translate_kafka_error(exc, "bootstrap")
+            if isinstance(err, SourceUserError):
+                raise err from None
+            raise BootstrapTimeoutError(
+                f"source.bootstrap_servers: no broker of {', '.join(source.bootstrap_servers)} answered "
+                f"within {budget_s:g}s ({budget_setting}): {_type_and_message(exc)}"
+            ) from None
+
+    return probe
+
+
+def _type_and_message(exc: BaseException) -> str:
+    """``Type: message``, once (kafka-python's messages often start with their type already)."""
+    text = " ".join(str(exc).split())
+    name = type(exc).__name__
+    return text if text.startswith(name) else f"{name}: {text}"
