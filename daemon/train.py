@@ -33,8 +33,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -46,7 +47,8 @@ from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import END, Prefetcher, Prepared, PushWriter
 from kelp.daemon.preflight import preflight
-from kelp.daemon.progress_log import ProgressLog, task_fields
+from kelp.daemon.progress_log import ProgressLog
+from kelp.daemon.progress_report import ProgressReporter
 from kelp.daemon.resume import adopt, leader_start
 from kelp.daemon.summary import RunSummary, summarize
 from kelp.errors import KelpError, UserError
@@ -54,6 +56,17 @@ from kelp.metrics import LabelledRegistry
 from kelp.store.base import StoreStats
 from kelp.trainer.metrics import STAGE_LABELS, TrainerMetrics
 from kelp.trainer.step import DenseSync
+
+if TYPE_CHECKING:
+    from kelp.consumers.base import Source
+    from kelp.consumers.batch import MicroBatch
+    from kelp.publish import Publisher
+    from kelp.store.base import EmbeddingStore
+    from kelp.trainer.optim import RowWiseAdagrad
+    from kelp.trainer.step import StepResult
+
+OnStep = Callable[[int, "MicroBatch", "StepResult"], None]
+"""``on_step(step, batch, result)`` after every trained step (benchmarks and tests watch the run)."""
 
 __all__ = ["PEER_STOPPED", "DrainTimeoutError", "TrainDaemon", "TrainReport"]
 
@@ -116,9 +129,9 @@ class TrainDaemon:
         registry: CollectorRegistry | None = None,
         http: bool = True,
         publish: bool = True,
-        on_step: Any = None,
+        on_step: OnStep | None = None,
         origin: str = "config",
-        wrap_store: Any = None,
+        wrap_store: Callable[[EmbeddingStore], EmbeddingStore] | None = None,
     ) -> None:
         self.cfg = cfg
         self.origin = origin
@@ -139,11 +152,9 @@ class TrainDaemon:
         self._exhausted = False
         self._busy = False
         self._store_stats: StoreStats | None = None
-        self._source: Any = None
-        self._progress_twentieths = 0
-        self._record_hundredths = 0
-        self._last_record = (time.monotonic(), 0)
+        self._source: Source | None = None
         self.progress_log = ProgressLog(None)
+        self.progress: ProgressReporter | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -295,14 +306,14 @@ class TrainDaemon:
         for group in self.step.optimizer.param_groups:
             group["lr"] = lr
 
-    def _build_publisher(self) -> Any:
+    def _build_publisher(self) -> Publisher | None:
         if not (self._publish and self.cfg.publisher.enabled and self.group.is_leader):  # one voice
             return None
         from kelp.publish import build_publisher
 
         return build_publisher(self.cfg, self.registry)
 
-    def _loop(self, source: Any, store: Any, publisher: Any) -> None:
+    def _loop(self, source: Source, store: EmbeddingStore, publisher: Publisher | None) -> None:
         self._source = source
         cfg = self.cfg.trainer
         ledger = self.ledger = UpdateLedger(acked=self.step_no)
@@ -333,7 +344,16 @@ class TrainDaemon:
         self._last_checkpoint_s = time.monotonic()
         self._last_checkpoint_step = self.step_no
         self._published_step = self.step_no  # what serving has already (a restored model is not news)
-        self._last_log = (time.monotonic(), self.report.samples)
+        self.progress = ProgressReporter(
+            cfg,
+            self.metrics,
+            self.report,
+            validator=self.validator,
+            tasks=self.step.task_validators,
+            record=self.progress_log,
+            expected_samples=source.expected_samples,
+            leader=self.group.is_leader,
+        )
         try:
             while True:
                 self._last_tick = time.monotonic()
@@ -354,7 +374,7 @@ class TrainDaemon:
             raise
         self._drain(prefetcher, writer, publisher)
 
-    def _in_store_adagrad(self) -> Any:
+    def _in_store_adagrad(self) -> RowWiseAdagrad | None:
         """``store.sparse_updates: compose``: the step keeps its row gradients, the store applies them."""
         if self.cfg.store.sparse_updates != "compose":
             return None
@@ -436,7 +456,7 @@ class TrainDaemon:
 
     # ------------------------------------------------------------------ periodic work
 
-    def _periodic(self, publisher: Any, agreed: Round) -> None:
+    def _periodic(self, publisher: Publisher | None, agreed: Round) -> None:
         """After every round, trained or empty: each job runs when its own interval is due.
 
         Not only after a step: a burst trained within one interval would
@@ -449,8 +469,9 @@ class TrainDaemon:
         """
         self._maybe_checkpoint(force=False, clock_due=agreed.checkpoint)
         self._maybe_publish(publisher, force=False)
-        self._maybe_log()
-        self._maybe_record()
+        assert self.progress is not None
+        self.progress.maybe_log(self.step_no)
+        self.progress.maybe_record(self.step_no)
 
     def _checkpoint_clock_due(self) -> bool:
         return time.monotonic() - self._last_checkpoint_s >= self.cfg.trainer.checkpoint_every_s
@@ -501,7 +522,7 @@ class TrainDaemon:
         self.report.checkpoint = str(path)
         log.debug("checkpoint %s", path.name)
 
-    def _maybe_publish(self, publisher: Any, force: bool) -> None:
+    def _maybe_publish(self, publisher: Publisher | None, force: bool) -> None:
         """A snapshot every ``publisher.interval_s`` while the model changes, and on ``force`` (the drain).
 
         Unchanged weights since the last snapshot (an idle topic) are not
@@ -530,86 +551,9 @@ class TrainDaemon:
             self.report.published_version = version
             self.metrics.stage_seconds.labels(stage="publish").observe(time.perf_counter() - started)
 
-    def _maybe_log(self) -> None:
-        """Every ``log_every_s``, and at every 5% of a file (so a short run still shows it learning)."""
-        now = time.monotonic()
-        since, samples_then = self._last_log
-        if self.report.samples == samples_then:
-            if now - since >= self.cfg.trainer.log_every_s:  # idle for an interval: no line, rate 0
-                self._last_log = (now, samples_then)
-                self.metrics.samples_per_second.set(0.0)
-            return
-        fraction = self._file_fraction()
-        new_step = fraction is not None and int(fraction * 20) > self._progress_twentieths
-        if now - since < self.cfg.trainer.log_every_s and not new_step:
-            return
-        if fraction is not None:
-            self._progress_twentieths = int(fraction * 20)
-        rate = (self.report.samples - samples_then) / (now - since)
-        self._last_log = (now, self.report.samples)
-        self._export_eval()
-        self.metrics.samples_per_second.set(rate)
-        log.info(
-            "step %d  samples %d%s  %.0f samples/s  loss %.4f  AUC window %.3f cumulative %.3f",
-            self.step_no,
-            self.report.samples,
-            f" ({fraction:.0%} of the file)" if fraction is not None else "",
-            rate,
-            self.report.losses[-1] if self.report.losses else float("nan"),
-            self.report.window_auc,
-            self.report.auc,
-        )
-
-    def _file_fraction(self) -> float | None:
-        """How much of a file source is trained (None for Kafka: an endless stream)."""
-        expected = self._source.expected_samples() if self._source is not None else None
-        return min(1.0, self.report.samples / expected) if expected else None
-
-    def _maybe_record(self, force: bool = False) -> None:
-        """A point of the run's learning record at every 1% of a file and every ``progress_every_s``."""
-        now = time.monotonic()
-        since, samples_then = self._last_record
-        if self.report.samples == samples_then or not self.group.is_leader:
-            return
-        fraction = self._file_fraction()
-        new_point = fraction is not None and int(fraction * 100) > self._record_hundredths
-        if not (force or new_point or now - since >= self.cfg.trainer.progress_every_s):
-            return
-        if fraction is not None:
-            self._record_hundredths = int(fraction * 100)
-        self._last_record = (now, self.report.samples)
-        window, total = self.validator.windowed(), self.validator.cumulative()
-        tasks = self.step.task_validators
-        per_task = (
-            {"tasks": task_fields(tasks.results())} if tasks is not None and len(tasks.names) > 1 else {}
-        )
-        self.progress_log.write(
-            step=self.step_no,
-            samples=self.report.samples,
-            fraction=None if fraction is None else round(fraction, 4),
-            auc_window=window.auc,
-            auc=total.auc,
-            log_loss_window=window.log_loss,
-            log_loss=total.log_loss,
-            samples_per_s=round((self.report.samples - samples_then) / max(now - since, 1e-9), 1),
-            **per_task,  # several labels only: a one-task point is unchanged
-        )
-
-    def _export_eval(self) -> None:
-        window, total = self.validator.windowed(), self.validator.cumulative()
-        self.report.window_auc, self.report.auc = window.auc, total.auc
-        for name, result in (("window", window), ("cumulative", total)):
-            self.metrics.auc.labels(window=name).set(result.auc)
-            self.metrics.logloss.labels(window=name).set(result.log_loss)
-        tasks = self.step.task_validators
-        for task, results in (tasks.results() if tasks is not None else {}).items():
-            for name, result in zip(("cumulative", "window"), results, strict=True):
-                self.metrics.task_auc.labels(task=task, window=name).set(result.auc)
-                self.metrics.task_logloss.labels(task=task, window=name).set(result.log_loss)
-
     # ------------------------------------------------------------------ stopping
 
-    def _drain(self, prefetcher: Prefetcher, writer: PushWriter, publisher: Any) -> None:
+    def _drain(self, prefetcher: Prefetcher, writer: PushWriter, publisher: Publisher | None) -> None:
         budget = self.cfg.trainer.drain_timeout_s
         deadline = time.monotonic() + budget
         self._state = "draining"
@@ -629,8 +573,9 @@ class TrainDaemon:
         self._last_tick = time.monotonic()
         self._maybe_checkpoint(force=True)
         self._maybe_publish(publisher, force=True)
-        self._export_eval()
-        self._maybe_record(force=True)
+        assert self.progress is not None
+        self.progress.export_eval()
+        self.progress.maybe_record(self.step_no, force=True)
         self._state = "stopped"
         log.info(
             "drained: %d steps this run, committed through step %d, checkpoint %s%s",
@@ -649,7 +594,7 @@ class TrainDaemon:
         return totals
 
 
-def _cheap_stats(store: Any) -> StoreStats | None:
+def _cheap_stats(store: EmbeddingStore) -> StoreStats | None:
     """The store's stats for the summary; a store that cannot answer now leaves them out."""
     try:
         return store.stats()
