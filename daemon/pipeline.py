@@ -51,13 +51,22 @@ _POLL_S = 0.2
 
 @dataclass
 class Prepared:
-    """A micro-batch with its rows pulled, waiting to train; ``ids``: what was pulled, per table."""
+    """A micro-batch with its rows pulled, waiting to train; ``plan``: what was pulled, and why.
+
+    The plan is computed once, here, and the step trains on the same one
+    (``TrainStep(..., plan=)``), so the fallback buckets are not worked out twice.
+    """
 
     batch: MicroBatch
     pulled: dict[str, PullResult]
     watermark: int
     pull_s: float
-    ids: dict[str, np.ndarray]
+    plan: PullPlan
+
+    @property
+    def ids(self) -> dict[str, np.ndarray]:
+        """What was pulled, per table."""
+        return self.plan.ids
 
 
 class _End:
@@ -149,12 +158,14 @@ class Prefetcher(_Stage):
             return None
         watermark = self.ledger.begin_pull()
         started = time.perf_counter()
-        unique = {table: t.unique_ids for table, t in batch.tables.items()}
-        ids = self.plan(batch).ids if self.plan is not None else unique
-        pulled = self.guard.call("pull", lambda: training_pull(self.store, batch, ids))
+        if self.plan is not None:
+            plan = self.plan(batch)
+        else:
+            plan = PullPlan({table: t.unique_ids for table, t in batch.tables.items()}, {})
+        pulled = self.guard.call("pull", lambda: training_pull(self.store, batch, plan.ids))
         pull_s = time.perf_counter() - started
         self.metrics.stage_seconds.labels(stage="pull").observe(pull_s)
-        return Prepared(batch=batch, pulled=pulled, watermark=watermark, pull_s=pull_s, ids=ids)
+        return Prepared(batch=batch, pulled=pulled, watermark=watermark, pull_s=pull_s, plan=plan)
 
     def _run(self) -> None:
         try:

@@ -429,7 +429,7 @@ class TrainDaemon:
     ) -> None:
         batch = item.batch
         pulled = ledger.apply(item.watermark, item.pulled, item.ids)
-        result = self.step(batch, pulled, dense_sync)
+        result = self.step(batch, pulled, dense_sync, plan=item.plan)
         self.step_no += 1
         ledger.record(self.step_no, result.updates)
         writer.submit(self.step_no, batch, result.updates, result.grads)

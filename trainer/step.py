@@ -361,12 +361,18 @@ class TrainStep:
         return self.fallback.expand({name: t.unique_ids for name, t in batch.tables.items()})
 
     def __call__(
-        self, batch: MicroBatch, pulled: Mapping[str, PulledRows], dense_sync: DenseSync | None = None
+        self,
+        batch: MicroBatch,
+        pulled: Mapping[str, PulledRows],
+        dense_sync: DenseSync | None = None,
+        *,
+        plan: PullPlan | None = None,
     ) -> StepResult:
         timer = StageTimer(self.device, self.sync_timings)
         self.model.train()
         bt = BatchTensors.from_batch(batch, self.spec, self.device)
-        plan = self.fallback.expand(bt.unique_ids)
+        if plan is None:  # the daemon passes the plan its prefetcher pulled by; others have it made here
+            plan = self.fallback.expand(bt.unique_ids)
         rows: dict[str, Tensor] = {}
         states: dict[str, Tensor] = {}
         for table, ids in plan.ids.items():

@@ -246,3 +246,27 @@ def test_in_store_adagrad_trains_like_whole_row_pushes(tmp_path: Path, redis_url
         # The same steps, in double precision inside Redis vs float32 in torch.
         np.testing.assert_allclose(rows_c, rows_o, rtol=1e-4, atol=1e-5, err_msg=t)
         np.testing.assert_allclose(state_c, state_o, rtol=1e-4, atol=1e-6, err_msg=t)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_the_pull_plan_is_worked_out_once_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefetch: int
+) -> None:
+    """The prefetcher's plan (unique ids plus fallback buckets) is the one the step trains on."""
+    from kelp.store.policy.fallback import Fallback
+
+    cfg = base_config(tmp_path, prefetch_batches=prefetch)
+    cfg.metrics.enabled = False
+    for table in cfg.features.tables:
+        table.admission.fallback_buckets = 8  # so a plan holds more than the batch's own ids
+    expanded: list[int] = []
+    expand = Fallback.expand
+
+    def counted(self: Fallback, ids_by_table: Any) -> Any:
+        expanded.append(1)
+        return expand(self, ids_by_table)
+
+    monkeypatch.setattr(Fallback, "expand", counted)
+    report = TrainDaemon(cfg, http=False, publish=False).run()
+    assert report.samples == CRITEO_ROWS and report.steps > 1
+    assert len(expanded) == report.steps
