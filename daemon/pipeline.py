@@ -10,12 +10,11 @@
   in :meth:`Prefetcher.next` (strictly sequential training).
 * :class:`PushWriter` pushes a trained batch's updates and acknowledges steps
   in order to the :class:`~kelp.daemon.ledger.UpdateLedger`, which keeps the
-  prefetched rows exact. It commits a batch's offsets only once the store says
-  that batch's push is durable (``store.durable_pushes()``, or
-  ``store.flush(force=False)`` for everything). Durability is the store's rule,
-  not this module's: write-through backends are durable at once, the hot tier
-  names the pushes its write-back schedule has covered. Draining forces a
-  flush, then commits everything.
+  prefetched rows exact. A push returns a ticket, and the writer commits a
+  batch's offsets once ``store.durable_through()`` covers its ticket.
+  Durability is the store's rule, not this module's: write-through backends
+  are durable at once, the hot tier names the pushes its write-back schedule
+  has covered. Draining forces the write-back, then commits everything.
 
 Both run store calls through an :class:`~kelp.daemon.outage.OutageGuard`.
 A worker thread that fails hands its exception to the main thread, which
@@ -201,20 +200,21 @@ class _Pending:
     batch: MicroBatch
     updates: Mapping[str, SparseUpdate]
     grads: Mapping[str, np.ndarray]
-    push: int | None = None
-    """The store's push number of this step's push (None: write-through store, or nothing pushed)."""
+    ticket: int = 0
+    """The store's ticket for this step's push; a step with nothing to push takes the last one issued
+    (it is durable once every earlier push is)."""
 
 
 @dataclass(eq=False)
 class PushWriter(_Stage):
     """Pushes, acknowledges, commits once durable; in order, on its own thread (``depth`` batches).
 
-    After each push it asks the store which pushes are durable: a write-through
-    store's are at once (``durable_pushes()`` is None), so every batch pushed so
-    far is committed; a store that writes back on its own schedule (the hot
-    tier) names the highest durable push, and only the batches up to it are
-    committed. This writer never reads that schedule, so there is one copy of
-    it. While no batch arrives it still asks every ``idle_flush_s``, so a
+    Each push returns a ticket; after each push it asks the store which tickets
+    are durable (``durable_through()``): a write-through store's at once, so every
+    batch pushed so far is committed; a store that writes back on its own
+    schedule (the hot tier) names the highest durable ticket, and only the
+    batches up to it are committed. This writer never reads that schedule, so
+    there is one copy of it. While no batch arrives it still asks every ``idle_flush_s``, so a
     time-bounded write-back happens and its offsets are committed on an idle
     stream too. ``threaded=False`` does the work inline in :meth:`submit`.
     """
@@ -228,6 +228,7 @@ class PushWriter(_Stage):
         self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=self.depth)
         self._error: BaseException | None = None
         self._not_durable: list[_Pending] = []
+        self._last_ticket = 0
         self._thread: threading.Thread | None = None
         self.committed_step = self.ledger.acked
 
@@ -300,24 +301,27 @@ class PushWriter(_Stage):
 
     def _write(self, item: _Pending) -> None:
         started = time.perf_counter()
-        self._push({t: u for t, u in item.updates.items() if len(u.ids)}, item.grads)
-        item.push = self.store.push_count()
+        ticket = self._push({t: u for t, u in item.updates.items() if len(u.ids)}, item.grads)
+        if ticket is not None:
+            self._last_ticket = ticket
+        item.ticket = self._last_ticket
         self.metrics.stage_seconds.labels(stage="push").observe(time.perf_counter() - started)
         self.ledger.acknowledge(item.step)  # readable by any pull that begins from now on
         self.metrics.inflight_rows.set(self.ledger.rows())
         self._not_durable.append(item)
         self._commit_durable(force=False)
 
-    def _push(self, updates: Mapping[str, SparseUpdate], grads: Mapping[str, np.ndarray]) -> None:
+    def _push(self, updates: Mapping[str, SparseUpdate], grads: Mapping[str, np.ndarray]) -> int | None:
+        """The push's ticket; None when there is nothing to push."""
         if not updates:
-            return
+            return None
         adagrad = self.adagrad
         if adagrad is None:
             rows = {t: (u.ids, u.rows, u.state) for t, u in updates.items()}
-            self.guard.call("push", lambda: self.store.push_many(rows))
-            return
+            return self.guard.call("push", lambda: self.store.push_many(rows))
         payload = {t: (u.ids, u.rows, u.state, grads[t]) for t, u in updates.items()}
-        self.guard.call("push", lambda: self.store.apply_adagrad_many(payload, adagrad.lr, adagrad.eps))
+        lr, eps = adagrad.lr, adagrad.eps
+        return self.guard.call("push", lambda: self.store.apply_adagrad_many(payload, lr, eps))
 
     def _commit_durable(self, force: bool) -> None:
         """Commit every batch pushed so far whose push the store says is durable.
@@ -327,14 +331,10 @@ class PushWriter(_Stage):
         """
         if not self._not_durable:
             return
-        all_durable = self.guard.call("push", lambda: self.store.flush(force=force))
-        through = self.store.durable_pushes()
-        if all_durable or through is None:
-            done = len(self._not_durable) if all_durable else 0
-        else:
-            done = 0  # a prefix: pushes are numbered in the order batches were pushed
-            while done < len(self._not_durable) and (self._not_durable[done].push or 0) <= through:
-                done += 1
+        through = self.guard.call("push", lambda: self.store.durable_through(force=force))
+        done = 0  # a prefix: tickets rise in the order batches were pushed
+        while done < len(self._not_durable) and self._not_durable[done].ticket <= through:
+            done += 1
         if not done:
             return
         started = time.perf_counter()

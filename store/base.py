@@ -194,17 +194,18 @@ class EmbeddingStore(Closeable, abc.ABC):
     ) -> dict[str, PullResult]:
         """:meth:`pull` for several tables at once, one round trip per shard where the backend can."""
 
-    def push(self, table: str, ids: np.ndarray, rows: np.ndarray, state: np.ndarray) -> None:
+    def push(self, table: str, ids: np.ndarray, rows: np.ndarray, state: np.ndarray) -> int:
         """Store float32[n, dim] ``rows`` and float32[n] ``state`` for uint64[n] unique ``ids``.
 
         Rows of ids that are not admitted (admission on and no stored row, e.g.
-        evicted) are discarded and counted. Returns once acknowledged.
+        evicted) are discarded and counted. Returns once acknowledged, with the
+        push's ticket (see :meth:`durable_through`).
         """
-        self.push_many({table: (ids, rows, state)})
+        return self.push_many({table: (ids, rows, state)})
 
     @abc.abstractmethod
-    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
-        """:meth:`push` for several tables: ``{table: (ids, rows, state)}``."""
+    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> int:
+        """:meth:`push` for several tables: ``{table: (ids, rows, state)}``; returns the push's ticket."""
 
     composes_updates: ClassVar[bool] = False
     """Whether :meth:`apply_adagrad_many` is supported (the update is applied inside the store)."""
@@ -214,8 +215,8 @@ class EmbeddingStore(Closeable, abc.ABC):
         updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
         lr: float,
         eps: float,
-    ) -> None:
-        """Apply row-wise Adagrad inside the store: ``{table: (ids, rows, state, grads)}``.
+    ) -> int:
+        """Apply row-wise Adagrad inside the store: ``{table: (ids, rows, state, grads)}``; returns a ticket.
 
         Where a row is stored, ``grads`` float32[n, dim] update *that* row and
         its accumulator (``acc += mean(g^2); row -= lr * g / (sqrt(acc) + eps)``),
@@ -243,19 +244,18 @@ class EmbeddingStore(Closeable, abc.ABC):
         """
         return True
 
-    def push_count(self) -> int | None:
-        """How many ``push_many`` calls this store has taken; None for a write-through store.
+    @abc.abstractmethod
+    def durable_through(self, force: bool = False) -> int:
+        """Every push whose ticket is at most this number is durable in the backing store.
 
-        With :meth:`durable_pushes`, the trainer's commit rule for a store that writes
-        back on its own schedule (the hot tier), where some rows are always dirty
-        and "is everything durable?" would rarely be true.
+        Tickets are what :meth:`push_many` and :meth:`apply_adagrad_many` return:
+        1, 2, 3... in the order the pushes were acknowledged. Durability is one
+        value, so the trainer commits a batch's offsets once its push's ticket is
+        covered, whether the store writes through (every acknowledged push at
+        once) or writes back on its own schedule (the hot tier, where some rows
+        are always dirty and "is everything durable?" would rarely be true).
+        Asking writes back what is due first (``force``: everything buffered).
         """
-        return None
-
-    def durable_pushes(self) -> int | None:
-        """Every ``push_many`` call up to this number (counting from 1) is durable in the backing
-        store; None for a write-through store (every acknowledged push is durable)."""
-        return None
 
     def close(self) -> None:
         """Release connections and buffers (``with store:`` calls it)."""

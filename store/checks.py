@@ -40,6 +40,21 @@ def check_push_then_pull_roundtrip(make_store: MakeStore) -> None:
         assert got.admitted.all()
 
 
+def check_push_tickets_rise_and_become_durable(make_store: MakeStore) -> None:
+    """Each acknowledged push returns a higher ticket; a forced ``durable_through`` covers them all."""
+    with make_store([TableSpec(name="t", dim=4)]) as store:
+        start = store.durable_through(force=True)
+        tickets = []
+        for k in range(3):
+            ids = np.arange(10 * k, 10 * k + 10, dtype=np.uint64)
+            rows, state = _rows(len(ids), 4, seed=k)
+            store.pull("t", ids)  # admits them where admission is on
+            tickets.append(store.push_many({"t": (ids, rows, state)}))
+        assert tickets == sorted(set(tickets)) and tickets[0] > start, tickets
+        assert store.durable_through() <= tickets[-1]
+        assert store.durable_through(force=True) >= tickets[-1]
+
+
 def check_large_ids_and_batches(make_store: MakeStore) -> None:
     """Ids up to 2**64-1 and batches larger than one command chunk."""
     with make_store([TableSpec(name="t", dim=2)]) as store:
@@ -344,6 +359,7 @@ def check_nonfinite_rows_are_quarantined(make_store: MakeStore) -> None:
 
 ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_push_then_pull_roundtrip,
+    check_push_tickets_rise_and_become_durable,
     check_large_ids_and_batches,
     check_admission_off_reads_init_row,
     check_admission_min_count,

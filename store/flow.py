@@ -27,6 +27,7 @@ each table's :class:`~kelp.store.policy.admission.AdmissionPolicy`'s decision.
 from __future__ import annotations
 
 import abc
+import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -119,6 +120,8 @@ class FlowStore(EmbeddingStore):
         self.quarantine = Quarantine(self.metrics)
         self._clock = clock
         self._op_lock: AbstractContextManager[Any] = nullcontext()
+        self._tickets = 0  # acknowledged pushes; a write-through store's are durable at once
+        self._ticket_lock = threading.Lock()
 
     def _ready(self) -> None:
         """Hook: a backend's one-time checks before its first pull or push (Redis: the layout marker)."""
@@ -277,7 +280,12 @@ class FlowStore(EmbeddingStore):
                 self.metrics.admissions.labels(table=name).inc(len(a.ids))
         return qualified
 
-    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    def durable_through(self, force: bool = False) -> int:
+        """Write-through: every acknowledged push is durable, so the last ticket handed out."""
+        with self._ticket_lock:
+            return self._tickets
+
+    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> int:
         writes: dict[str, RowWrite] = {}
         for name, (raw_ids, raw_rows, raw_state) in updates.items():
             t = self.table(name)
@@ -286,14 +294,14 @@ class FlowStore(EmbeddingStore):
             if keep is not None:
                 ids, rows, state = ids[keep], rows[keep], state[keep]
             writes[name] = RowWrite(ids, rows, state, create=t.admission.push_creates_rows)
-        self._push(writes, lambda now: self._write_rows(writes, now))
+        return self._push(writes, lambda now: self._write_rows(writes, now))
 
     def apply_adagrad_many(
         self,
         updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
         lr: float,
         eps: float,
-    ) -> None:
+    ) -> int:
         if not self.composes_updates:
             super().apply_adagrad_many(updates, lr, eps)
         writes: dict[str, RowWrite] = {}
@@ -307,7 +315,7 @@ class FlowStore(EmbeddingStore):
             if keep is not None:
                 ids, rows, state, grads = ids[keep], rows[keep], state[keep], grads[keep]
             writes[name] = RowWrite(ids, rows, state, create=t.admission.push_creates_rows, grads=grads)
-        self._push(writes, lambda now: self._apply_adagrad(writes, lr, eps, now))
+        return self._push(writes, lambda now: self._apply_adagrad(writes, lr, eps, now))
 
     def _apply_adagrad(
         self, writes: Mapping[str, RowWrite], lr: float, eps: float, now: float
@@ -315,7 +323,8 @@ class FlowStore(EmbeddingStore):
         """Backends with ``composes_updates`` apply ``writes[t].grads`` to stored rows in place."""
         raise NotImplementedError
 
-    def _push(self, writes: Mapping[str, RowWrite], write: Callable[[float], dict[str, int]]) -> None:
+    def _push(self, writes: Mapping[str, RowWrite], write: Callable[[float], dict[str, int]]) -> int:
+        """Run ``write`` and count it; the ticket is handed out once the write is acknowledged."""
         started = time.perf_counter()
         self._ready()
         with self._op_lock:
@@ -325,3 +334,6 @@ class FlowStore(EmbeddingStore):
             if kept[name] < len(w.ids):
                 self.metrics.push_discarded.labels(table=name).inc(len(w.ids) - kept[name])
         self.metrics.latency.labels(op="push").observe(time.perf_counter() - started)
+        with self._ticket_lock:
+            self._tickets += 1
+            return self._tickets

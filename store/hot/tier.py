@@ -417,9 +417,9 @@ class HotRowCache(EmbeddingStore):
         )
         self._held += len(pick)
 
-    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> int:
         """Rows in the tier are written there; the rest go to ``inner`` at once. Then the rows that
-        are due are written back (:meth:`_write_back`)."""
+        are due are written back (:meth:`_write_back`). The ticket is the schedule's push number."""
         checked = {
             name: self._finite_only(name, *self.table(name).check_push(*u)) for name, u in updates.items()
         }
@@ -463,6 +463,7 @@ class HotRowCache(EmbeddingStore):
             self._write_back()
             with self._lock:
                 self._update_gauges()
+        return push
 
     def _finite_only(
         self, name: str, ids: np.ndarray, rows: np.ndarray, state: np.ndarray
@@ -476,7 +477,7 @@ class HotRowCache(EmbeddingStore):
 
         Rows pushed past the tier went straight to ``inner``, so the answer also
         asks ``inner.flush(force)``. The trainer commits offsets by
-        :meth:`durable_pushes`, which stays useful while some rows are always dirty.
+        :meth:`durable_through`, which stays useful while some rows are always dirty.
         """
         with self._push_lock:
             self._write_back(force)
@@ -485,13 +486,18 @@ class HotRowCache(EmbeddingStore):
                 self._update_gauges()
                 return inner_durable and self._schedule.all_durable
 
-    def push_count(self) -> int:
-        with self._lock:
-            return self._schedule.pushes
+    def durable_through(self, force: bool = False) -> int:
+        """Writes back what is due (``force``: every dirty row), then the schedule's durable watermark.
 
-    def durable_pushes(self) -> int:
-        with self._lock:
-            return self._schedule.durable
+        Rows pushed past the tier went to ``inner``, which writes through, so
+        they are durable once their push returned.
+        """
+        with self._push_lock:
+            self._write_back(force)
+            self.inner.flush(force)
+            with self._lock:
+                self._update_gauges()
+                return self._schedule.durable
 
     def dirty_rows(self) -> int:
         return int(sum(g.table["dirty"][: g.table.high].sum() for g in self._groups))

@@ -151,18 +151,18 @@ class RedisStoreBase(FlowStore):
         with self._naming_wrong_type(ids_by_table):
             return super().pull_many(ids_by_table, count=count, occurrences=occurrences)
 
-    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> int:
         with self._naming_wrong_type({name: u[0] for name, u in updates.items()}):
-            super().push_many(updates)
+            return super().push_many(updates)
 
     def apply_adagrad_many(
         self,
         updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
         lr: float,
         eps: float,
-    ) -> None:
+    ) -> int:
         with self._naming_wrong_type({name: u[0] for name, u in updates.items()}):
-            super().apply_adagrad_many(updates, lr, eps)
+            return super().apply_adagrad_many(updates, lr, eps)
 
     @contextmanager
     def _naming_wrong_type(self, ids_by_table: Mapping[str, np.ndarray]) -> Iterator[None]:
