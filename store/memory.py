@@ -53,7 +53,10 @@ class MemoryStore(FlowStore):
     >>> from kelp.config import TableSpec
     >>> store = MemoryStore([TableSpec(name="ads", dim=4)])
     >>> ids = np.array([1, 2], dtype=np.uint64)
-    >>> store.push("ads", ids, np.ones((2, 4), np.float32), np.zeros(2, np.float32))
+    >>> store.push("ads", ids, np.ones((2, 4), np.float32), np.zeros(2, np.float32))  # its ticket
+    1
+    >>> store.durable_through()  # in memory, every acknowledged push is as durable as it gets
+    1
     >>> store.pull("ads", ids).rows.sum()
     np.float32(8.0)
     """
