@@ -50,7 +50,7 @@ from kelp.bench.store import bytes_per_counter, bytes_per_row
 from kelp.bench.streams import CRITEO_ATTRIBUTION, MOVIELENS, Stream, load_stream
 from kelp.config import KelpConfig
 from kelp.consumers import build_source
-from kelp.daemon.pipeline import training_pull
+from kelp.daemon.stages import training_pull
 from kelp.harness import RedisServer
 from kelp.plots import curve_from_logits, plot_accuracy
 from kelp.store.memory import MemoryStore

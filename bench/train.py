@@ -107,7 +107,7 @@ def _stream(cfg: KelpConfig, samples: int) -> tuple[dict[str, Any], list[MicroBa
         "auc": report.auc,
         "hot_cache_hit_rate": hit_rate,
         "stage_seconds": {k: round(v, 3) for k, v in report.stage_seconds.items()},
-        "overlay_patched_rows": daemon.ledger.patched_rows,
+        "overlay_patched_rows": daemon.pipeline.ledger.patched_rows,  # type: ignore[union-attr],
     }, batches
 
 

@@ -1,344 +1,171 @@
-"""The trainer's I/O pipeline around the compute step: prefetch in front, write-behind after.
+"""One object runs the trainer's steps: the pull plan, the prefetcher, the in-flight ledger, the push writer.
 
-::
+Modelled on TorchRec's ``TrainPipeline.progress()``: the daemon's loop calls
+one verb, :meth:`TrainPipeline.progress`, and gets back what was trained.
+Everything a micro-batch meets between the source and the committed offset
+sits behind it, in this order::
 
-    source ──poll──> [Prefetcher: pull rows] ──queue(prefetch_batches)──> main thread: ledger.apply,
-    TrainStep, ledger.record ──queue(push_queue_batches)──> [PushWriter: push, ack, commit once durable]
+    source ──poll──> [Prefetcher thread: plan, pull] ──queue──> progress(): ledger.apply,
+    TrainStep, ledger.record ──queue──> [PushWriter thread: push, acknowledge, commit once durable]
 
-* :class:`Prefetcher` polls the next micro-batch and pulls its unique ids'
-  rows while the current batch trains. ``depth=0`` does the same work inline
-  in :meth:`Prefetcher.next` (strictly sequential training).
-* :class:`PushWriter` pushes a trained batch's updates and acknowledges steps
-  in order to the :class:`~kelp.daemon.ledger.UpdateLedger`, which keeps the
-  prefetched rows exact. A push returns a ticket, and the writer commits a
-  batch's offsets once ``store.durable_through()`` covers its ticket.
-  Durability is the store's rule, not this module's: write-through backends
-  are durable at once, the hot tier names the pushes its write-back schedule
-  has covered. Draining forces the write-back, then commits everything.
+* The plan (each table's unique ids plus fallback buckets) is made once, by
+  the prefetcher, and the step trains on that same plan.
+* The ledger (:mod:`kelp.daemon.ledger`) makes a prefetched batch see every
+  update trained but not yet pushed, so prefetching never trains on stale rows.
+* The writer commits offsets only once the store's ``durable_through()``
+  covers the batch's push (:mod:`kelp.daemon.stages`).
 
-Both run store calls through an :class:`~kelp.daemon.outage.OutageGuard`.
-A worker thread that fails hands its exception to the main thread, which
-stops the process with it: no thread dies silently and nothing hangs.
+What stays with the daemon (:mod:`kelp.daemon.train`): when to stop, the
+group's agreement (``dense_sync``), checkpoints, publishing and reporting.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
+import dataclasses
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import dataclass
 
-import numpy as np
-
+from kelp.config import TrainerConfig
 from kelp.consumers.base import Source
 from kelp.consumers.batch import MicroBatch
-from kelp.consumers.errors import SourceClosedError
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
-from kelp.store.base import EmbeddingStore, PullResult
-from kelp.store.policy.fallback import PullPlan
+from kelp.daemon.stages import END, Prefetcher, Prepared, PushWriter
+from kelp.store.base import EmbeddingStore
 from kelp.trainer.metrics import TrainerMetrics
-from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate
+from kelp.trainer.optim import RowWiseAdagrad
+from kelp.trainer.step import DenseSync, StepResult, TrainStep
 
-__all__ = ["END", "Prefetcher", "Prepared", "PushWriter", "training_pull"]
-
-log = logging.getLogger("kelp.train")
-_POLL_S = 0.2
+__all__ = ["Progress", "TrainPipeline", "Trained"]
 
 
-@dataclass
-class Prepared:
-    """A micro-batch with its rows pulled, waiting to train; ``plan``: what was pulled, and why.
+@dataclass(frozen=True)
+class Trained:
+    """A step this pipeline trained: its number, the batch and what the step returned."""
 
-    The plan is computed once, here, and the step trains on the same one
-    (``TrainStep(..., plan=)``), so the fallback buckets are not worked out twice.
-    """
-
-    batch: MicroBatch
-    pulled: dict[str, PullResult]
-    watermark: int
-    pull_s: float
-    plan: PullPlan
-
-    @property
-    def ids(self) -> dict[str, np.ndarray]:
-        """What was pulled, per table."""
-        return self.plan.ids
-
-
-class _End:
-    def __repr__(self) -> str:
-        return "END"
-
-
-END = _End()
-"""The source is exhausted (file sources): train what is queued, then drain."""
-
-
-@dataclass
-class _Failed:
-    error: BaseException
-
-
-@dataclass(eq=False)
-class _Stage:
-    """What both pipeline stages work with: the source, the store (through the outage guard), the ledger.
-
-    ``depth``: batches the stage may hold in its queue.
-    """
-
-    source: Source
-    store: EmbeddingStore
-    ledger: UpdateLedger
-    _: KW_ONLY
-    guard: OutageGuard
-    metrics: TrainerMetrics
-    depth: int
-
-
-@dataclass(eq=False)
-class Prefetcher(_Stage):
-    """Polls micro-batches and pulls their rows ahead of training (``depth`` batches, 0 = inline).
-
-    ``plan`` says what a batch needs pulled (``TrainStep.pull_plan``: its
-    tables' unique ids plus their fallback buckets); by default the unique ids.
-    """
-
-    plan: Callable[[MicroBatch], PullPlan] | None = None
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._queue: queue.Queue[Prepared | _End | _Failed] = queue.Queue(maxsize=max(1, self.depth))
-        self._thread: threading.Thread | None = None
-        self._exhausted = False
-
-    def start(self) -> None:
-        if self.depth > 0:
-            self._thread = threading.Thread(target=self._run, name="kelp-prefetch", daemon=True)
-            self._thread.start()
-
-    def next(self, timeout_s: float) -> Prepared | _End | None:
-        """The next prepared batch, :data:`END`, or None after ``timeout_s``. Re-raises a worker failure."""
-        if self._thread is None:
-            if self._exhausted:
-                return END
-            got = self._prepare(timeout_s)
-            if got is END:
-                self._exhausted = True
-            return got
-        try:
-            item = self._queue.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
-        self.metrics.queue_depth.labels(queue="prefetch").set(self._queue.qsize())
-        if isinstance(item, _Failed):
-            raise item.error
-        if isinstance(item, _End):
-            self._queue.put(item)  # stays at the end for any later call
-        return item
-
-    def stop(self, wait: bool = True) -> None:
-        """Stop fetching; batches already prepared are dropped (not committed, so read again later).
-
-        ``wait=False`` only asks: the thread may still finish a poll (up to its 0.2 s timeout) or a
-        pull, which the drain's push and flush need not wait for; call again to join it."""
-        self._stop.set()
-        if wait and self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _prepare(self, timeout_s: float) -> Prepared | _End | None:
-        try:
-            batch = self.source.poll(timeout_s=timeout_s)
-        except SourceClosedError:
-            return END
-        if batch is None or self._stop.is_set():  # stopping: a batch polled now would be dropped unpulled
-            return None
-        watermark = self.ledger.begin_pull()
-        started = time.perf_counter()
-        if self.plan is not None:
-            plan = self.plan(batch)
-        else:
-            plan = PullPlan({table: t.unique_ids for table, t in batch.tables.items()}, {})
-        pulled = self.guard.call("pull", lambda: training_pull(self.store, batch, plan.ids))
-        pull_s = time.perf_counter() - started
-        self.metrics.stage_seconds.labels(stage="pull").observe(pull_s)
-        return Prepared(batch=batch, pulled=pulled, watermark=watermark, pull_s=pull_s, plan=plan)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                item = self._prepare(_POLL_S)
-                if item is None:
-                    continue
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=_POLL_S)
-                        break
-                    except queue.Full:
-                        continue
-                if item is END:
-                    return
-        except BaseException as exc:
-            self._queue.put(_Failed(exc))
-
-
-def training_pull(
-    store: EmbeddingStore, batch: MicroBatch, ids: Mapping[str, np.ndarray]
-) -> dict[str, PullResult]:
-    """A trainer's pull of ``ids`` for ``batch``: admission counts each id's occurrences in the batch."""
-    occurrences = {
-        table: np.bincount(t.inverse, minlength=len(t.unique_ids)) for table, t in batch.tables.items()
-    }
-    return store.pull_many(ids, occurrences=occurrences)
-
-
-@dataclass
-class _Pending:
     step: int
     batch: MicroBatch
-    updates: Mapping[str, SparseUpdate]
-    grads: Mapping[str, np.ndarray]
-    ticket: int = 0
-    """The store's ticket for this step's push; a step with nothing to push takes the last one issued
-    (it is durable once every earlier push is)."""
+    result: StepResult
 
 
-@dataclass(eq=False)
-class PushWriter(_Stage):
-    """Pushes, acknowledges, commits once durable; in order, on its own thread (``depth`` batches).
+@dataclass(frozen=True)
+class Progress:
+    """What one :meth:`TrainPipeline.progress` call did.
 
-    Each push returns a ticket; after each push it asks the store which tickets
-    are durable (``durable_through()``): a write-through store's at once, so every
-    batch pushed so far is committed; a store that writes back on its own
-    schedule (the hot tier) names the highest durable ticket, and only the
-    batches up to it are committed. This writer never reads that schedule, so
-    there is one copy of it. While no batch arrives it still asks every ``idle_flush_s``, so a
-    time-bounded write-back happens and its offsets are committed on an idle
-    stream too. ``threaded=False`` does the work inline in :meth:`submit`.
+    ``trained`` is None when no batch was ready (or fetching was off);
+    ``exhausted``: the source has ended, so no later call will train.
     """
 
-    threaded: bool = True
-    idle_flush_s: float = 1.0
-    adagrad: RowWiseAdagrad | None = None
-    """Set (``store.sparse_updates: compose``): send gradients and let the store apply this optimizer."""
+    trained: Trained | None
+    exhausted: bool
 
-    def __post_init__(self) -> None:
-        self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=self.depth)
-        self._error: BaseException | None = None
-        self._not_durable: list[_Pending] = []
-        self._last_ticket = 0
-        self._thread: threading.Thread | None = None
-        self.committed_step = self.ledger.acked
+
+class TrainPipeline:
+    """Prefetch, train, record, write behind: one step per :meth:`progress` call.
+
+    ``in_store_adagrad`` (``store.sparse_updates: compose``): the step keeps
+    its row gradients and the store applies the row-wise Adagrad update, so the
+    writer sends gradients rather than finished rows.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        store: EmbeddingStore,
+        step: TrainStep,
+        settings: TrainerConfig,
+        *,
+        guard: OutageGuard,
+        metrics: TrainerMetrics,
+        acked: int,
+        in_store_adagrad: bool = False,
+    ) -> None:
+        self.step = step
+        self.metrics = metrics
+        self.ledger = UpdateLedger(acked=acked)
+        adagrad: RowWiseAdagrad | None = None
+        if in_store_adagrad:
+            step.sparse_optimizer = dataclasses.replace(step.sparse_optimizer, keep_grads=True)
+            adagrad = step.sparse_optimizer
+        stage = {"guard": guard, "metrics": metrics}
+        self._prefetcher = Prefetcher(
+            source, store, self.ledger, **stage, depth=settings.prefetch_batches, plan=step.pull_plan
+        )
+        self._writer = PushWriter(
+            source,
+            store,
+            self.ledger,
+            **stage,
+            depth=settings.push_queue_batches,
+            threaded=settings.prefetch_batches > 0,
+            adagrad=adagrad,
+        )
+        self._exhausted = False
+
+    @property
+    def exhausted(self) -> bool:
+        """The source has ended: what was fetched is trained, nothing more will come."""
+        return self._exhausted
+
+    @property
+    def committed_step(self) -> int:
+        """The last step whose batch's offsets are committed (durable in the store)."""
+        return self._writer.committed_step
 
     def start(self) -> None:
-        if self.threaded:
-            self._thread = threading.Thread(target=self._run, name="kelp-push", daemon=True)
-            self._thread.start()
+        """Start the writer, then the prefetcher (stopped in reverse by :meth:`drain`)."""
+        self._writer.start()
+        self._prefetcher.start()
 
-    def check(self) -> None:
-        """Re-raise a failure of the writer thread on the caller's thread."""
-        if self._error is not None:
-            raise self._error
+    def progress(
+        self, step_no: int, dense_sync: DenseSync, *, wait_s: float, fetch: bool = True, join: bool = False
+    ) -> Progress:
+        """Train the next prefetched batch as step ``step_no + 1``, or take part in a step without one.
 
-    def submit(
-        self,
-        step: int,
-        batch: MicroBatch,
-        updates: Mapping[str, SparseUpdate],
-        grads: Mapping[str, np.ndarray] | None = None,
-    ) -> None:
-        """Queue a trained step (its row grads too, for ``adagrad``); blocks while ``depth`` are in flight."""
-        item = _Pending(step, batch, updates, grads or {})
-        if self._thread is None:
-            self._write(item)
-            return
-        while True:
-            self.check()
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                break
-            except queue.Full:
-                continue
-        self.metrics.queue_depth.labels(queue="push").set(self._queue.qsize())
+        Waits up to ``wait_s`` for a batch (``fetch=False``: takes none, as
+        when stopping). With no batch, ``join`` (a group, or a stop the group
+        must hear of) or an exhausted source runs the step's idle part, so
+        ``dense_sync`` is still called once; otherwise nothing happens.
+        Re-raises a failure of either worker thread.
+        """
+        self._writer.check()
+        item = self._next(wait_s) if fetch and not self._exhausted else None
+        if item is None:
+            if join or self._exhausted:
+                self.step.idle(dense_sync)
+            return Progress(None, self._exhausted)
+        pulled = self.ledger.apply(item.watermark, item.pulled, item.ids)
+        result = self.step(item.batch, pulled, dense_sync, plan=item.plan)
+        step = step_no + 1
+        self.ledger.record(step, result.updates)
+        self._writer.submit(step, item.batch, result.updates, result.grads)
+        self.metrics.inflight_rows.set(self.ledger.rows())
+        return Progress(Trained(step, item.batch, result), self._exhausted)
 
     def drain(self, timeout_s: float) -> bool:
-        """Push, flush and commit everything submitted; False if that did not finish in ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        if self._thread is not None:
-            while True:
-                self.check()
-                try:
-                    self._queue.put(None, timeout=max(0.01, min(_POLL_S, deadline - time.monotonic())))
-                    break
-                except queue.Full:
-                    if time.monotonic() >= deadline:
-                        return False
-            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
-            if self._thread.is_alive():
-                return False
-            self.check()
-        self._commit_durable(force=True)
-        return True
+        """Stop fetching; push, flush and commit everything trained. False if not done in ``timeout_s``.
 
-    # ------------------------------------------------------------------ the writer's work
-
-    def _run(self) -> None:
-        try:
-            while True:
-                try:
-                    item = self._queue.get(timeout=self.idle_flush_s)
-                except queue.Empty:
-                    self._commit_durable(force=False)
-                    continue
-                if item is None:
-                    return
-                self._write(item)
-                self.metrics.queue_depth.labels(queue="push").set(self._queue.qsize())
-        except BaseException as exc:
-            self._error = exc
-
-    def _write(self, item: _Pending) -> None:
-        started = time.perf_counter()
-        ticket = self._push({t: u for t, u in item.updates.items() if len(u.ids)}, item.grads)
-        if ticket is not None:
-            self._last_ticket = ticket
-        item.ticket = self._last_ticket
-        self.metrics.stage_seconds.labels(stage="push").observe(time.perf_counter() - started)
-        self.ledger.acknowledge(item.step)  # readable by any pull that begins from now on
-        self.metrics.inflight_rows.set(self.ledger.rows())
-        self._not_durable.append(item)
-        self._commit_durable(force=False)
-
-    def _push(self, updates: Mapping[str, SparseUpdate], grads: Mapping[str, np.ndarray]) -> int | None:
-        """The push's ticket; None when there is nothing to push."""
-        if not updates:
-            return None
-        adagrad = self.adagrad
-        if adagrad is None:
-            rows = {t: (u.ids, u.rows, u.state) for t, u in updates.items()}
-            return self.guard.call("push", lambda: self.store.push_many(rows))
-        payload = {t: (u.ids, u.rows, u.state, grads[t]) for t, u in updates.items()}
-        lr, eps = adagrad.lr, adagrad.eps
-        return self.guard.call("push", lambda: self.store.apply_adagrad_many(payload, lr, eps))
-
-    def _commit_durable(self, force: bool) -> None:
-        """Commit every batch pushed so far whose push the store says is durable.
-
-        The only place offsets are committed. ``force`` (the drain) makes the
-        store write everything buffered first.
+        Batches prefetched but not trained are dropped uncommitted: the source
+        delivers them again after a restart.
         """
-        if not self._not_durable:
-            return
-        through = self.guard.call("push", lambda: self.store.durable_through(force=force))
-        done = 0  # a prefix: tickets rise in the order batches were pushed
-        while done < len(self._not_durable) and self._not_durable[done].ticket <= through:
-            done += 1
-        if not done:
-            return
+        self._prefetcher.stop(wait=False)  # its last poll or pull overlaps the push and flush below
+        try:
+            return self._writer.drain(timeout_s)
+        finally:
+            self._prefetcher.stop()
+
+    def abort(self) -> None:
+        """Stop fetching after a failure; nothing more is pushed or committed."""
+        self._prefetcher.stop()
+
+    def _next(self, wait_s: float) -> Prepared | None:
         started = time.perf_counter()
-        durable, self._not_durable = self._not_durable[:done], self._not_durable[done:]
-        self.source.commit([r for item in durable for r in item.batch.sources])
-        self.committed_step = durable[-1].step
-        self.metrics.stage_seconds.labels(stage="commit").observe(time.perf_counter() - started)
+        got = self._prefetcher.next(wait_s)
+        if got is END:
+            self._exhausted = True
+            return None
+        if got is None:
+            return None
+        assert isinstance(got, Prepared)
+        self.metrics.stage_seconds.labels(stage="fetch").observe(time.perf_counter() - started)
+        return got

@@ -9,7 +9,7 @@ Every step: take a prefetched batch, apply the in-flight overlay (so it sees
 every earlier step's update, see :mod:`kelp.daemon.ledger`), train, record
 its updates, hand them to the write-behind pusher, which pushes and commits
 the batch's offsets once the store says those pushes are durable
-(``store.flush(force=False)``; see :mod:`kelp.daemon.pipeline`). Dense checkpoints every
+(``store.durable_through()``; see :mod:`kelp.daemon.pipeline`). Dense checkpoints every
 ``checkpoint_every_steps`` or ``checkpoint_every_s``; a snapshot for serving
 every ``publisher.interval_s`` while the model changes. These run after every
 round of the loop, with a batch or without (an idle topic), so a burst's last
@@ -28,7 +28,6 @@ channel, a bad record schema...) raises out of
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -43,9 +42,8 @@ from prometheus_client import CollectorRegistry
 from kelp.config import KafkaSourceConfig, KelpConfig, SourceConfig
 from kelp.daemon.group import Round, TrainingGroup, launched_world
 from kelp.daemon.health import HealthServer
-from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
-from kelp.daemon.pipeline import END, Prefetcher, Prepared, PushWriter
+from kelp.daemon.pipeline import Trained, TrainPipeline
 from kelp.daemon.preflight import preflight
 from kelp.daemon.progress_log import ProgressLog
 from kelp.daemon.progress_report import ProgressReporter
@@ -55,14 +53,12 @@ from kelp.errors import KelpError, UserError
 from kelp.metrics import LabelledRegistry
 from kelp.store.base import StoreStats
 from kelp.trainer.metrics import STAGE_LABELS, TrainerMetrics
-from kelp.trainer.step import DenseSync
 
 if TYPE_CHECKING:
     from kelp.consumers.base import Source
     from kelp.consumers.batch import MicroBatch
     from kelp.publish import Publisher
     from kelp.store.base import EmbeddingStore
-    from kelp.trainer.optim import RowWiseAdagrad
     from kelp.trainer.step import StepResult
 
 OnStep = Callable[[int, "MicroBatch", "StepResult"], None]
@@ -149,8 +145,8 @@ class TrainDaemon:
         self._last_tick = time.monotonic()
         self._health: HealthServer | None = None
         self.report = TrainReport(rank=self.group.rank, world_size=self.group.size)
-        self._exhausted = False
         self._busy = False
+        self.pipeline: TrainPipeline | None = None
         self._store_stats: StoreStats | None = None
         self._source: Source | None = None
         self.progress_log = ProgressLog(None)
@@ -316,28 +312,17 @@ class TrainDaemon:
     def _loop(self, source: Source, store: EmbeddingStore, publisher: Publisher | None) -> None:
         self._source = source
         cfg = self.cfg.trainer
-        ledger = self.ledger = UpdateLedger(acked=self.step_no)
-        prefetcher = Prefetcher(
+        pipeline = self.pipeline = TrainPipeline(
             source,
             store,
-            ledger,
+            self.step,
+            cfg,
             guard=self.guard,
             metrics=self.metrics,
-            depth=cfg.prefetch_batches,
-            plan=self.step.pull_plan,
+            acked=self.step_no,
+            in_store_adagrad=self.cfg.store.sparse_updates == "compose",
         )
-        writer = PushWriter(
-            source,
-            store,
-            ledger,
-            guard=self.guard,
-            metrics=self.metrics,
-            depth=cfg.push_queue_batches,
-            threaded=cfg.prefetch_batches > 0,
-            adagrad=self._in_store_adagrad(),
-        )
-        writer.start()
-        prefetcher.start()
+        pipeline.start()
         self._state = "training"
         self.metrics.ready.set(1)
         log.info("training (prefetch %d, write-behind %d)", cfg.prefetch_batches, cfg.push_queue_batches)
@@ -357,8 +342,7 @@ class TrainDaemon:
         try:
             while True:
                 self._last_tick = time.monotonic()
-                writer.check()
-                agreed = self._group_step(prefetcher, ledger, writer)
+                agreed = self._group_step(pipeline)
                 if agreed.exhausted:
                     self.request_stop("source exhausted")
                 if agreed.stop or agreed.exhausted:
@@ -370,18 +354,11 @@ class TrainDaemon:
         except BaseException:
             self._state = "failed"
             self.metrics.ready.set(0)
-            prefetcher.stop()
+            pipeline.abort()
             raise
-        self._drain(prefetcher, writer, publisher)
+        self._drain(pipeline, publisher)
 
-    def _in_store_adagrad(self) -> RowWiseAdagrad | None:
-        """``store.sparse_updates: compose``: the step keeps its row gradients, the store applies them."""
-        if self.cfg.store.sparse_updates != "compose":
-            return None
-        self.step.sparse_optimizer = dataclasses.replace(self.step.sparse_optimizer, keep_grads=True)
-        return self.step.sparse_optimizer
-
-    def _group_step(self, prefetcher: Prefetcher, ledger: UpdateLedger, writer: PushWriter) -> Round:
+    def _group_step(self, pipeline: TrainPipeline) -> Round:
         """Train this rank's next batch, or join the group's step with none; the group's agreement.
 
         Alone, nothing to do (no batch within a tick) is an empty round, so the
@@ -390,31 +367,27 @@ class TrainDaemon:
         ready contributes nothing rather than waiting, so uneven partitions never block.
         """
         stop = self._stop.is_set()
-        item: Prepared | None = None
-        if not (stop or self._exhausted):
-            wait_started = time.perf_counter()
-            got = prefetcher.next(self._wait_s())
-            if got is END:
-                self._exhausted = True
-            elif got is not None:
-                assert isinstance(got, Prepared)
-                item = got
-                self.metrics.stage_seconds.labels(stage="fetch").observe(time.perf_counter() - wait_started)
-        if item is None and not (stop or self._exhausted or self.group.distributed):
-            return Round(samples=0, stop=False, exhausted=False, checkpoint=self._checkpoint_clock_due())
-        flags = {"stop": stop, "exhausted": self._exhausted, "checkpoint": self._checkpoint_clock_due()}
+        checkpoint = self._checkpoint_clock_due()
         rounds: list[Round] = []
 
         def dense_sync(samples: int) -> bool:
+            flags = {"stop": stop, "exhausted": pipeline.exhausted, "checkpoint": checkpoint}
             rounds.append(self.group.exchange(samples, **flags))
             return rounds[-1].samples > 0
 
-        if item is not None:
-            self._train_one(item, ledger, writer, dense_sync)
-        else:
-            self.step.idle(dense_sync)
-            if rounds[-1].samples:
-                self.step_no += 1  # other ranks trained: step numbers stay equal on every rank
+        done = pipeline.progress(
+            self.step_no,
+            dense_sync,
+            wait_s=self._wait_s(),
+            fetch=not stop,
+            join=stop or self.group.distributed,
+        )
+        if done.trained is not None:
+            self._account(done.trained)
+        if not rounds:  # alone, and no batch came within the tick
+            return Round(samples=0, stop=False, exhausted=False, checkpoint=checkpoint)
+        if done.trained is None and rounds[-1].samples:
+            self.step_no += 1  # other ranks trained: step numbers stay equal on every rank
         self._busy = rounds[-1].samples > 0
         return rounds[-1]
 
@@ -424,33 +397,25 @@ class TrainDaemon:
             return _TICK_S
         return 0.0 if self._busy else self.cfg.trainer.distributed.idle_wait_s
 
-    def _train_one(
-        self, item: Prepared, ledger: UpdateLedger, writer: PushWriter, dense_sync: DenseSync
-    ) -> None:
-        batch = item.batch
-        pulled = ledger.apply(item.watermark, item.pulled, item.ids)
-        result = self.step(batch, pulled, dense_sync, plan=item.plan)
-        self.step_no += 1
-        ledger.record(self.step_no, result.updates)
-        writer.submit(self.step_no, batch, result.updates, result.grads)
+    def _account(self, trained: Trained) -> None:
+        """A trained step's number, offsets, report and metrics; ``on_step`` sees it last."""
+        self.step_no = trained.step
+        batch, result = trained.batch, trained.result
         for r in batch.sources:
             key = (r.topic, r.partition)
             self.offsets[key] = max(self.offsets.get(key, 0), r.last_offset + 1)
         if result.skipped is not None:  # nothing applied or pushed; the empty push still commits its offsets
             self.metrics.steps_skipped.labels(reason=result.skipped).inc()
-            if self._on_step is not None:
-                self._on_step(self.step_no, batch, result)
-            return
-        self.report.steps += 1
-        self.report.samples += batch.size
-        self.report.losses.append(result.loss)
-        m = self.metrics
-        m.steps.inc()
-        m.samples.inc(batch.size)
-        m.loss.set(result.loss)
-        m.last_step.set(time.time())
-        m.observe_stages(result.timings)
-        m.inflight_rows.set(ledger.rows())
+        else:
+            self.report.steps += 1
+            self.report.samples += batch.size
+            self.report.losses.append(result.loss)
+            m = self.metrics
+            m.steps.inc()
+            m.samples.inc(batch.size)
+            m.loss.set(result.loss)
+            m.last_step.set(time.time())
+            m.observe_stages(result.timings)
         if self._on_step is not None:
             self._on_step(self.step_no, batch, result)
 
@@ -553,22 +518,18 @@ class TrainDaemon:
 
     # ------------------------------------------------------------------ stopping
 
-    def _drain(self, prefetcher: Prefetcher, writer: PushWriter, publisher: Publisher | None) -> None:
+    def _drain(self, pipeline: TrainPipeline, publisher: Publisher | None) -> None:
         budget = self.cfg.trainer.drain_timeout_s
         deadline = time.monotonic() + budget
         self._state = "draining"
         self.metrics.ready.set(0)
         self.report.stopped_by = self._stop_reason
         log.info("draining (%s): stop fetching, push and commit what was trained", self._stop_reason)
-        prefetcher.stop(wait=False)  # its last poll or pull overlaps the drain's push and flush
-        try:
-            drained = writer.drain(max(0.0, deadline - time.monotonic()))
-        finally:
-            prefetcher.stop()
+        drained = pipeline.drain(max(0.0, deadline - time.monotonic()))
         if not drained:
             raise DrainTimeoutError(
                 f"drain did not finish within trainer.drain_timeout_s={budget:g}s "
-                f"(store slow or down); batches after step {writer.committed_step} will be read again"
+                f"(store slow or down); batches after step {pipeline.committed_step} will be read again"
             )
         self._last_tick = time.monotonic()
         self._maybe_checkpoint(force=True)
@@ -580,7 +541,7 @@ class TrainDaemon:
         log.info(
             "drained: %d steps this run, committed through step %d, checkpoint %s%s",
             self.report.steps,
-            writer.committed_step,
+            pipeline.committed_step,
             self.report.checkpoint,
             f" (rank {self.group.rank} of {self.group.size})" if self.group.distributed else "",
         )

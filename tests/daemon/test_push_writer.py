@@ -17,7 +17,7 @@ from kelp.config import HotCacheConfig, TableSpec
 from kelp.consumers.batch import SourceRange
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard, outage_policy
-from kelp.daemon.pipeline import PushWriter
+from kelp.daemon.stages import PushWriter
 from kelp.store import HotRowCache, MemoryStore
 from kelp.store.base import EmbeddingStore
 from kelp.trainer.metrics import TrainerMetrics

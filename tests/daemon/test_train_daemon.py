@@ -118,7 +118,8 @@ def test_prefetch_and_write_behind_lose_no_update(tmp_path: Path, redis_url: str
         report = daemon.run()
         assert report.samples == CRITEO_ROWS and report.stopped_by == "source exhausted"
         if prefetch:
-            assert daemon.ledger.patched_rows > 0, "prefetch never overlapped a push: the test proves nothing"
+            patched = daemon.pipeline.ledger.patched_rows  # type: ignore[union-attr]
+            assert patched > 0, "prefetch never overlapped a push: the test proves nothing"
         finals[deployment] = {t: _stored_rows(redis_url, deployment, t) for t in tables}
 
     for table in tables:

@@ -21,7 +21,7 @@ from kelp.config import InitSpec, StoreConfig
 from kelp.consumers.batch import MicroBatch, SourceRange
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard, outage_policy
-from kelp.daemon.pipeline import PushWriter
+from kelp.daemon.stages import PushWriter
 from kelp.store.factory import build_store
 from kelp.trainer import finite
 from kelp.trainer import step as step_module

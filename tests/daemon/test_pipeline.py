@@ -1,0 +1,108 @@
+"""TrainPipeline.progress: one call trains one batch, joins a group step without one, or does nothing.
+
+The source is the file source on the Criteo fixture and the store the memory
+backend (both real); the group's ``dense_sync`` is a recorder, as a lone rank's would be.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from kelp.config import KelpConfig, StoreConfig
+from kelp.consumers import build_source
+from kelp.daemon.outage import OutageGuard
+from kelp.daemon.pipeline import TrainPipeline
+from kelp.store import build_store
+from kelp.trainer import TrainStep, build_model
+from kelp.trainer.metrics import TrainerMetrics
+
+from .conftest import CRITEO_ROWS, base_config
+
+
+class SyncRecorder:
+    """A lone rank's ``dense_sync``: records each call's sample count and always applies."""
+
+    def __init__(self) -> None:
+        self.samples: list[int] = []
+
+    def __call__(self, samples: int) -> bool:
+        self.samples.append(samples)
+        return True
+
+
+def _config(tmp_path: Path, prefetch: int) -> KelpConfig:
+    cfg = base_config(tmp_path, prefetch_batches=prefetch, push_queue_batches=2)
+    cfg.store = StoreConfig(backend="memory")
+    cfg.batching.batch_size = 500
+    return cfg
+
+
+def _pipeline(cfg: KelpConfig, source, store) -> TrainPipeline:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    metrics = TrainerMetrics(CollectorRegistry())
+    step = TrainStep(build_model(cfg.features, cfg.trainer), cfg.features, cfg.trainer, torch.device("cpu"))
+    return TrainPipeline(
+        source,
+        store,
+        step,
+        cfg.trainer,
+        guard=OutageGuard(5.0, metrics),
+        metrics=metrics,
+        acked=0,
+    )
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_each_call_trains_the_next_batch_until_the_source_ends(tmp_path: Path, prefetch: int) -> None:
+    cfg = _config(tmp_path, prefetch)
+    tables = list(cfg.features.tables)
+    with (
+        build_source(cfg.source, cfg.features, cfg.batching, CollectorRegistry()) as source,
+        build_store(cfg.store, tables, cfg.deployment, CollectorRegistry()) as store,
+    ):
+        pipeline = _pipeline(cfg, source, store)
+        pipeline.start()
+        steps: list[int] = []
+        samples = 0
+        step_no = 0
+        for _ in range(50):
+            sync = SyncRecorder()
+            done = pipeline.progress(step_no, sync, wait_s=5.0)
+            if done.trained is None:
+                assert done.exhausted
+                assert sync.samples == [0]  # an exhausted source still takes part in the step
+                break
+            step_no = done.trained.step
+            steps.append(step_no)
+            samples += done.trained.batch.size
+            assert sync.samples == [done.trained.batch.size]  # one group exchange per trained step
+        assert steps == list(range(1, len(steps) + 1))
+        assert samples == CRITEO_ROWS
+        assert pipeline.drain(30.0)
+        assert pipeline.committed_step == steps[-1]
+        later = SyncRecorder()
+        assert pipeline.progress(step_no, later, wait_s=0.1).trained is None
+        assert later.samples == [0]
+
+
+def test_without_a_batch_only_a_joined_call_takes_part_in_the_step(tmp_path: Path) -> None:
+    """``fetch=False`` (a stop) takes no batch; ``join`` decides whether the group hears of it."""
+    cfg = _config(tmp_path, 0)
+    tables = list(cfg.features.tables)
+    with (
+        build_source(cfg.source, cfg.features, cfg.batching, CollectorRegistry()) as source,
+        build_store(cfg.store, tables, cfg.deployment, CollectorRegistry()) as store,
+    ):
+        pipeline = _pipeline(cfg, source, store)
+        pipeline.start()
+        alone = SyncRecorder()
+        done = pipeline.progress(0, alone, wait_s=1.0, fetch=False)
+        assert done.trained is None and not done.exhausted and alone.samples == []
+        joined = SyncRecorder()
+        done = pipeline.progress(0, joined, wait_s=1.0, fetch=False, join=True)
+        assert done.trained is None and joined.samples == [0]
+        assert pipeline.drain(30.0) and pipeline.committed_step == 0
