@@ -14,12 +14,13 @@ import doctest
 import importlib
 import importlib.util
 import io
-import subprocess
 import tomllib
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from .source_files import python_files
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA_FOLDERS = ("helm/tools",)
@@ -30,22 +31,6 @@ def _package_dirs() -> dict[Path, str]:
     """Folder -> package name, from ``[tool.setuptools] package-dir`` (the one source of the mapping)."""
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     return {ROOT / folder: package for package, folder in setup["package-dir"].items()}
-
-
-def _python_files(folder: Path) -> list[Path]:
-    """Tracked and new (not ignored) ``.py`` files under ``folder``; a walk outside a git checkout."""
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.py"],
-            cwd=folder,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-        found = [folder / name for name in listed]
-    except (OSError, subprocess.CalledProcessError):
-        found = [p for p in folder.rglob("*.py") if "__pycache__" not in p.parts]
-    return sorted(p for p in found if p.is_file())
 
 
 def _module_name(path: Path, packages: dict[Path, str]) -> str | None:
@@ -65,7 +50,7 @@ def _cases() -> list[tuple[str, Path]]:
     """``(id, file)`` of every file under the rooms whose text holds ``>>>``."""
     packages = _package_dirs()
     folders = [*packages, *(ROOT / extra for extra in EXTRA_FOLDERS)]
-    files = {path for folder in folders if folder.is_dir() for path in _python_files(folder)}
+    files = {path for folder in folders if folder.is_dir() for path in python_files(folder)}
     cases = []
     for path in sorted(files):
         if ">>>" in path.read_text(encoding="utf-8"):

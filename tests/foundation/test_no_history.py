@@ -9,28 +9,12 @@ docs/performance.md and the changelog. Every tracked (or new, not ignored)
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
+
+from .source_files import python_files
 
 ROOT = Path(__file__).resolve().parents[2]
 HISTORY = re.compile(r"\b(?:issue|stop)\s+#?\d+\b", re.IGNORECASE)
-SKIPPED = {".git", ".venv", "build", "node_modules", "__pycache__"}
-
-
-def python_files(root: Path) -> list[Path]:
-    """``git ls-files`` in a checkout (CI clones one); a walk that skips virtualenvs and builds otherwise."""
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.py"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-        found = [root / name for name in listed]
-    except (OSError, subprocess.CalledProcessError):
-        found = [p for p in root.rglob("*.py") if not SKIPPED & set(p.relative_to(root).parts)]
-    return sorted(p for p in found if p.is_file())
 
 
 def history_references(path: Path) -> list[str]:
