@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "store": "batched pull/push through the Redis store vs raw MGET/MSET and a naive loop",
     "ingest": "Kafka -> decoded, validated, deduplicated micro-batches vs plain kafka-python poll",
     "train": "the whole trainer on criteo-synth vs an in-memory single-process baseline",
+    "pipeline": "the train stream with the model taken out: what one trainer process can feed a device",
     "freshness": "seconds from produce to servable rows and to a live dense snapshot",
     "serve": "closed-loop serving latency under hot swaps vs raw MGET + bare forward",
     "scale": "the same records through 1 and 2 trainer ranks (torch.distributed): equality, lost rows, AUC",

@@ -35,6 +35,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from kelp.bench.baseline import InMemoryBaseline
+from kelp.bench.cost import CostSnapshot, cost_per_sample, steady_start
 from kelp.bench.ingest import bench_kafka
 from kelp.bench.plain import plain_samples_per_s
 from kelp.bench.runner import progress
@@ -44,10 +45,10 @@ from kelp.consumers.batch import MicroBatch
 from kelp.consumers.produce import produce
 from kelp.daemon.train import TrainDaemon
 from kelp.examples import example_path
-from kelp.harness import RedisServer, make_broker
-from kelp.trainer import ProgressiveValidator, build_model, resolve_device
+from kelp.harness import KafkaBroker, RedisServer, make_broker
+from kelp.trainer import ProgressiveValidator, TrainStep, build_model, resolve_device
 
-__all__ = ["run"]
+__all__ = ["inmemory_run", "produce_topic", "run", "run_header", "stream_config", "stream_run"]
 
 PER_MESSAGE = 256
 BATCH = 4096
@@ -81,37 +82,59 @@ def stream_config(
     return cfg
 
 
-def _stream(cfg: KelpConfig, samples: int) -> tuple[dict[str, Any], list[MicroBatch]]:
+def stream_run(
+    cfg: KelpConfig, samples: int, step_class: type[TrainStep] | None = None
+) -> tuple[dict[str, Any], list[MicroBatch]]:
+    """Train ``samples`` from the config's stream with the real daemon; its rate and its cost per sample.
+
+    ``samples_per_s`` is timed from the first trained batch until the drain has
+    committed everything; the cost figures (:mod:`kelp.bench.cost`) cover the
+    steady window, from a quarter into the run to its last trained step.
+    """
     registry = CollectorRegistry()
     batches: list[MicroBatch] = []
     first_done: list[float] = []
+    steady_from = steady_start(samples // cfg.batching.batch_size)
+    trained = [0]
+    snapshots: list[CostSnapshot] = []
+
+    def snapshot(step: int) -> None:
+        snapshots.append(CostSnapshot.take(registry, cfg.store.urls, step=step, samples=trained[0]))
 
     def on_step(step: int, batch: MicroBatch, _result: Any) -> None:
         batches.append(batch)
+        trained[0] += batch.size
         if len(batches) == 1:
             first_done.append(time.perf_counter())
-        if sum(b.size for b in batches) >= samples:
+        if len(batches) == steady_from:
+            snapshot(len(batches))
+        if trained[0] >= samples:
+            if snapshots:
+                snapshot(len(batches))
             daemon.request_stop("all samples trained")
 
     torch.manual_seed(SEED)
-    daemon = TrainDaemon(cfg, registry=registry, on_step=on_step)
+    daemon = TrainDaemon(cfg, registry=registry, on_step=on_step, step_class=step_class)
     report = daemon.run()
     ended = time.perf_counter()
     timed = sum(b.size for b in batches[1:])
     elapsed = ended - first_done[0]
     hit_rate = registry.get_sample_value("kelp_store_hot_cache_hit_rate_ratio")
-    return {
+    out = {
         "samples_per_s": timed / elapsed,
         "steps": report.steps,
         "samples": report.samples,
         "auc": report.auc,
         "hot_cache_hit_rate": hit_rate,
         "stage_seconds": {k: round(v, 3) for k, v in report.stage_seconds.items()},
-        "overlay_patched_rows": daemon.pipeline.ledger.patched_rows,  # type: ignore[union-attr],
-    }, batches
+        "overlay_patched_rows": daemon.pipeline.ledger.patched_rows,  # type: ignore[union-attr]
+    }
+    if len(snapshots) == 2:
+        out["cost"] = cost_per_sample(snapshots[0], snapshots[1], batches)
+    return out, batches
 
 
-def _baseline(cfg: KelpConfig, batches: list[MicroBatch]) -> dict[str, Any]:
+def inmemory_run(cfg: KelpConfig, batches: list[MicroBatch]) -> dict[str, Any]:
     device = resolve_device(cfg.trainer.device)
     torch.manual_seed(SEED)
     baseline = InMemoryBaseline(
@@ -145,15 +168,35 @@ def _unique_id_ratio(batches: list[MicroBatch]) -> float:
     return sum(ratios) / max(1, len(ratios))
 
 
-def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
-    samples = (20 if quick else 120) * BATCH
-    out: dict[str, Any] = {
+def run_header(model: str) -> dict[str, Any]:
+    """The keys every stream suite's result starts with: workload, model, batch, device."""
+    return {
         "workload": "criteo-synth (synthetic)",
-        "model": "dlrm-small",
+        "model": model,
         "batch_size": BATCH,
         "device": str(resolve_device("auto")),
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def produce_topic(service: KafkaBroker, prefix: str, samples: int) -> str:
+    """A new two-partition topic holding ``samples`` criteo-synth samples (columnar messages)."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    service.create_topic(topic, 2)
+    progress(f"producing {samples:,} criteo-synth samples to {topic}")
+    summary = produce(
+        {"bootstrap_servers": [service.bootstrap]},
+        topic,
+        synth_messages(samples, PER_MESSAGE, seed=SEED),
+        quiet=True,
+    )
+    progress(f"produced {summary.records:,} samples in {summary.seconds:.1f}s")
+    return topic
+
+
+def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
+    samples = (20 if quick else 120) * BATCH
+    out = run_header("dlrm-small")
     service = make_broker(broker)
     out["broker"] = service.label
     progress(f"starting {service.label} and redis-server")
@@ -162,16 +205,7 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
         # tier's own figures (hotcache_*) are the same run. The write-through variant turns it off.
         variants: tuple[tuple[str, bool | Literal["auto"]], ...] = (("", "auto"), ("writethrough_", False))
         for label, hot in variants:
-            topic = f"train-{uuid.uuid4().hex[:6]}"
-            service.create_topic(topic, 2)
-            progress(f"producing {samples:,} criteo-synth samples to {topic}")
-            summary = produce(
-                {"bootstrap_servers": [service.bootstrap]},
-                topic,
-                synth_messages(samples, PER_MESSAGE, seed=SEED),
-                quiet=True,
-            )
-            progress(f"produced {summary.records:,} samples in {summary.seconds:.1f}s")
+            topic = produce_topic(service, "train", samples)
             cfg = stream_config(
                 service.bootstrap,
                 topic,
@@ -181,18 +215,20 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
                 fetch_sessions=service.fetch_sessions_work,
             )
             progress(f"stream: kelp train on {topic} (hot cache {'on' if hot else 'off'})")
-            stream, batches = _stream(cfg, samples)
+            stream, batches = stream_run(cfg, samples)
             progress(f"stream: {stream['samples_per_s']:,.0f} samples/s over {stream['steps']} steps")
             out[f"{label}stream_samples_per_s"] = round(stream["samples_per_s"], 1)
             out[f"{label}stream_stage_seconds"] = stream["stage_seconds"]
             out[f"{label}stream_auc"] = round(stream["auc"], 4)
             out[f"{label}overlay_patched_rows"] = stream["overlay_patched_rows"]
+            for key, value in stream.get("cost", {}).items():  # per sample, over the steady steps
+                out[f"{label}{key}"] = value
             if hot:
                 out["hot_cache_hit_rate"] = round(stream["hot_cache_hit_rate"] or 0.0, 4)
                 out["hot_cache_capacity_rows"] = cfg.store.hot_cache.capacity_rows
             if not label:
                 progress("baseline: in-memory tables on the same batches")
-                base = _baseline(cfg, batches)
+                base = inmemory_run(cfg, batches)
                 progress(f"baseline: {base['samples_per_s']:,.0f} samples/s")
                 out["inmemory_samples_per_s"] = round(base["samples_per_s"], 1)
                 out["inmemory_stage_seconds"] = base["stage_seconds"]

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from kelp.consumers.batch import MicroBatch
     from kelp.publish import Publisher
     from kelp.store.base import EmbeddingStore
-    from kelp.trainer.step import StepResult
+    from kelp.trainer.step import StepResult, TrainStep
 
 OnStep = Callable[[int, "MicroBatch", "StepResult"], None]
 """``on_step(step, batch, result)`` after every trained step (benchmarks and tests watch the run)."""
@@ -116,6 +116,8 @@ class TrainDaemon:
     ``publish=False`` skips the publisher (no serving in the loop). ``origin``
     names the config in errors (the file path, from the CLI). ``wrap_store``
     (benchmarks) wraps the built store, e.g. to trace when rows were read and written.
+    ``step_class`` (benchmarks) replaces :class:`~kelp.trainer.step.TrainStep`, e.g. with a
+    step that moves the same tensors but runs no model (``kelp bench pipeline``).
     """
 
     def __init__(
@@ -128,6 +130,7 @@ class TrainDaemon:
         on_step: OnStep | None = None,
         origin: str = "config",
         wrap_store: Callable[[EmbeddingStore], EmbeddingStore] | None = None,
+        step_class: type[TrainStep] | None = None,
     ) -> None:
         self.cfg = cfg
         self.origin = origin
@@ -139,6 +142,7 @@ class TrainDaemon:
         self._publish = publish
         self._on_step = on_step
         self._wrap_store = wrap_store
+        self._step_class = step_class
         self._stop = threading.Event()
         self._stop_reason = ""
         self._state = "starting"
@@ -257,7 +261,7 @@ class TrainDaemon:
         cfg = self.cfg
         device = self.group.rank_device(resolve_device(cfg.trainer.device))
         self.validator = ProgressiveValidator(window_batches=cfg.trainer.eval_window_batches)
-        self.step = TrainStep(
+        self.step = (self._step_class or TrainStep)(
             build_model(cfg.features, cfg.trainer),
             cfg.features,
             cfg.trainer,

@@ -357,6 +357,32 @@ def check_nonfinite_rows_are_quarantined(make_store: MakeStore) -> None:
         assert _quarantined(store, "t", "nonfinite") == 4.0
 
 
+def _row_ops(store: EmbeddingStore) -> dict[str, float]:
+    metrics = getattr(store, "metrics", None)
+    if metrics is None:
+        return {}
+    return {op: metrics.backend_row_ops.labels(op=op)._value.get() for op in ("read", "count", "write")}
+
+
+def check_backend_row_ops_count_the_rows_moved(make_store: MakeStore) -> None:
+    """``kelp_store_backend_row_ops_total`` counts each row the backend reads, counts and writes once.
+
+    Two pulls of ids new to the store (min_count=2) read and count them twice
+    and store their init rows on the second; a push writes them once more (a
+    hot tier in front writes it back when made durable).
+    """
+    spec = TableSpec(name="t", dim=2, admission={"min_count": 2})
+    with make_store([spec]) as store:
+        if not _row_ops(store):
+            return  # a store without Kelp's metrics has nothing to count
+        ids = np.arange(5, dtype=np.uint64)
+        assert not store.pull("t", ids).admitted.any()
+        assert store.pull("t", ids).admitted.all()
+        store.push("t", ids, *_rows(5, 2))
+        store.durable_through(force=True)
+        assert _row_ops(store) == {"read": 10.0, "count": 10.0, "write": 10.0}
+
+
 ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_push_then_pull_roundtrip,
     check_push_tickets_rise_and_become_durable,
@@ -378,4 +404,5 @@ ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_stats_and_errors,
     check_updated_s,
     check_nonfinite_rows_are_quarantined,
+    check_backend_row_ops_count_the_rows_moved,
 ]

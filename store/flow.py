@@ -176,6 +176,7 @@ class FlowStore(EmbeddingStore):
         with self._op_lock:
             now = self._clock()
             stored = self._read_rows(batch, now, touch=count)
+            self.metrics.backend_row_ops.labels(op="read").inc(sum(len(ids) for ids in batch.values()))
             bad = {
                 name: self._quarantined(self.tables[name], batch[name], s, count)
                 for name, s in stored.items()
@@ -254,6 +255,8 @@ class FlowStore(EmbeddingStore):
             if len(m) and (ttl := self.tables[name].admission.counter_ttl_s) is not None
         }
         sightings = self._count_sightings(counting, now) if counting else {}
+        if counting:
+            self.metrics.backend_row_ops.labels(op="count").inc(sum(len(c[0]) for c in counting.values()))
         qualified: dict[str, np.ndarray] = {}
         admits: dict[str, InitRows] = {}
         for name, m in missing.items():
@@ -275,6 +278,7 @@ class FlowStore(EmbeddingStore):
                 admits[name] = InitRows(ids, init, state, policy.counter_ttl_s is not None, stored[name])
         if admits:
             self._store_init_rows(admits, now)
+            self.metrics.backend_row_ops.labels(op="write").inc(sum(len(a.ids) for a in admits.values()))
             for name, a in admits.items():
                 stored[name].updated_s[missing[name][qualified[name]]] = np.uint32(now)
                 self.metrics.admissions.labels(table=name).inc(len(a.ids))
@@ -329,6 +333,7 @@ class FlowStore(EmbeddingStore):
         self._ready()
         with self._op_lock:
             kept = write(self._clock())
+        self.metrics.backend_row_ops.labels(op="write").inc(sum(len(w.ids) for w in writes.values()))
         for name, w in writes.items():
             self.metrics.rows_pushed.labels(table=name).inc(kept[name])
             if kept[name] < len(w.ids):

@@ -1,7 +1,8 @@
 """The store's Prometheus metrics (subsystem ``store``), created against one registry.
 
 Labels are bounded: ``table`` (configured tables), ``shard`` (configured shard
-addresses, no password), ``op`` (pull, push, delete, admit), ``reason``.
+addresses, no password), ``op`` (pull, push, delete, admit; for row operations read, count,
+write), ``reason``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ class StoreMetrics:
         self.rows_pulled = m.counter("rows_pulled", "Rows returned by pull", ["table"])
         self.rows_pushed = m.counter("rows_pushed", "Rows written by push (acknowledged)", ["table"])
         self.misses = m.counter("misses", "Pulled ids with no stored row", ["table"])
+        self.backend_row_ops = m.counter(
+            "backend_row_ops",
+            "Rows the backend (Redis, or the memory store) read, counted for admission or wrote; "
+            "a hot tier in front keeps its hits out of this count",
+            ["op"],
+        )
         self.admissions = m.counter("admissions", "Ids admitted (init row stored)", ["table"])
         self.rejections = m.counter(
             "rejections", "Pulled ids (count=True) not admitted yet: they read the default row", ["table"]
@@ -61,6 +68,9 @@ class StoreMetrics:
             "hot_cache_hit_rate", "Hits / lookups of the hot-row cache since start", unit="ratio"
         )
         self.hot_rows = m.gauge("hot_cache_rows", "Rows held in the hot-row cache", unit="rows")
+        self.hot_bytes = m.gauge(
+            "hot_cache", "Memory the hot tier's slot columns take (rows, state, ids)", unit="bytes"
+        )
         self.hot_writeback = m.counter("hot_cache_writeback_rows", "Dirty rows written back by the hot cache")
         self.hot_stale = m.counter(
             "hot_cache_stale_rereads", "Cached rows re-read because they passed max_staleness_s"

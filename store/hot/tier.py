@@ -513,6 +513,10 @@ class HotRowCache(EmbeddingStore):
     def rows_held(self) -> int:
         return self._held
 
+    def bytes_held(self) -> int:
+        """What the tier's slot columns take (rows, state, ids; allocated capacity, not the id index)."""
+        return sum(g.table.nbytes() for g in self._groups)
+
     @property
     def hit_rate(self) -> float:
         return self._hits / self._lookups if self._lookups else 0.0
@@ -520,6 +524,7 @@ class HotRowCache(EmbeddingStore):
     def _update_gauges(self) -> None:
         self.metrics.hot_hit_rate.set(self.hit_rate)
         self.metrics.hot_rows.set(self.rows_held())
+        self.metrics.hot_bytes.set(self.bytes_held())
 
     def delete(self, table: str, ids: np.ndarray) -> int:
         with self._push_lock, self._lock:

@@ -1,0 +1,164 @@
+"""What a trained sample costs the trainer's CPU and Redis, over the steady steps of a stream run.
+
+``kelp bench train`` and ``kelp bench pipeline`` take a :class:`CostSnapshot`
+when the steady window opens (after the first quarter of the run's steps, so
+the warm-up, the first sightings of the hottest ids and the tier's first fill
+stay out) and one at the last trained step, and report the difference per
+sample:
+
+* ``trainer_cpu_us_per_sample``: the trainer process's CPU time (every
+  thread) minus its model time (the step's ``forward_backward``,
+  ``dense_update`` and ``sparse_update`` stages), i.e. what Kelp itself
+  spends to feed the model. The stages are wall times; with one intra-op
+  thread on the CPU that is the model's CPU time too.
+* ``redis_cpu_us_per_sample``: ``used_cpu_user + used_cpu_sys`` of every
+  redis-server (``INFO CPU``).
+* ``redis_row_ops_per_sample``: rows the store's backend read, counted for
+  admission or wrote (``kelp_store_backend_row_ops_total``).
+* ``cold_row_ops_per_sample``: the floor no cache can beat: each id the run
+  had never seen before (so never stored) is read once and written once.
+* ``hot_tier_hit_rate``: the tier's hits over its lookups of rows that are
+  already stored (lookups that reached the store and found a row, plus hits);
+  first sightings and not-yet-admitted ids are left out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+from prometheus_client import CollectorRegistry
+
+from kelp.consumers.batch import MicroBatch
+
+__all__ = ["CostSnapshot", "cost_per_sample", "first_sightings", "steady_start"]
+
+_MODEL_STAGES = ("forward_backward", "dense_update", "sparse_update")
+
+
+def steady_start(expected_steps: int) -> int:
+    """The step after which the steady window opens: a quarter into the run (at least step 2)."""
+    return max(2, expected_steps // 4)
+
+
+def _sample(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
+    return registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def _redis_cpu_s(urls: Sequence[str]) -> float:
+    total = 0.0
+    for url in urls:
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        try:
+            info: dict[str, Any] = client.info("cpu")  # type: ignore[assignment]
+        finally:
+            client.close()
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
+@dataclass(frozen=True)
+class CostSnapshot:
+    """Cumulative counters at one moment of a run; two of them make a window."""
+
+    step: int
+    samples: int
+    process_cpu_s: float
+    model_s: float
+    redis_cpu_s: float
+    row_ops: float
+    hot_hits: float
+    stored_reads: float
+    """Rows the backend read and found (read minus misses): the tier's misses of stored rows."""
+    hot_rows: float
+    hot_bytes: float
+
+    @classmethod
+    def take(
+        cls, registry: CollectorRegistry, redis_urls: Sequence[str], *, step: int, samples: int
+    ) -> CostSnapshot:
+        reads = sum(
+            _sample(registry, "kelp_store_rows_pulled_total", {"table": t})
+            for t in _tables(registry, "kelp_store_rows_pulled_total")
+        )
+        misses = sum(
+            _sample(registry, "kelp_store_misses_total", {"table": t})
+            for t in _tables(registry, "kelp_store_misses_total")
+        )
+        hits = sum(
+            _sample(registry, "kelp_store_hot_cache_hits_total", {"table": t})
+            for t in _tables(registry, "kelp_store_hot_cache_hits_total")
+        )
+        return cls(
+            step=step,
+            samples=samples,
+            process_cpu_s=time.process_time(),
+            model_s=sum(
+                _sample(registry, "kelp_trainer_stage_seconds_sum", {"stage": s}) for s in _MODEL_STAGES
+            ),
+            redis_cpu_s=_redis_cpu_s(redis_urls),
+            row_ops=sum(
+                _sample(registry, "kelp_store_backend_row_ops_total", {"op": op})
+                for op in ("read", "count", "write")
+            ),
+            hot_hits=hits,
+            stored_reads=reads - misses,
+            hot_rows=_sample(registry, "kelp_store_hot_cache_rows"),
+            hot_bytes=_sample(registry, "kelp_store_hot_cache_bytes"),
+        )
+
+
+def _tables(registry: CollectorRegistry, sample_name: str) -> list[str]:
+    """The ``table`` label values a counter has samples for."""
+    found: set[str] = set()
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name == sample_name and "table" in s.labels:
+                found.add(s.labels["table"])
+    return sorted(found)
+
+
+def first_sightings(batches: Sequence[MicroBatch]) -> np.ndarray:
+    """int64[len(batches)]: per batch, its unique ids (all tables) that no earlier batch held."""
+    counts = np.zeros(len(batches), dtype=np.int64)
+    tables = {name for b in batches for name in b.tables}
+    for name in sorted(tables):
+        ids = [b.tables[name].unique_ids if name in b.tables else np.zeros(0, np.uint64) for b in batches]
+        which = np.repeat(np.arange(len(batches)), [len(i) for i in ids])
+        _, first = np.unique(np.concatenate(ids), return_index=True)
+        counts += np.bincount(which[first], minlength=len(batches))
+    return counts
+
+
+def cost_per_sample(
+    start: CostSnapshot, end: CostSnapshot, batches: Sequence[MicroBatch]
+) -> dict[str, float | int]:
+    """The window's figures per sample; ``batches``: every trained batch of the run, in order
+    (step ``n`` trained ``batches[n - 1]``)."""
+    samples = end.samples - start.samples
+    if samples <= 0:
+        raise ValueError("the steady window holds no samples: the run was too short")
+    cold = int(first_sightings(batches)[start.step : end.step].sum())
+    hits = end.hot_hits - start.hot_hits
+    stored_lookups = hits + (end.stored_reads - start.stored_reads)
+    us = 1e6 / samples
+    out: dict[str, float | int] = {
+        "steady_steps": end.step - start.step,
+        "steady_samples": samples,
+        "trainer_cpu_us_per_sample": round(
+            ((end.process_cpu_s - start.process_cpu_s) - (end.model_s - start.model_s)) * us, 2
+        ),
+        "trainer_model_us_per_sample": round((end.model_s - start.model_s) * us, 2),
+        "redis_cpu_us_per_sample": round((end.redis_cpu_s - start.redis_cpu_s) * us, 2),
+        "redis_row_ops_per_sample": round((end.row_ops - start.row_ops) / samples, 3),
+        "cold_row_ops_per_sample": round(2 * cold / samples, 3),
+    }
+    if stored_lookups > 0 and end.hot_rows > 0:
+        out["hot_tier_hit_rate"] = round(hits / stored_lookups, 4)
+        out["hot_tier_rows"] = int(end.hot_rows)
+        out["hot_tier_bytes"] = int(end.hot_bytes)
+    return out
