@@ -38,6 +38,7 @@ from kelp.consumers.batch import MicroBatch
 __all__ = ["CostSnapshot", "cost_per_sample", "first_sightings", "steady_start"]
 
 _MODEL_STAGES = ("forward_backward", "dense_update", "sparse_update")
+_ROW_OPS = ("read", "count", "write")
 
 
 def steady_start(expected_steps: int) -> int:
@@ -70,7 +71,8 @@ class CostSnapshot:
     process_cpu_s: float
     model_s: float
     redis_cpu_s: float
-    row_ops: float
+    row_ops: dict[str, float]
+    """Backend rows by operation: ``read``, ``count``, ``write``."""
     hot_hits: float
     stored_reads: float
     """Rows the backend read and found (read minus misses): the tier's misses of stored rows."""
@@ -101,10 +103,9 @@ class CostSnapshot:
                 _sample(registry, "kelp_trainer_stage_seconds_sum", {"stage": s}) for s in _MODEL_STAGES
             ),
             redis_cpu_s=_redis_cpu_s(redis_urls),
-            row_ops=sum(
-                _sample(registry, "kelp_store_backend_row_ops_total", {"op": op})
-                for op in ("read", "count", "write")
-            ),
+            row_ops={
+                op: _sample(registry, "kelp_store_backend_row_ops_total", {"op": op}) for op in _ROW_OPS
+            },
             hot_hits=hits,
             stored_reads=reads - misses,
             hot_rows=_sample(registry, "kelp_store_hot_cache_rows"),
@@ -146,6 +147,7 @@ def cost_per_sample(
     hits = end.hot_hits - start.hot_hits
     stored_lookups = hits + (end.stored_reads - start.stored_reads)
     us = 1e6 / samples
+    row_ops = {op: end.row_ops.get(op, 0.0) - start.row_ops.get(op, 0.0) for op in _ROW_OPS}
     out: dict[str, float | int] = {
         "steady_steps": end.step - start.step,
         "steady_samples": samples,
@@ -154,7 +156,8 @@ def cost_per_sample(
         ),
         "trainer_model_us_per_sample": round((end.model_s - start.model_s) * us, 2),
         "redis_cpu_us_per_sample": round((end.redis_cpu_s - start.redis_cpu_s) * us, 2),
-        "redis_row_ops_per_sample": round((end.row_ops - start.row_ops) / samples, 3),
+        "redis_row_ops_per_sample": round(sum(row_ops.values()) / samples, 3),
+        **{f"redis_row_{op}s_per_sample": round(n / samples, 3) for op, n in row_ops.items()},
         "cold_row_ops_per_sample": round(2 * cold / samples, 3),
     }
     if stored_lookups > 0 and end.hot_rows > 0:

@@ -24,30 +24,33 @@ def test_first_sightings_count_ids_no_earlier_batch_held_per_table() -> None:
     assert first_sightings(batches).tolist() == [3, 2, 1, 0]  # an id in two tables is two rows
 
 
-def _snapshot(step: int, samples: int, **values: float) -> CostSnapshot:
+def _snapshot(
+    step: int, samples: int, row_ops: dict[str, float] | None = None, **values: float
+) -> CostSnapshot:
     base = {
         "process_cpu_s": 0.0,
         "model_s": 0.0,
         "redis_cpu_s": 0.0,
-        "row_ops": 0.0,
         "hot_hits": 0.0,
         "stored_reads": 0.0,
         "hot_rows": 0.0,
         "hot_bytes": 0.0,
     }
     base.update(values)
-    return CostSnapshot(step=step, samples=samples, **base)
+    return CostSnapshot(step=step, samples=samples, row_ops=row_ops or {}, **base)
 
 
 def test_the_window_is_divided_by_its_samples() -> None:
-    start = _snapshot(1, 100, process_cpu_s=1.0, model_s=0.5, redis_cpu_s=2.0, row_ops=50, hot_hits=10)
+    start = _snapshot(
+        1, 100, process_cpu_s=1.0, model_s=0.5, redis_cpu_s=2.0, row_ops={"read": 50}, hot_hits=10
+    )
     end = _snapshot(
         3,
         1100,
         process_cpu_s=1.5,
         model_s=0.7,
         redis_cpu_s=2.004,
-        row_ops=2050,
+        row_ops={"read": 1050, "count": 300, "write": 700},
         hot_hits=70,
         stored_reads=20,
         hot_rows=64,
@@ -60,6 +63,8 @@ def test_the_window_is_divided_by_its_samples() -> None:
     assert got["trainer_model_us_per_sample"] == pytest.approx(200.0)
     assert got["redis_cpu_us_per_sample"] == pytest.approx(4.0)
     assert got["redis_row_ops_per_sample"] == pytest.approx(2.0)
+    assert (got["redis_row_reads_per_sample"], got["redis_row_writes_per_sample"]) == (1.0, 0.7)
+    assert got["redis_row_counts_per_sample"] == pytest.approx(0.3)
     assert got["cold_row_ops_per_sample"] == pytest.approx(0.006)  # 3 ids read and written once
     assert got["hot_tier_hit_rate"] == pytest.approx(60 / 80)
     assert (got["hot_tier_rows"], got["hot_tier_bytes"]) == (64, 4096)
