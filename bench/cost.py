@@ -14,7 +14,9 @@ sample:
 * ``redis_cpu_us_per_sample``: ``used_cpu_user + used_cpu_sys`` of every
   redis-server (``INFO CPU``).
 * ``redis_row_ops_per_sample``: rows the store's backend read, counted for
-  admission or wrote (``kelp_store_backend_row_ops_total``).
+  admission or wrote (``kelp_store_backend_row_ops_total``), split into
+  ``redis_row_reads_per_sample``, ``redis_row_counts_per_sample`` and
+  ``redis_row_writes_per_sample``.
 * ``cold_row_ops_per_sample``: the floor no cache can beat: each id the run
   had never seen before (so never stored) is read once and written once.
 * ``hot_tier_hit_rate``: the tier's hits over its lookups of rows that are
