@@ -3,14 +3,18 @@
 ``kelp bench train`` and ``kelp bench pipeline`` take a :class:`CostSnapshot`
 when the steady window opens (after the first quarter of the run's steps, so
 the warm-up, the first sightings of the hottest ids and the tier's first fill
-stay out) and one at the last trained step, and report the difference per
-sample:
+stay out) and one after the drain, and report the difference per sample of
+the window. The second snapshot comes after the drain, not at the last step,
+because the hot tier writes its dirty rows back on its own schedule: a window
+that closed before the last write-back would leave out writes its steps
+caused, and the longer the write-back period, the more it would flatter the tier.
 
 * ``trainer_cpu_us_per_sample``: the trainer process's CPU time (every
   thread) minus its model time (the step's ``forward_backward``,
-  ``dense_update`` and ``sparse_update`` stages), i.e. what Kelp itself
-  spends to feed the model. The stages are wall times; with one intra-op
-  thread on the CPU that is the model's CPU time too.
+  ``dense_update`` and ``sparse_update`` stages) and the drain's final
+  checkpoint, i.e. what Kelp itself spends to feed the model. The stages
+  are wall times; with one intra-op thread on the CPU that is the model's
+  CPU time too.
 * ``redis_cpu_us_per_sample``: ``used_cpu_user + used_cpu_sys`` of every
   redis-server (``INFO CPU``).
 * ``redis_row_ops_per_sample``: rows the store's backend read, counted for
@@ -72,6 +76,7 @@ class CostSnapshot:
     samples: int
     process_cpu_s: float
     model_s: float
+    checkpoint_s: float
     redis_cpu_s: float
     row_ops: dict[str, float]
     """Backend rows by operation: ``read``, ``count``, ``write``."""
@@ -104,6 +109,7 @@ class CostSnapshot:
             model_s=sum(
                 _sample(registry, "kelp_trainer_stage_seconds_sum", {"stage": s}) for s in _MODEL_STAGES
             ),
+            checkpoint_s=_sample(registry, "kelp_trainer_stage_seconds_sum", {"stage": "checkpoint"}),
             redis_cpu_s=_redis_cpu_s(redis_urls),
             row_ops={
                 op: _sample(registry, "kelp_store_backend_row_ops_total", {"op": op}) for op in _ROW_OPS
@@ -154,7 +160,13 @@ def cost_per_sample(
         "steady_steps": end.step - start.step,
         "steady_samples": samples,
         "trainer_cpu_us_per_sample": round(
-            ((end.process_cpu_s - start.process_cpu_s) - (end.model_s - start.model_s)) * us, 2
+            (
+                (end.process_cpu_s - start.process_cpu_s)
+                - (end.model_s - start.model_s)
+                - (end.checkpoint_s - start.checkpoint_s)
+            )
+            * us,
+            2,
         ),
         "trainer_model_us_per_sample": round((end.model_s - start.model_s) * us, 2),
         "redis_cpu_us_per_sample": round((end.redis_cpu_s - start.redis_cpu_s) * us, 2),

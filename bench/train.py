@@ -89,7 +89,7 @@ def stream_run(
 
     ``samples_per_s`` is timed from the first trained batch until the drain has
     committed everything; the cost figures (:mod:`kelp.bench.cost`) cover the
-    steady window, from a quarter into the run to its last trained step.
+    steady window, from a quarter into the run to the end of the drain.
     """
     registry = CollectorRegistry()
     batches: list[MicroBatch] = []
@@ -109,14 +109,14 @@ def stream_run(
         if len(batches) == steady_from:
             snapshot(len(batches))
         if trained[0] >= samples:
-            if snapshots:
-                snapshot(len(batches))
             daemon.request_stop("all samples trained")
 
     torch.manual_seed(SEED)
     daemon = TrainDaemon(cfg, registry=registry, on_step=on_step, step_class=step_class)
     report = daemon.run()
     ended = time.perf_counter()
+    if snapshots:  # after the drain: the last write-back belongs to the window's steps
+        snapshot(len(batches))
     timed = sum(b.size for b in batches[1:])
     elapsed = ended - first_done[0]
     hit_rate = registry.get_sample_value("kelp_store_hot_cache_hit_rate_ratio")

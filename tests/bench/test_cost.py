@@ -30,6 +30,7 @@ def _snapshot(
     base = {
         "process_cpu_s": 0.0,
         "model_s": 0.0,
+        "checkpoint_s": 0.0,
         "redis_cpu_s": 0.0,
         "hot_hits": 0.0,
         "stored_reads": 0.0,
@@ -47,8 +48,9 @@ def test_the_window_is_divided_by_its_samples() -> None:
     end = _snapshot(
         3,
         1100,
-        process_cpu_s=1.5,
+        process_cpu_s=1.6,
         model_s=0.7,
+        checkpoint_s=0.1,
         redis_cpu_s=2.004,
         row_ops={"read": 1050, "count": 300, "write": 700},
         hot_hits=70,
@@ -59,7 +61,7 @@ def test_the_window_is_divided_by_its_samples() -> None:
     batches = [_batch(a=[1]), _batch(a=[1, 2, 3]), _batch(a=[3, 4])]  # steps 2..3 see 2 + 1 new ids
     got = cost_per_sample(start, end, batches)
     assert got["steady_steps"] == 2 and got["steady_samples"] == 1000
-    assert got["trainer_cpu_us_per_sample"] == pytest.approx(300.0)  # (0.5 - 0.2) s / 1000
+    assert got["trainer_cpu_us_per_sample"] == pytest.approx(300.0)  # (0.6 - 0.2 - 0.1) s / 1000
     assert got["trainer_model_us_per_sample"] == pytest.approx(200.0)
     assert got["redis_cpu_us_per_sample"] == pytest.approx(4.0)
     assert got["redis_row_ops_per_sample"] == pytest.approx(2.0)
