@@ -12,11 +12,17 @@ redis-server, then runs together, in one process:
 * a serving replica (:class:`~kelp.serving.replica.ServingReplica`) on the
   same store and channel.
 
-Measured per probe:
+The trainer runs the default config, so the hot tier is on. Measured per probe:
 
 * **sparse lag**: produce -> the probe's row is readable through the
   replica's store (``pull(count=False)`` reports a stored row, i.e. the
-  trainer's push landed). Polled every 10 ms;
+  trainer's push landed). A probe is a first sighting, which the tier
+  writes through. Polled every 10 ms;
+* **sparse update lag**: each probe id comes back ``REPEAT_AFTER_S`` later
+  in a second sample. By then the id has been seen twice, so the tier keeps
+  its row and holds the update until its next write-back. The lag runs from
+  producing that second sample until the stored row differs from the value
+  its first landing left. This is how late serving sees a hot row's update;
 * **dense lag**: produce -> the replica serves a snapshot whose source
   offsets cover the probe's record. Polled every 10 ms.
 
@@ -50,6 +56,7 @@ PER_MESSAGE = 100
 BATCH = 1024
 MAX_BATCH_DELAY_MS = 100
 PROBE_BASE = 10**12  # criteo-synth ids are < 10**6: a probe id is never used by anything else
+REPEAT_AFTER_S = 1.0  # later than a first landing takes, so the repeat's update is a change to see
 
 
 class _Probes:
@@ -61,6 +68,10 @@ class _Probes:
         self.offset: dict[int, int] = {}
         self.sparse_seen: dict[int, float] = {}
         self.dense_seen: dict[int, float] = {}
+        self.first_row: dict[int, bytes] = {}
+        """The stored row a probe's first landing left (what its repeat must change)."""
+        self.repeat_sent: dict[int, float] = {}
+        self.update_seen: dict[int, float] = {}
 
 
 def _produce(bootstrap: str, topic: str, rate: float, stop: threading.Event, probes: _Probes) -> int:
@@ -69,17 +80,24 @@ def _produce(bootstrap: str, topic: str, rate: float, stop: threading.Event, pro
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1)
     synth = CriteoSynth(seed=1)
     period = PER_MESSAGE / rate
+    repeat_after = round(REPEAT_AFTER_S / period)  # messages
     sent = 0
     next_at = time.perf_counter()
     try:
         while not stop.is_set():
             cols = synth.batch(PER_MESSAGE)
             sparse = {name: cols.sparse[:, i].copy() for i, name in enumerate(SPARSE_NAMES)}
-            probe = PROBE_BASE + sent // PER_MESSAGE
+            message = sent // PER_MESSAGE
+            probe = PROBE_BASE + message
             sparse["C1"][0] = probe
+            repeat = PROBE_BASE + message - repeat_after if message >= repeat_after else None
+            if repeat is not None:
+                sparse["C1"][1] = repeat
             value = encode_columns(cols.label, cols.dense, sparse)
             with probes.lock:
                 probes.sent[probe] = time.time()
+                if repeat is not None:
+                    probes.repeat_sent[repeat] = probes.sent[probe]
             future = producer.send(topic, value, partition=0)
             future.add_callback(lambda md, p=probe: _record_offset(probes, p, md.offset))
             sent += PER_MESSAGE
@@ -102,14 +120,26 @@ def _watch(replica: Any, table: str, topic: str, stop: threading.Event, probes: 
         with probes.lock:
             sparse_pending = [p for p in probes.sent if p not in probes.sparse_seen]
             dense_pending = [(p, o) for p, o in probes.offset.items() if p not in probes.dense_seen]
+            update_pending = [
+                p for p in probes.repeat_sent if p in probes.first_row and p not in probes.update_seen
+            ]
         now = time.time()
         if sparse_pending:
             ids = np.array(sparse_pending, dtype=np.uint64)
             got = replica.store.pull_many({table: ids}, count=False)[table]
             stored = got.updated_s > 0 if got.updated_s is not None else np.zeros(len(ids), bool)
             with probes.lock:
-                for probe in ids[stored].tolist():
+                for i in np.flatnonzero(stored).tolist():
+                    probe = int(ids[i])
                     probes.sparse_seen[probe] = now
+                    probes.first_row[probe] = got.rows[i].tobytes()
+        if update_pending:
+            ids = np.array(update_pending, dtype=np.uint64)
+            rows = replica.store.pull_many({table: ids}, count=False)[table].rows
+            with probes.lock:
+                for i, probe in enumerate(update_pending):
+                    if rows[i].tobytes() != probes.first_row[probe]:
+                        probes.update_seen[probe] = now
         served = replica.slot.current
         if served is not None and dense_pending:
             covered = served.manifest.offsets.get((topic, 0), 0)
@@ -126,7 +156,7 @@ def _lags(seen: dict[int, float], sent: dict[int, float]) -> np.ndarray:
 def _stream_config(
     bootstrap: str, topic: str, redis_url: str, workdir: Any, *, fetch_sessions: bool
 ) -> KelpConfig:
-    cfg = stream_config(bootstrap, topic, redis_url, workdir, hot_cache=False, fetch_sessions=fetch_sessions)
+    cfg = stream_config(bootstrap, topic, redis_url, workdir, hot_cache="auto", fetch_sessions=fetch_sessions)
     cfg.batching.batch_size = BATCH
     cfg.batching.max_batch_delay_ms = MAX_BATCH_DELAY_MS
     cfg.publisher.enabled = True
@@ -187,12 +217,14 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
         stop_produce.set()
         producer.join(30)
         elapsed = time.perf_counter() - started
-        # Let the last probes arrive: up to a publish interval plus a few batches.
-        deadline = time.monotonic() + PUBLISH_INTERVAL_S + 10
+        # Let the last probes arrive: up to a publish interval (or a write-back) plus a few batches.
+        deadline = time.monotonic() + max(PUBLISH_INTERVAL_S, cfg.store.hot_cache.writeback_interval_s) + 10
         while time.monotonic() < deadline:
             with probes.lock:
-                if len(probes.dense_seen) >= len(probes.offset) and len(probes.sparse_seen) >= len(
-                    probes.sent
+                if (
+                    len(probes.dense_seen) >= len(probes.offset)
+                    and len(probes.sparse_seen) >= len(probes.sent)
+                    and len(probes.update_seen) >= len(probes.repeat_sent)
                 ):
                     break
             time.sleep(0.1)
@@ -212,6 +244,8 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
     keep_d = [p for p in probes.dense_seen if probes.sent[p] - first_sent >= warm]
     sparse = _lags({p: probes.sparse_seen[p] for p in keep_s}, probes.sent)
     dense = _lags({p: probes.dense_seen[p] for p in keep_d}, probes.sent)
+    keep_u = [p for p in probes.update_seen if probes.repeat_sent[p] - first_sent >= warm]
+    update = _lags({p: probes.update_seen[p] for p in keep_u}, probes.repeat_sent)
     out: dict[str, Any] = {
         "workload": "criteo-synth (synthetic), 1 partition",
         "broker": service.label,
@@ -222,9 +256,13 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
         "probes": total,
         "probes_measured_sparse": len(sparse),
         "probes_measured_dense": len(dense),
+        "probes_repeated": len(probes.repeat_sent),
+        "probes_measured_sparse_update": len(update),
+        "hot_cache": str(cfg.store.hot_cache.enabled),
+        "writeback_interval_s": cfg.store.hot_cache.writeback_interval_s,
         "warmup_excluded_s": warm,
     }
-    for name, lags in (("sparse", sparse), ("dense", dense)):
+    for name, lags in (("sparse", sparse), ("sparse_update", update), ("dense", dense)):
         if len(lags):
             out[f"{name}_lag_p50_s"] = round(float(np.percentile(lags, 50)), 3)
             out[f"{name}_lag_p99_s"] = round(float(np.percentile(lags, 99)), 3)
@@ -233,6 +271,6 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
             out[f"{name}_lag_p50_s"] = out[f"{name}_lag_p99_s"] = None
     progress(
         f"sparse lag p50 {out['sparse_lag_p50_s']}s p99 {out['sparse_lag_p99_s']}s; "
-        f"dense lag p50 {out['dense_lag_p50_s']}s"
+        f"sparse update lag p99 {out['sparse_update_lag_p99_s']}s; dense lag p50 {out['dense_lag_p50_s']}s"
     )
     return out
