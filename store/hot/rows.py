@@ -31,7 +31,10 @@ from kelp.store.hot.sketch import CountMinSketch
 from kelp.store.rows.index import MAX_TAG
 from kelp.store.rows.slots import Column, SlotTable
 
-__all__ = ["HotRows", "RowBatch"]
+__all__ = ["SKETCH_DEPTH", "HotRows", "RowBatch"]
+
+SKETCH_DEPTH = 4
+"""Rows of the tier's count-min sketch: each more makes a false "seen before" rarer, at one more hash."""
 
 _TAG_MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -84,7 +87,10 @@ class HotRows:
             capacity=min(capacity, 1 << 18),
             tagged=True,
         )
-        self.sketch = CountMinSketch(width=2 * capacity, depth=2, seed=",".join(self.names))
+        # Depth 4, not 2: once the sketch fills, a never-seen id often shares both of two cells with
+        # other ids, looks seen before and enters the tier on its first sighting; its row then waits
+        # for the write-back instead of being written through at once (docs/performance.md).
+        self.sketch = CountMinSketch(width=2 * capacity, depth=SKETCH_DEPTH, seed=",".join(self.names))
 
     def batch(self, arrays: Mapping[str, np.ndarray]) -> RowBatch | None:
         """The ids of this width's tables in ``arrays`` (uint64, checked), or None if there are none."""

@@ -284,3 +284,24 @@ def test_only_the_ids_pushed_past_the_tier_during_a_pull_are_kept_out_of_it() ->
     assert cache.holds("a", ids).tolist() == [True, True, True]  # a's 6 was not pushed: it stays
     assert cache.holds("b", ids).tolist() == [True, False, True]
     assert cache.pull("b", ids[1:2]).rows[0, 0] == 2.0
+
+
+def test_a_never_seen_id_does_not_pass_for_hot_in_a_filled_sketch() -> None:
+    """With ``min_count`` 2 an id enters the tier on its second sighting, never on its first.
+
+    The sketch is filled with distinct ids (a stream's long tail), a quarter of its
+    width; then fresh ids are pulled once. A sketch too shallow for that load
+    estimates many of them at 2 (their cells shared with others) and keeps them,
+    so their first update would wait for the write-back instead of reaching the store.
+    """
+    inner = MemoryStore([TableSpec(name="t", dim=2)])
+    capacity = 4096
+    cache = HotRowCache(
+        inner, HotCacheConfig(enabled=True, min_count=2, capacity_rows=capacity, writeback_interval_s=1e9)
+    )
+    tail = _ids(1_000_000, capacity // 2)  # the sketch is 2 x capacity wide: a quarter filled
+    cache.pull("t", tail)
+    fresh = _ids(5_000_000, 500)
+    cache.pull("t", fresh)
+    kept = int(cache.holds("t", fresh).sum())
+    assert kept <= 0.01 * len(fresh), f"{kept} of {len(fresh)} ids seen once were taken for hot"
