@@ -40,6 +40,7 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from kelp.consumers.batch import MicroBatch
+from kelp.store.metrics import counter_totals
 
 __all__ = ["CostSnapshot", "cost_per_sample", "first_sightings", "steady_start"]
 
@@ -90,18 +91,7 @@ class CostSnapshot:
     def take(
         cls, registry: CollectorRegistry, redis_urls: Sequence[str], *, step: int, samples: int
     ) -> CostSnapshot:
-        reads = sum(
-            _sample(registry, "kelp_store_rows_pulled_total", {"table": t})
-            for t in _tables(registry, "kelp_store_rows_pulled_total")
-        )
-        misses = sum(
-            _sample(registry, "kelp_store_misses_total", {"table": t})
-            for t in _tables(registry, "kelp_store_misses_total")
-        )
-        hits = sum(
-            _sample(registry, "kelp_store_hot_cache_hits_total", {"table": t})
-            for t in _tables(registry, "kelp_store_hot_cache_hits_total")
-        )
+        store = counter_totals(registry)
         return cls(
             step=step,
             samples=samples,
@@ -114,21 +104,11 @@ class CostSnapshot:
             row_ops={
                 op: _sample(registry, "kelp_store_backend_row_ops_total", {"op": op}) for op in _ROW_OPS
             },
-            hot_hits=hits,
-            stored_reads=reads - misses,
+            hot_hits=store.get("hot_cache_hits", 0.0),
+            stored_reads=store.get("rows_pulled", 0.0) - store.get("misses", 0.0),
             hot_rows=_sample(registry, "kelp_store_hot_cache_rows"),
             hot_bytes=_sample(registry, "kelp_store_hot_cache_bytes"),
         )
-
-
-def _tables(registry: CollectorRegistry, sample_name: str) -> list[str]:
-    """The ``table`` label values a counter has samples for."""
-    found: set[str] = set()
-    for family in registry.collect():
-        for s in family.samples:
-            if s.name == sample_name and "table" in s.labels:
-                found.add(s.labels["table"])
-    return sorted(found)
 
 
 def first_sightings(batches: Sequence[MicroBatch]) -> np.ndarray:

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from kelp.metrics import MetricFactory
 
-__all__ = ["StoreMetrics"]
+__all__ = ["StoreMetrics", "counter_totals"]
 
 _PREFIX = "kelp_store_"
 
@@ -99,12 +99,17 @@ class StoreMetrics:
 
         For ``kelp store stats``; only this subsystem's counters, even in a registry shared with others.
         """
-        totals: dict[str, float] = {}
-        for family in self.registry.collect():
-            if family.type != "counter" or not family.name.startswith(_PREFIX):
-                continue
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    key = sample.name.removeprefix(_PREFIX).removesuffix("_total")
-                    totals[key] = totals.get(key, 0.0) + sample.value
-        return totals
+        return counter_totals(self.registry)
+
+
+def counter_totals(registry: CollectorRegistry) -> dict[str, float]:
+    """:meth:`StoreMetrics.totals` read from any registry the store's metrics live in (benchmarks)."""
+    totals: dict[str, float] = {}
+    for family in registry.collect():
+        if family.type != "counter" or not family.name.startswith(_PREFIX):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                key = sample.name.removeprefix(_PREFIX).removesuffix("_total")
+                totals[key] = totals.get(key, 0.0) + sample.value
+    return totals

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from validate_run import run_validate
 
 PLUGINS = Path(__file__).resolve().parents[1] / "trainer" / "plugin_models"
 DATA = Path(__file__).resolve().parents[1] / "consumers" / "data"
@@ -21,17 +20,8 @@ CONFIG = (
 
 
 def _validate(tmp_path: Path, model: str, args: str = "{}") -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "kelp.yaml"
-    path.write_text(CONFIG + f"trainer: {{model: '{model}', model_args: {args}}}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "kelp.cli", "config", "validate", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    text = CONFIG + f"trainer: {{model: '{model}', model_args: {args}}}\n"
+    return run_validate(tmp_path, text, pythonpath=PLUGINS)
 
 
 def test_a_user_model_on_pythonpath_validates(tmp_path: Path) -> None:

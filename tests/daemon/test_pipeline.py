@@ -6,6 +6,8 @@ backend (both real); the group's ``dense_sync`` is a recorder, as a lone rank's 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,31 +43,28 @@ def _config(tmp_path: Path, prefetch: int) -> KelpConfig:
     return cfg
 
 
-def _pipeline(cfg: KelpConfig, source, store) -> TrainPipeline:  # type: ignore[no-untyped-def]
-    torch.manual_seed(0)
-    metrics = TrainerMetrics(CollectorRegistry())
-    step = TrainStep(build_model(cfg.features, cfg.trainer), cfg.features, cfg.trainer, torch.device("cpu"))
-    return TrainPipeline(
-        source,
-        store,
-        step,
-        cfg.trainer,
-        guard=OutageGuard(5.0, metrics),
-        metrics=metrics,
-        acked=0,
-    )
+@contextmanager
+def started_pipeline(tmp_path: Path, prefetch: int) -> Iterator[TrainPipeline]:
+    """A started pipeline over the fixture's file source and a memory store, both closed afterwards."""
+    cfg = _config(tmp_path, prefetch)
+    with (
+        build_source(cfg.source, cfg.features, cfg.batching, CollectorRegistry()) as source,
+        build_store(cfg.store, list(cfg.features.tables), cfg.deployment, CollectorRegistry()) as store,
+    ):
+        torch.manual_seed(0)
+        metrics = TrainerMetrics(CollectorRegistry())
+        model = build_model(cfg.features, cfg.trainer)
+        step = TrainStep(model, cfg.features, cfg.trainer, torch.device("cpu"))
+        pipeline = TrainPipeline(
+            source, store, step, cfg.trainer, guard=OutageGuard(5.0, metrics), metrics=metrics, acked=0
+        )
+        pipeline.start()
+        yield pipeline
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_each_call_trains_the_next_batch_until_the_source_ends(tmp_path: Path, prefetch: int) -> None:
-    cfg = _config(tmp_path, prefetch)
-    tables = list(cfg.features.tables)
-    with (
-        build_source(cfg.source, cfg.features, cfg.batching, CollectorRegistry()) as source,
-        build_store(cfg.store, tables, cfg.deployment, CollectorRegistry()) as store,
-    ):
-        pipeline = _pipeline(cfg, source, store)
-        pipeline.start()
+    with started_pipeline(tmp_path, prefetch) as pipeline:
         steps: list[int] = []
         samples = 0
         step_no = 0
@@ -91,14 +90,7 @@ def test_each_call_trains_the_next_batch_until_the_source_ends(tmp_path: Path, p
 
 def test_without_a_batch_only_a_joined_call_takes_part_in_the_step(tmp_path: Path) -> None:
     """``fetch=False`` (a stop) takes no batch; ``join`` decides whether the group hears of it."""
-    cfg = _config(tmp_path, 0)
-    tables = list(cfg.features.tables)
-    with (
-        build_source(cfg.source, cfg.features, cfg.batching, CollectorRegistry()) as source,
-        build_store(cfg.store, tables, cfg.deployment, CollectorRegistry()) as store,
-    ):
-        pipeline = _pipeline(cfg, source, store)
-        pipeline.start()
+    with started_pipeline(tmp_path, 0) as pipeline:
         alone = SyncRecorder()
         done = pipeline.progress(0, alone, wait_s=1.0, fetch=False)
         assert done.trained is None and not done.exhausted and alone.samples == []
