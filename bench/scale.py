@@ -12,6 +12,11 @@ trains it twice, each run in its own consumer group and its own Redis key space
 Each run ends once the group committed every record (then SIGTERM: the ranks
 drain). Reported:
 
+* the store as ``hot_cache.enabled: auto`` makes it: the hot tier on for
+  ``overwrite`` (in a group each rank keeps the rows it owns), off for ``compose``;
+* ``redis_row_ops_per_sample_N``: rows read, counted and written by the
+  store's backend (``kelp_store_backend_row_ops_total``, every rank) per
+  trained sample, the drain's write-back included;
 * ``samples_per_s_N``: samples trained after each rank's first (warm-up)
   batch, over the wall time from the first rank's first step to the last
   rank's last step. On 2 cores, 2 ranks share the cores that 1 rank used:
@@ -20,7 +25,8 @@ drain). Reported:
   and rank 1 after the drain (synchronous all-reduce: must be 0.0);
 * ``records_produced`` / ``records_committed`` (N=2's group): Kafka records,
   each a columnar message of 256 samples (``samples_produced``, ``samples_trained_N``);
-* ``lost_update_fraction``: of all row updates pushed at N=2, the fraction
+* ``lost_update_fraction``: of all row updates pushed at N=2 (to the store
+  the trainer sees: the hot tier where it is on), the fraction
   that a concurrent writer overwrote: rank a wrote row x at P_a, and rank b's
   next write of x came later (P_b > P_a) from a read made before P_a
   (R_b < P_a), so b's row does not contain a's update (last-writer-wins on
@@ -179,6 +185,7 @@ def _collect(out: Path, ranks: int, tables: list[str]) -> dict[str, Any]:
         "lost_update_fraction": lost,
         "row_updates": updates,
         "per_rank_samples": [s["samples"] for s in summaries],
+        "row_ops_per_sample": sum(s["backend_row_ops"] for s in summaries) / max(1, int(labels.size)),
     }
 
 
@@ -208,7 +215,7 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
                 topic,
                 redis_srv.url,
                 work,
-                hot_cache=False,
+                hot_cache="auto",
                 fetch_sessions=service.fetch_sessions_work,
             )
             cfg.source = cfg.source.model_copy(update={"group_id": f"scale-n{label}-{topic}"})
@@ -226,6 +233,7 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
             out[f"samples_per_s_{label}"] = round(speed, 1)
             out[f"auc_{label}"] = round(auc, 4)
             out[f"samples_trained_{label}"] = got["samples"]
+            out[f"redis_row_ops_per_sample_{label}"] = round(got["row_ops_per_sample"], 3)
             if updates == "compose":
                 out["dense_max_abs_diff_compose"] = got["dense_max_abs_diff"]
                 # The same races happen; with compose the stored row absorbs both updates instead.

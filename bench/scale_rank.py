@@ -29,6 +29,7 @@ from kelp.config import load_config
 from kelp.consumers.batch import MicroBatch
 from kelp.daemon.train import TrainDaemon
 from kelp.logs import configure_logging
+from kelp.store.metrics import counter_totals
 from kelp.trainer.checkpoint import dense_digest
 
 __all__ = ["RowTrace", "main"]
@@ -37,9 +38,11 @@ __all__ = ["RowTrace", "main"]
 class RowTrace:
     """Wraps the store: when each batch's rows were read (pull) and when its updates were written (push).
 
-    Every pushed update is paired with the pull of its batch (pushes follow
-    pulls in order; a pull whose batch pushed nothing is skipped by checking
-    that the pushed ids were among the pulled ones).
+    Every pushed update is paired with the pull of its batch: pushes follow
+    pulls in order, and the push's first table shares ids with its batch's
+    pull. A push that shares none (a rank with no batch pushing rows it owns,
+    which it read just before) counts as read when written. Reads without
+    counting (a row owner's read of rows other ranks trained) are not batch pulls.
     """
 
     def __init__(self, store: Any) -> None:
@@ -52,7 +55,8 @@ class RowTrace:
 
     def pull_many(self, ids: dict[str, np.ndarray], **kwargs: Any) -> Any:
         got = self._store.pull_many(ids, **kwargs)
-        self._pulls.append((time.monotonic(), ids))
+        if kwargs.get("count", True):
+            self._pulls.append((time.monotonic(), ids))
         return got
 
     def push_many(self, payload: dict[str, Any]) -> Any:
@@ -67,10 +71,14 @@ class RowTrace:
 
     def _record(self, payload: dict[str, Any]) -> None:
         written = time.monotonic()
-        read, pulled = self._pulls.popleft()
         table = next(iter(payload))
-        while self._pulls and not np.isin(payload[table][0], pulled.get(table, ())).all():
-            read, pulled = self._pulls.popleft()
+        read = written
+        for depth, (pulled_at, pulled) in enumerate(list(self._pulls)[:4]):
+            if np.isin(payload[table][0], pulled.get(table, ())).any():
+                read = pulled_at
+                for _ in range(depth + 1):
+                    self._pulls.popleft()
+                break
         for name, update in payload.items():
             self.events.setdefault(name, []).append((np.asarray(update[0], dtype=np.uint64), read, written))
 
@@ -135,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "allreduce_seconds": registry.get_sample_value("kelp_trainer_allreduce_seconds_sum") or 0.0,
         "allreduce_count": registry.get_sample_value("kelp_trainer_allreduce_seconds_count") or 0.0,
         "dense_sha256": dense_digest(daemon.step.model),
+        "backend_row_ops": counter_totals(registry).get("backend_row_ops", 0.0),
     }
     (args.out / f"rank-{rank}.json").write_text(json.dumps(summary))
     return 0

@@ -43,9 +43,9 @@ class HotCacheConfig(StrictModel):
 
     enabled: bool | Literal["auto"] = Field(
         "auto",
-        description="auto: on for a single trainer on a Redis backend with sparse_updates overwrite; off "
-        "for the memory backend (it is local already), for compose (updates are applied in Redis) and for "
-        "trainer groups (each rank's copy of a hot row would overwrite the others' updates).",
+        description="auto: on for trainers (one, or a group, where each rank keeps only the rows it owns "
+        "and writes) on a Redis backend with sparse_updates overwrite; off for the memory backend (it is "
+        "local already), for compose (updates are applied in Redis) and outside training.",
     )
     capacity_rows: int = Field(
         1_000_000,
@@ -182,7 +182,7 @@ class StoreConfig(StrictModel):
         """
         if self.hot_cache.enabled != "auto":
             return bool(self.hot_cache.enabled)
-        return self.backend != "memory" and self.sparse_updates == "overwrite" and trainers == 1
+        return self.backend != "memory" and self.sparse_updates == "overwrite" and trainers is not None
 
     @property
     def row_layout(self) -> Literal["keys", "buckets"]:

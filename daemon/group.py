@@ -232,6 +232,34 @@ class TrainingGroup:
             checkpoint=control[3] > 0,
         )
 
+    def all_to_all(
+        self, send: torch.Tensor, splits: list[int], recv_splits: list[int] | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Send ``send`` split along dim 0 by ``splits`` (one length per rank, in rank order);
+        returns what every rank sent this one, concatenated in rank order, and each rank's length.
+
+        Every rank calls it at the same point of the same group step (the row owners' exchange).
+        Without ``recv_splits`` (the lengths coming in, when the caller knows them already) the
+        lengths are exchanged first, a second collective. Alone it returns ``send`` as it is.
+        """
+        if not self.distributed:
+            return send, [send.shape[0]]
+        device = self._device
+        if recv_splits is None:
+            sizes = torch.tensor(splits, dtype=torch.int64, device=device)
+            got = torch.empty(self.size, dtype=torch.int64, device=device)
+            self._collective("all-to-all", lambda: dist.all_to_all_single(got, sizes))
+            recv_splits = got.tolist()
+        data = send.to(device)
+        out = torch.empty((sum(recv_splits), *send.shape[1:]), dtype=send.dtype, device=device)
+        self._collective(
+            "all-to-all",
+            lambda: dist.all_to_all_single(
+                out, data, output_split_sizes=recv_splits, input_split_sizes=list(splits)
+            ),
+        )
+        return out.cpu(), recv_splits
+
     def share_start(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
         """The leader's start state (model, optimizer, step, offsets) on every rank; None without a group."""
         if not self.distributed:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -46,6 +46,7 @@ class UpdateLedger:
         self._lock = threading.Lock()
         self._acked = acked
         self._open_pulls: deque[int] = deque()
+        self._side_reads: list[int] = []  # watermarks of reads made outside the prefetch order
         self._updates: dict[int, Mapping[str, SparseUpdate]] = {}
         self.patched_rows = 0
         """Rows a prefetched pull had missed and the overlay supplied (a running total)."""
@@ -84,8 +85,41 @@ class UpdateLedger:
             if not self._open_pulls or self._open_pulls[0] != watermark:
                 raise RuntimeError("ledger: pulls must be applied in the order they began")
             self._open_pulls.popleft()
-            newer = [self._updates[s] for s in sorted(self._updates) if s > watermark]
+            newer = self._newer(watermark)
             self._collect()
+        return self._overlay(newer, pulled, unique_ids)
+
+    def side_read(
+        self, read: Callable[[], Mapping[str, PullResult]], unique_ids: Mapping[str, np.ndarray]
+    ) -> dict[str, PullResult]:
+        """``read()`` of ``unique_ids`` made now, on the training thread, with every recorded update
+        newer than what it saw applied: the row owner's read of rows only other ranks trained.
+
+        It may overlap prefetched pulls in any order; while it runs, the updates it may have missed
+        are kept. Every step before the one training now must be recorded already.
+        """
+        with self._lock:
+            watermark = self._acked
+            self._side_reads.append(watermark)
+        try:
+            got = read()
+        finally:
+            with self._lock:
+                self._side_reads.remove(watermark)
+                newer = self._newer(watermark)
+                self._collect()
+        return self._overlay(newer, got, unique_ids)
+
+    def _newer(self, watermark: int) -> list[Mapping[str, SparseUpdate]]:
+        return [self._updates[s] for s in sorted(self._updates) if s > watermark]
+
+    def _overlay(
+        self,
+        newer: list[Mapping[str, SparseUpdate]],
+        pulled: Mapping[str, PullResult],
+        unique_ids: Mapping[str, np.ndarray],
+    ) -> dict[str, PullResult]:
+        """``pulled`` with ``newer``'s rows written over it, oldest first; patched tables are copies."""
         out = dict(pulled)
         for updates in newer:
             for table, update in updates.items():
@@ -102,7 +136,7 @@ class UpdateLedger:
             return sum(len(u.ids) for updates in self._updates.values() for u in updates.values())
 
     def _collect(self) -> None:
-        threshold = self._open_pulls[0] if self._open_pulls else self._acked
+        threshold = min([self._acked, *self._open_pulls, *self._side_reads])
         for step in [s for s in self._updates if s <= threshold]:
             del self._updates[step]
 

@@ -14,6 +14,10 @@ sits behind it, in this order::
   update trained but not yet pushed, so prefetching never trains on stale rows.
 * The writer commits offsets only once the store's ``durable_through()``
   covers the batch's push (:mod:`kelp.daemon.stages`).
+* In a trainer group (``owners``) each row has one writer
+  (:mod:`kelp.daemon.row_owners`): the step leaves its rows as they were and
+  keeps their gradients, every rank sends them to the rows' owners, and this
+  rank applies the summed gradients to the rows it owns and pushes only those.
 
 What stays with the daemon (:mod:`kelp.daemon.train`): when to stop, the
 group's agreement (``dense_sync``), checkpoints, publishing and reporting.
@@ -23,17 +27,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
+import torch
 
 from kelp.config import TrainerConfig
 from kelp.consumers.base import Source
 from kelp.consumers.batch import MicroBatch
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
+from kelp.daemon.row_owners import RowOwners
 from kelp.daemon.stages import END, Prefetcher, Prepared, PushWriter
 from kelp.store.base import EmbeddingStore
+from kelp.store.rows.id_sets import shared
 from kelp.trainer.metrics import TrainerMetrics
-from kelp.trainer.optim import RowWiseAdagrad
+from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate
 from kelp.trainer.step import DenseSync, StepResult, TrainStep
 
 __all__ = ["Progress", "TrainPipeline", "Trained"]
@@ -79,14 +89,23 @@ class TrainPipeline:
         metrics: TrainerMetrics,
         acked: int,
         in_store_adagrad: bool = False,
+        owners: RowOwners | None = None,
     ) -> None:
+        if owners is not None and in_store_adagrad:
+            raise ValueError("row owners apply sparse updates themselves; compose applies them in the store")
         self.step = step
         self.metrics = metrics
         self.ledger = UpdateLedger(acked=acked)
+        self._store = store
+        self._guard = guard
+        self._owners = owners
+        self._adagrad = step.sparse_optimizer
         adagrad: RowWiseAdagrad | None = None
         if in_store_adagrad:
             step.sparse_optimizer = dataclasses.replace(step.sparse_optimizer, keep_grads=True)
             adagrad = step.sparse_optimizer
+        if owners is not None:
+            step.sparse_optimizer = dataclasses.replace(step.sparse_optimizer, defer=True)
         stage = {"guard": guard, "metrics": metrics}
         self._prefetcher = Prefetcher(
             source, store, self.ledger, **stage, depth=settings.prefetch_batches, plan=step.pull_plan
@@ -133,14 +152,84 @@ class TrainPipeline:
         if item is None:
             if join or self._exhausted:
                 self.step.idle(dense_sync)
+                if self._owners is not None:  # the rows this rank owns may have been trained by others
+                    self._settle(step_no + 1, None, {}, {}, samples=0)
             return Progress(None, self._exhausted)
         pulled = self.ledger.apply(item.watermark, item.pulled, item.ids)
         result = self.step(item.batch, pulled, dense_sync, plan=item.plan)
         step = step_no + 1
-        self.ledger.record(step, result.updates)
-        self._writer.submit(step, item.batch, result.updates, result.grads)
+        if self._owners is not None:
+            samples = 0 if result.skipped is not None else item.batch.size
+            owned = self._settle(step, item.batch, result.updates, result.grads, samples=samples)
+            result = dataclasses.replace(result, updates=owned, grads={})
+        else:
+            self.ledger.record(step, result.updates)
+            self._writer.submit(step, item.batch, result.updates, result.grads)
         self.metrics.inflight_rows.set(self.ledger.rows())
         return Progress(Trained(step, item.batch, result), self._exhausted)
+
+    def _settle(
+        self,
+        step: int,
+        batch: MicroBatch | None,
+        bases: Mapping[str, SparseUpdate],
+        grads: Mapping[str, np.ndarray],
+        *,
+        samples: int,
+    ) -> dict[str, SparseUpdate]:
+        """The group's sparse update of the rows this rank owns, recorded and handed to the writer.
+
+        ``bases``: this rank's admitted rows as trained (not yet stepped), ``grads`` their gradients.
+        Every rank calls it once per group step, with or without a batch.
+        """
+        assert self._owners is not None
+        sent = {table: (u.ids, grads[table]) for table, u in bases.items() if len(u.ids)}
+        mine, _ = self._owners.exchange(sent, samples)
+        updates = self._owned_updates(mine, bases)
+        if batch is not None or updates:
+            self.ledger.record(step, updates)
+            self._writer.submit(step, batch, updates)
+        return updates
+
+    def _owned_updates(
+        self, mine: Mapping[str, tuple[np.ndarray, np.ndarray]], bases: Mapping[str, SparseUpdate]
+    ) -> dict[str, SparseUpdate]:
+        """One row-wise Adagrad step of each owned row by its summed gradient.
+
+        The row is this rank's own trained copy where it had one (exact: it is the only writer, and
+        the ledger patched the pull), else one read of the store now, patched by the ledger too.
+        """
+        assert self._owners is not None
+        rows: dict[str, np.ndarray] = {}
+        state: dict[str, np.ndarray] = {}
+        missing: dict[str, np.ndarray] = {}  # positions of rows this rank did not train itself
+        for table, (ids, _) in mine.items():
+            rows[table] = np.empty((len(ids), self._owners.dims[table]), dtype=np.float32)
+            state[table] = np.empty(len(ids), dtype=np.float32)
+            have = np.zeros(len(ids), dtype=bool)
+            base = bases.get(table)
+            if base is not None and len(base.ids):
+                at_mine, at_base = shared(ids, base.ids)
+                rows[table][at_mine] = base.rows[at_base]
+                state[table][at_mine] = base.state[at_base]
+                have[at_mine] = True
+            if not have.all():
+                missing[table] = np.flatnonzero(~have)
+        if missing:
+            need = {table: mine[table][0][at] for table, at in missing.items()}
+            read = self.ledger.side_read(
+                lambda: self._guard.call("pull", lambda: self._store.pull_many(need, count=False)), need
+            )
+            for table, at in missing.items():
+                rows[table][at] = read[table].rows
+                state[table][at] = read[table].state
+        out: dict[str, SparseUpdate] = {}
+        for table, (ids, grad) in mine.items():
+            new_rows, new_state = self._adagrad.step(
+                torch.from_numpy(rows[table]), torch.from_numpy(state[table]), torch.from_numpy(grad)
+            )
+            out[table] = SparseUpdate(ids=ids, rows=new_rows.numpy(), state=new_state.numpy())
+        return out
 
     def drain(self, timeout_s: float) -> bool:
         """Stop fetching; push, flush and commit everything trained. False if not done in ``timeout_s``.

@@ -195,7 +195,8 @@ def training_pull(
 @dataclass
 class _Pending:
     step: int
-    batch: MicroBatch
+    batch: MicroBatch | None
+    """None: a group step this rank trained no batch in, pushing rows it owns (no offsets to commit)."""
     updates: Mapping[str, SparseUpdate]
     grads: Mapping[str, np.ndarray]
     ticket: int = 0
@@ -243,7 +244,7 @@ class PushWriter(_Stage):
     def submit(
         self,
         step: int,
-        batch: MicroBatch,
+        batch: MicroBatch | None,
         updates: Mapping[str, SparseUpdate],
         grads: Mapping[str, np.ndarray] | None = None,
     ) -> None:
@@ -337,6 +338,6 @@ class PushWriter(_Stage):
             return
         started = time.perf_counter()
         durable, self._not_durable = self._not_durable[:done], self._not_durable[done:]
-        self.source.commit([r for item in durable for r in item.batch.sources])
+        self.source.commit([r for item in durable if item.batch is not None for r in item.batch.sources])
         self.committed_step = durable[-1].step
         self.metrics.stage_seconds.labels(stage="commit").observe(time.perf_counter() - started)

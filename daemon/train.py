@@ -48,6 +48,7 @@ from kelp.daemon.preflight import preflight
 from kelp.daemon.progress_log import ProgressLog
 from kelp.daemon.progress_report import ProgressReporter
 from kelp.daemon.resume import adopt, leader_start
+from kelp.daemon.row_owners import RowOwners
 from kelp.daemon.summary import RunSummary, summarize
 from kelp.errors import KelpError, UserError
 from kelp.metrics import LabelledRegistry
@@ -213,13 +214,17 @@ class TrainDaemon:
         try:
             tables = cfg.features.store_tables()
             size = self.group.size
-            with build_store(cfg.store, tables, cfg.deployment, self.registry, trainers=size) as built:
+            owners = self._row_owners()
+            hot_rows = owners.owned if owners is not None else None
+            with build_store(
+                cfg.store, tables, cfg.deployment, self.registry, trainers=size, hot_rows=hot_rows
+            ) as built:
                 store = built if self._wrap_store is None else self._wrap_store(built)
                 self._build_model()
                 publisher = self._build_publisher()
                 try:
                     with build_source(source_cfg, cfg.features, cfg.batching, self.registry) as source:
-                        self._loop(source, store, publisher)
+                        self._loop(source, store, publisher, owners)
                     self._store_stats = _cheap_stats(store)
                 finally:
                     if publisher is not None:
@@ -313,7 +318,15 @@ class TrainDaemon:
 
         return build_publisher(self.cfg, self.registry)
 
-    def _loop(self, source: Source, store: EmbeddingStore, publisher: Publisher | None) -> None:
+    def _row_owners(self) -> RowOwners | None:
+        """One writer per row in a group that overwrites rows (compose adds them up in Redis instead)."""
+        if not self.group.distributed or self.cfg.store.sparse_updates != "overwrite":
+            return None
+        return RowOwners(self.group, {t.name: t.dim for t in self.cfg.features.store_tables()})
+
+    def _loop(
+        self, source: Source, store: EmbeddingStore, publisher: Publisher | None, owners: RowOwners | None
+    ) -> None:
         self._source = source
         cfg = self.cfg.trainer
         pipeline = self.pipeline = TrainPipeline(
@@ -325,6 +338,7 @@ class TrainDaemon:
             metrics=self.metrics,
             acked=self.step_no,
             in_store_adagrad=self.cfg.store.sparse_updates == "compose",
+            owners=owners,
         )
         pipeline.start()
         self._state = "training"

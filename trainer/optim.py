@@ -54,6 +54,9 @@ class RowWiseAdagrad:
     eps: float = 1e-8
     keep_grads: bool = False
     """Also return each row's gradient (``store.sparse_updates: compose``)."""
+    defer: bool = False
+    """Return the rows as they were and their gradients, unapplied: in a trainer group each row's
+    owner applies the step once, to every rank's gradients together (:mod:`kelp.daemon.row_owners`)."""
 
     @classmethod
     def from_spec(cls, spec: SparseOptimizerSpec) -> RowWiseAdagrad:
@@ -96,7 +99,7 @@ class RowWiseAdagrad:
         f32[U, dim] (None when no gradient reached the table: nothing changes,
         rows are still returned so admitted ids are pushed consistently) and
         ``admitted`` bool[U] (None = all admitted). Rows of not-admitted ids
-        are neither updated nor returned.
+        are neither updated nor returned. With ``defer`` the rows come back as they were.
         """
         if admitted is not None and not admitted.all():
             keep = np.flatnonzero(admitted)
@@ -105,13 +108,13 @@ class RowWiseAdagrad:
             rows, state = rows.index_select(0, index), state.index_select(0, index)
             grad = grad.index_select(0, index) if grad is not None else None
         grads = None
-        if self.keep_grads:
+        if self.keep_grads or self.defer:
             grads = (
                 np.zeros(tuple(rows.shape), np.float32)
                 if grad is None
                 else grad.to("cpu", torch.float32).numpy()
             )
-        if grad is not None:
+        if grad is not None and not self.defer:
             rows, state = self.step(rows, state, grad)
         update = SparseUpdate(
             ids=ids,

@@ -176,6 +176,8 @@ class HotRowCache(EmbeddingStore):
     """Wraps ``inner``; same interface. One per trainer process (not shared between processes).
 
     ``clock`` is monotonic seconds (write-back interval and staleness); tests pass their own.
+    ``keep``: which ids' rows may enter (bool per id), None for any. In a trainer group each rank
+    keeps only the rows it writes: a copy of another rank's row would go stale here unseen.
     """
 
     def __init__(
@@ -185,8 +187,10 @@ class HotRowCache(EmbeddingStore):
         *,
         clock: Callable[[], float] = time.monotonic,
         metrics: StoreMetrics | None = None,
+        keep: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.inner = inner
+        self._keep = keep
         self.tables = inner.tables
         self.backend = f"{inner.backend}+hot-tier"
         self.enforces = inner.enforces
@@ -400,6 +404,8 @@ class HotRowCache(EmbeddingStore):
             seen = g.sketch.estimate(g.sketch_keys(batch.ids[pick], batch.tags[pick]))
             bar = max(self.cfg.min_count - 1, _MARGIN * self._threshold if full else 0)
             pick = pick[seen > bar]
+        if self._keep is not None and len(pick):
+            pick = pick[self._keep(batch.ids[pick])]
         if raced and len(pick):  # checked only for the rows that would enter: ~26k raced ids per pull
             pick = pick[~_pushed_past(batch, pick, raced)]
         if len(pick):  # another pull may have brought some of them in while this one read the store

@@ -2,6 +2,8 @@
 
 The source is the file source on the Criteo fixture and the store the memory
 backend (both real); the group's ``dense_sync`` is a recorder, as a lone rank's would be.
+With row owners on a world of one, the group's sparse path (exchange, owner's
+Adagrad step) must store what the plain path stores.
 """
 
 from __future__ import annotations
@@ -10,15 +12,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from kelp.config import KelpConfig, StoreConfig
+from kelp.config import DistributedConfig, KelpConfig, StoreConfig
 from kelp.consumers import build_source
+from kelp.daemon.group import TrainingGroup, launched_world
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import TrainPipeline
-from kelp.store import build_store
+from kelp.daemon.row_owners import RowOwners
+from kelp.store import EmbeddingStore, build_store
 from kelp.trainer import TrainStep, build_model
 from kelp.trainer.metrics import TrainerMetrics
 
@@ -44,8 +49,13 @@ def _config(tmp_path: Path, prefetch: int) -> KelpConfig:
 
 
 @contextmanager
-def started_pipeline(tmp_path: Path, prefetch: int) -> Iterator[TrainPipeline]:
-    """A started pipeline over the fixture's file source and a memory store, both closed afterwards."""
+def started_pipeline(
+    tmp_path: Path, prefetch: int, *, owned: bool = False, stores: list[EmbeddingStore] | None = None
+) -> Iterator[TrainPipeline]:
+    """A started pipeline over the fixture's file source and a memory store, both closed afterwards.
+
+    ``owned``: with row owners on a world of one; ``stores`` receives the store.
+    """
     cfg = _config(tmp_path, prefetch)
     with (
         build_source(cfg.source, cfg.features, cfg.batching, CollectorRegistry()) as source,
@@ -55,10 +65,23 @@ def started_pipeline(tmp_path: Path, prefetch: int) -> Iterator[TrainPipeline]:
         metrics = TrainerMetrics(CollectorRegistry())
         model = build_model(cfg.features, cfg.trainer)
         step = TrainStep(model, cfg.features, cfg.trainer, torch.device("cpu"))
+        owners = None
+        if owned:
+            group = TrainingGroup(launched_world({}), DistributedConfig(), metrics)
+            owners = RowOwners(group, {t.name: t.dim for t in cfg.features.store_tables()})
         pipeline = TrainPipeline(
-            source, store, step, cfg.trainer, guard=OutageGuard(5.0, metrics), metrics=metrics, acked=0
+            source,
+            store,
+            step,
+            cfg.trainer,
+            guard=OutageGuard(5.0, metrics),
+            metrics=metrics,
+            acked=0,
+            owners=owners,
         )
         pipeline.start()
+        if stores is not None:
+            stores.append(store)
         yield pipeline
 
 
@@ -98,3 +121,35 @@ def test_without_a_batch_only_a_joined_call_takes_part_in_the_step(tmp_path: Pat
         done = pipeline.progress(0, joined, wait_s=1.0, fetch=False, join=True)
         assert done.trained is None and joined.samples == [0]
         assert pipeline.drain(30.0) and pipeline.committed_step == 0
+
+
+def _trained_rows(tmp_path: Path, *, owned: bool) -> dict[str, np.ndarray]:
+    """Train the whole fixture (prefetch 2); every stored row and state afterwards, per table."""
+    stores: list[EmbeddingStore] = []
+    with started_pipeline(tmp_path, 2, owned=owned, stores=stores) as pipeline:
+        step_no = 0
+        ids: dict[str, list[np.ndarray]] = {}
+        while True:
+            done = pipeline.progress(step_no, SyncRecorder(), wait_s=5.0)
+            if done.trained is None:
+                break
+            step_no = done.trained.step
+            for table, update in done.trained.result.updates.items():
+                ids.setdefault(table, []).append(update.ids)
+        assert pipeline.drain(30.0)
+        store = stores[0]
+        out = {}
+        for table, parts in ids.items():
+            unique = np.unique(np.concatenate(parts))
+            got = store.pull(table, unique, count=False)
+            out[table] = np.concatenate([got.rows, got.state[:, None]], axis=1)
+        return out
+
+
+def test_row_owners_of_a_world_of_one_store_what_the_plain_step_stores(tmp_path: Path) -> None:
+    """Exchange, owner's sum and owner's Adagrad step on a world of one: the same rows, to rounding."""
+    plain = _trained_rows(tmp_path / "plain", owned=False)
+    owned = _trained_rows(tmp_path / "owned", owned=True)
+    assert plain.keys() == owned.keys() and plain
+    for table in plain:
+        np.testing.assert_allclose(owned[table], plain[table], rtol=1e-5, atol=1e-6)

@@ -305,3 +305,32 @@ def test_a_never_seen_id_does_not_pass_for_hot_in_a_filled_sketch() -> None:
     cache.pull("t", fresh)
     kept = int(cache.holds("t", fresh).sum())
     assert kept <= 0.01 * len(fresh), f"{kept} of {len(fresh)} ids seen once were taken for hot"
+
+
+def test_a_keep_rule_leaves_other_ranks_rows_out_of_the_tier() -> None:
+    """A trainer group's rank keeps only the rows it owns; the rest are read from the store each time."""
+    inner = MemoryStore([TableSpec(name="t", dim=2)])
+    even = HotRowCache(inner, HotCacheConfig(enabled=True, min_count=1), keep=lambda ids: ids % 2 == 0)
+    ids = _ids(0, 10)
+    even.pull("t", ids)
+    assert even.holds("t", ids).tolist() == [i % 2 == 0 for i in range(10)]
+    even.push("t", ids, *_rows(10, 2, 3.0))
+    assert even.dirty_rows() == 5  # the other five went through to the store at once
+    np.testing.assert_array_equal(inner.pull("t", ids[1::2], count=False).rows, np.full((5, 2), 3.0))
+
+
+@pytest.mark.parametrize(
+    ("trainers", "updates", "backend", "on"),
+    [
+        (1, "overwrite", "redis", True),
+        (2, "overwrite", "redis", True),
+        (None, "overwrite", "redis", False),
+        (2, "compose", "redis", False),
+        (1, "overwrite", "memory", False),
+    ],
+)
+def test_auto_keeps_the_tier_for_trainers_that_overwrite_rows_on_redis(
+    trainers: int | None, updates: str, backend: str, on: bool
+) -> None:
+    cfg = StoreConfig(backend=backend, urls=["redis://127.0.0.1:1"], sparse_updates=updates)
+    assert cfg.hot_tier(trainers) is on
