@@ -17,6 +17,9 @@ drain). Reported:
 * ``redis_row_ops_per_sample_N``: rows read, counted and written by the
   store's backend (``kelp_store_backend_row_ops_total``, every rank) per
   trained sample, the drain's write-back included;
+* ``owned_rows_updated_per_sample_2`` / ``owned_rows_read_per_sample_2``:
+  rows the ranks stepped as their owners, and of those the rows only another
+  rank trained, which the owner read from the store first (per sample);
 * ``samples_per_s_N``: samples trained after each rank's first (warm-up)
   batch, over the wall time from the first rank's first step to the last
   rank's last step. On 2 cores, 2 ranks share the cores that 1 rank used:
@@ -186,6 +189,9 @@ def _collect(out: Path, ranks: int, tables: list[str]) -> dict[str, Any]:
         "row_updates": updates,
         "per_rank_samples": [s["samples"] for s in summaries],
         "row_ops_per_sample": sum(s["backend_row_ops"] for s in summaries) / max(1, int(labels.size)),
+        "owned_rows_read_per_sample": sum(s["owned_rows_read"] for s in summaries) / max(1, int(labels.size)),
+        "owned_rows_updated_per_sample": sum(s["owned_rows_updated"] for s in summaries)
+        / max(1, int(labels.size)),
     }
 
 
@@ -248,6 +254,8 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
                 out["allreduce_seconds_per_step"] = round(got["allreduce_seconds_per_step"], 6)
                 out["group_steps_2"] = got["group_steps"]
                 out["per_rank_samples_2"] = got["per_rank_samples"]
+                out["owned_rows_read_per_sample_2"] = round(got["owned_rows_read_per_sample"], 3)
+                out["owned_rows_updated_per_sample_2"] = round(got["owned_rows_updated_per_sample"], 3)
         out.update(_push_vs_compose(redis_srv.url))
         out.update(_bare_allreduce(Path(tmp) / "allreduce.json"))
     out["ratio_2_vs_1"] = round(out["samples_per_s_2"] / out["samples_per_s_1"], 3)

@@ -39,9 +39,11 @@ class RowTrace:
     """Wraps the store: when each batch's rows were read (pull) and when its updates were written (push).
 
     Every pushed update is paired with the pull of its batch: pushes follow
-    pulls in order, and the push's first table shares ids with its batch's
-    pull. A push that shares none (a rank with no batch pushing rows it owns,
-    which it read just before) counts as read when written. Reads without
+    pulls in order, and the batch's pull holds every id of the push's first
+    table (a pull whose batch pushed nothing is skipped so). A row owner's
+    push also holds rows other ranks trained: its batch is the first pull that
+    shares some. A push that shares none (a rank with no batch pushing rows it
+    owns, which it read just before) counts as read when written. Reads without
     counting (a row owner's read of rows other ranks trained) are not batch pulls.
     """
 
@@ -72,13 +74,18 @@ class RowTrace:
     def _record(self, payload: dict[str, Any]) -> None:
         written = time.monotonic()
         table = next(iter(payload))
+        pushed = payload[table][0]
+        found = [np.isin(pushed, pulled.get(table, ())) for _, pulled in self._pulls]
+        # Its own batch's pull holds every row a push writes; a row owner's push also holds rows
+        # other ranks trained, so for it the batch is the first pull that shares some.
+        match = next((i for i, inside in enumerate(found) if inside.all()), None)
+        if match is None:
+            match = next((i for i, inside in enumerate(found) if inside.any()), None)
         read = written
-        for depth, (pulled_at, pulled) in enumerate(list(self._pulls)[:4]):
-            if np.isin(payload[table][0], pulled.get(table, ())).any():
-                read = pulled_at
-                for _ in range(depth + 1):
-                    self._pulls.popleft()
-                break
+        if match is not None:
+            read = self._pulls[match][0]
+            for _ in range(match + 1):
+                self._pulls.popleft()
         for name, update in payload.items():
             self.events.setdefault(name, []).append((np.asarray(update[0], dtype=np.uint64), read, written))
 
@@ -144,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "allreduce_count": registry.get_sample_value("kelp_trainer_allreduce_seconds_count") or 0.0,
         "dense_sha256": dense_digest(daemon.step.model),
         "backend_row_ops": counter_totals(registry).get("backend_row_ops", 0.0),
+        "owned_rows_updated": registry.get_sample_value("kelp_trainer_owned_rows_updated_total") or 0.0,
+        "owned_rows_read": registry.get_sample_value("kelp_trainer_owned_rows_read_total") or 0.0,
     }
     (args.out / f"rank-{rank}.json").write_text(json.dumps(summary))
     return 0

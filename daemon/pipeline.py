@@ -17,7 +17,9 @@ sits behind it, in this order::
 * In a trainer group (``owners``) each row has one writer
   (:mod:`kelp.daemon.row_owners`): the step leaves its rows as they were and
   keeps their gradients, every rank sends them to the rows' owners, and this
-  rank applies the summed gradients to the rows it owns and pushes only those.
+  rank steps the rows it owns by every rank's gradient in turn and pushes only
+  those; the stepped rows go back to the ranks that trained them, into their
+  ledgers.
 
 What stays with the daemon (:mod:`kelp.daemon.train`): when to stop, the
 group's agreement (``dense_sync``), checkpoints, publishing and reporting.
@@ -38,7 +40,7 @@ from kelp.consumers.base import Source
 from kelp.consumers.batch import MicroBatch
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
-from kelp.daemon.row_owners import RowOwners
+from kelp.daemon.row_owners import Contributions, RowOwners
 from kelp.daemon.stages import END, Prefetcher, Prepared, PushWriter
 from kelp.store.base import EmbeddingStore
 from kelp.store.rows.id_sets import shared
@@ -153,14 +155,13 @@ class TrainPipeline:
             if join or self._exhausted:
                 self.step.idle(dense_sync)
                 if self._owners is not None:  # the rows this rank owns may have been trained by others
-                    self._settle(step_no + 1, None, {}, {}, samples=0)
+                    self._settle(step_no + 1, None, {}, {})
             return Progress(None, self._exhausted)
         pulled = self.ledger.apply(item.watermark, item.pulled, item.ids)
         result = self.step(item.batch, pulled, dense_sync, plan=item.plan)
         step = step_no + 1
         if self._owners is not None:
-            samples = 0 if result.skipped is not None else item.batch.size
-            owned = self._settle(step, item.batch, result.updates, result.grads, samples=samples)
+            owned = self._settle(step, item.batch, result.updates, result.grads)
             result = dataclasses.replace(result, updates=owned, grads={})
         else:
             self.ledger.record(step, result.updates)
@@ -174,36 +175,44 @@ class TrainPipeline:
         batch: MicroBatch | None,
         bases: Mapping[str, SparseUpdate],
         grads: Mapping[str, np.ndarray],
-        *,
-        samples: int,
     ) -> dict[str, SparseUpdate]:
         """The group's sparse update of the rows this rank owns, recorded and handed to the writer.
 
         ``bases``: this rank's admitted rows as trained (not yet stepped), ``grads`` their gradients.
-        Every rank calls it once per group step, with or without a batch.
+        Every rank calls it once per group step, with or without a batch. The ledger also records
+        the rows other ranks own as their owners stepped them (sent back), so this rank's next
+        batches train on them as fresh as on its own rows; only the owned ones are pushed.
         """
         assert self._owners is not None
         sent = {table: (u.ids, grads[table]) for table, u in bases.items() if len(u.ids)}
-        mine, _ = self._owners.exchange(sent, samples)
+        started = time.perf_counter()
+        mine = self._owners.exchange(sent)
         updates = self._owned_updates(mine, bases)
-        if batch is not None or updates:
-            self.ledger.record(step, updates)
+        self.metrics.owned_rows_updated.inc(sum(len(u.ids) for u in updates.values()))
+        returned = self._owners.return_rows(updates)
+        self.metrics.row_exchange_seconds.observe(time.perf_counter() - started)
+        if batch is not None or updates or returned:
+            self.ledger.record(step, _joined(updates, returned))
             self._writer.submit(step, batch, updates)
         return updates
 
     def _owned_updates(
-        self, mine: Mapping[str, tuple[np.ndarray, np.ndarray]], bases: Mapping[str, SparseUpdate]
+        self, mine: Contributions, bases: Mapping[str, SparseUpdate]
     ) -> dict[str, SparseUpdate]:
-        """One row-wise Adagrad step of each owned row by its summed gradient.
+        """Each owned row stepped by every rank's gradient in turn (row-wise Adagrad, rank order).
 
-        The row is this rank's own trained copy where it had one (exact: it is the only writer, and
-        the ledger patched the pull), else one read of the store now, patched by the ledger too.
+        The row starts as this rank's own trained copy where it had one (exact: it is the only
+        writer, and the ledger patched the pull), else as one read of the store now, patched by
+        the ledger too.
         """
         assert self._owners is not None
+        ids_of = {
+            table: np.unique(np.concatenate([ids for ids, _ in parts])) for table, parts in mine.items()
+        }
         rows: dict[str, np.ndarray] = {}
         state: dict[str, np.ndarray] = {}
         missing: dict[str, np.ndarray] = {}  # positions of rows this rank did not train itself
-        for table, (ids, _) in mine.items():
+        for table, ids in ids_of.items():
             rows[table] = np.empty((len(ids), self._owners.dims[table]), dtype=np.float32)
             state[table] = np.empty(len(ids), dtype=np.float32)
             have = np.zeros(len(ids), dtype=bool)
@@ -216,7 +225,8 @@ class TrainPipeline:
             if not have.all():
                 missing[table] = np.flatnonzero(~have)
         if missing:
-            need = {table: mine[table][0][at] for table, at in missing.items()}
+            need = {table: ids_of[table][at] for table, at in missing.items()}
+            self.metrics.owned_rows_read.inc(sum(len(ids) for ids in need.values()))
             read = self.ledger.side_read(
                 lambda: self._guard.call("pull", lambda: self._store.pull_many(need, count=False)), need
             )
@@ -224,11 +234,13 @@ class TrainPipeline:
                 rows[table][at] = read[table].rows
                 state[table][at] = read[table].state
         out: dict[str, SparseUpdate] = {}
-        for table, (ids, grad) in mine.items():
-            new_rows, new_state = self._adagrad.step(
-                torch.from_numpy(rows[table]), torch.from_numpy(state[table]), torch.from_numpy(grad)
-            )
-            out[table] = SparseUpdate(ids=ids, rows=new_rows.numpy(), state=new_state.numpy())
+        for table, parts in mine.items():
+            table_rows, table_state = torch.from_numpy(rows[table]), torch.from_numpy(state[table])
+            for ids, grad in parts:
+                at = torch.from_numpy(np.searchsorted(ids_of[table], ids))
+                stepped = self._adagrad.step(table_rows[at], table_state[at], torch.from_numpy(grad))
+                table_rows[at], table_state[at] = stepped
+            out[table] = SparseUpdate(ids=ids_of[table], rows=rows[table], state=state[table])
         return out
 
     def drain(self, timeout_s: float) -> bool:
@@ -258,3 +270,19 @@ class TrainPipeline:
         assert isinstance(got, Prepared)
         self.metrics.stage_seconds.labels(stage="fetch").observe(time.perf_counter() - started)
         return got
+
+
+def _joined(a: Mapping[str, SparseUpdate], b: Mapping[str, SparseUpdate]) -> dict[str, SparseUpdate]:
+    """Two updates of disjoint rows as one, per table."""
+    out = dict(a)
+    for table, update in b.items():
+        if table in out:
+            mine = out[table]
+            out[table] = SparseUpdate(
+                ids=np.concatenate([mine.ids, update.ids]),
+                rows=np.concatenate([mine.rows, update.rows]),
+                state=np.concatenate([mine.state, update.state]),
+            )
+        else:
+            out[table] = update
+    return out

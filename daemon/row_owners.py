@@ -8,17 +8,22 @@ each row one owner; Kelp does the same for the writes:
 
 * ``owner(id) = mix(id) mod world``: the same on every rank, for every table;
 * every rank still pulls and trains its own batch's rows. A row another rank
-  owns may be a few steps old when this rank reads it (the owner writes it
-  with its own pipeline, and with the hot tier at its write-back): gradients
-  can be stale, updates are never lost;
-* after backward, each rank sends each admitted row's gradient, weighted by
-  its samples, to the row's owner (:meth:`RowOwners.exchange`: one
-  all-to-all of lengths, one of ids, one of gradients per group step);
-* the owner sums a row's gradients over the ranks and divides by the group's
-  samples (the gradient of the mean loss over every sample of the step, as for
-  the dense parameters), then applies one row-wise Adagrad step to its own copy
-  of the row, which is exact because nobody else writes it. Only the owner
-  pushes the row.
+  owns and this rank has not trained lately comes from the store, where the
+  owner's updates arrive after its push and its hot tier's write-back: such a
+  gradient can be stale, but it is never lost;
+* after backward, each rank sends each admitted row's gradient to the row's
+  owner (:meth:`RowOwners.exchange`: one all-to-all of lengths, one of ids,
+  one of gradients per group step);
+* the owner applies each rank's gradient of a row as its own row-wise Adagrad
+  step, in rank order, to its own copy of the row, which is exact because
+  nobody else writes it. That is what the ranks' pushes would have done one
+  after another had none been lost (and what ``compose`` does inside Redis):
+  a hot row trained by N ranks takes N steps per group step, as it would
+  alone. Only the owner pushes the row;
+* the owner sends the stepped rows back the way the gradients came
+  (:meth:`RowOwners.return_rows`), and each rank records them in its update
+  ledger: its next batches train on other ranks' rows as fresh as on its own,
+  instead of on a store copy that lags the owner's pushes and write-backs.
 
 :class:`~kelp.daemon.pipeline.TrainPipeline` does the applying; this module
 only decides owners and moves gradients.
@@ -27,16 +32,22 @@ only decides owners and moves gradients.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from kelp.daemon.group import TrainingGroup
+from kelp.trainer.optim import SparseUpdate
 
-__all__ = ["RowGrads", "RowOwners", "owner_of"]
+__all__ = ["Contributions", "RowGrads", "RowOwners", "owner_of"]
 
 RowGrads = Mapping[str, tuple[np.ndarray, np.ndarray]]
 """Per table: ``(ids uint64[K], grads f32[K, dim])``."""
+
+Contributions = dict[str, list[tuple[np.ndarray, np.ndarray]]]
+"""Per table, each sending rank's ``(ids, grads)`` for rows this rank owns, in rank order (only
+ranks that sent some)."""
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: consecutive ids spread over every rank
 _SHIFT = np.uint64(32)
@@ -52,6 +63,16 @@ def owner_of(ids: np.ndarray, world: int) -> np.ndarray:
     return (mixed % np.uint64(world)).astype(np.int64)
 
 
+@dataclass(frozen=True)
+class _Exchanged:
+    """One exchange's layout, for sending the stepped rows back the way the gradients came."""
+
+    counts: np.ndarray  # rows sent, [owner, table]
+    sent: list[list[np.ndarray]]  # ids sent, [owner][table]
+    incoming: np.ndarray  # rows received, [sender, table]
+    received: np.ndarray  # ids received, sender-major then table
+
+
 class RowOwners:
     """This rank's side of the row ownership: which rows it writes, and the per-step gradient exchange.
 
@@ -62,6 +83,7 @@ class RowOwners:
         self.group = group
         self.tables = sorted(dims)
         self.dims = dict(dims)
+        self._last: _Exchanged | None = None
 
     @property
     def rank(self) -> int:
@@ -71,78 +93,108 @@ class RowOwners:
         """bool per id: this rank writes its row (the hot tier keeps only these)."""
         return owner_of(ids, self.group.size) == self.group.rank
 
-    def exchange(self, sent: RowGrads, samples: int) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
-        """Every rank's gradients for the rows this rank owns, summed per id and divided by the group's
-        samples; and the group's samples. Every rank calls it once per group step.
+    def exchange(self, sent: RowGrads) -> Contributions:
+        """Every rank's gradients for the rows this rank owns, per table in rank order. Every rank
+        calls it once per group step, with what it trained (nothing: a rank without a batch, or
+        whose step was skipped).
 
-        ``sent``: this rank's admitted rows and their gradients, each the gradient of the mean loss over
-        its ``samples`` (0 for a rank without a batch, or one whose step was skipped). A row appears at
-        most once per table in the answer, ids ascending.
+        ``sent``: this rank's admitted rows and their gradients, each the gradient of the mean loss
+        over its own batch (what a lone trainer applies).
         """
         size = self.group.size
-        header = np.zeros((size, 1 + len(self.tables)), dtype=np.int64)
-        header[:, 0] = samples
+        counts = np.zeros((size, len(self.tables)), dtype=np.int64)
         id_parts: list[list[np.ndarray]] = [[] for _ in range(size)]
         grad_parts: list[list[np.ndarray]] = [[] for _ in range(size)]
         for t, name in enumerate(self.tables):
             ids, grads = sent.get(name, (np.zeros(0, np.uint64), np.zeros((0, self.dims[name]), np.float32)))
             dest = owner_of(ids, size)
             order = np.argsort(dest, kind="stable")
-            counts = np.bincount(dest, minlength=size)
-            header[:, 1 + t] = counts
-            cuts = np.cumsum(counts)[:-1]
-            weighted = np.asarray(grads, dtype=np.float32)[order] * np.float32(samples)
-            for d, (i, g) in enumerate(
-                zip(np.split(np.asarray(ids, np.uint64)[order], cuts), np.split(weighted, cuts), strict=True)
-            ):
+            counts[:, t] = np.bincount(dest, minlength=size)
+            cuts = np.cumsum(counts[:, t])[:-1]
+            by_dest = zip(
+                np.split(np.asarray(ids, np.uint64)[order], cuts),
+                np.split(np.asarray(grads, np.float32)[order], cuts),
+                strict=True,
+            )
+            for d, (i, g) in enumerate(by_dest):
                 id_parts[d].append(i)
                 grad_parts[d].append(g.reshape(-1))
         width = np.array([self.dims[name] for name in self.tables], dtype=np.int64)
-        got_header, _ = self.group.all_to_all(
-            torch.from_numpy(header.reshape(-1)), [header.shape[1]] * size, [header.shape[1]] * size
+        tables = len(self.tables)
+        got_counts, _ = self.group.all_to_all(
+            torch.from_numpy(counts.reshape(-1)), [tables] * size, [tables] * size
         )
-        incoming = got_header.numpy().reshape(size, -1)
+        incoming = got_counts.numpy().reshape(size, tables)
         ids_in, _ = self.group.all_to_all(
             torch.from_numpy(np.concatenate([p for parts in id_parts for p in parts]).view(np.int64)),
-            header[:, 1:].sum(axis=1).tolist(),
-            incoming[:, 1:].sum(axis=1).tolist(),
+            counts.sum(axis=1).tolist(),
+            incoming.sum(axis=1).tolist(),
         )
         grads_in, _ = self.group.all_to_all(
             torch.from_numpy(np.concatenate([p for parts in grad_parts for p in parts])),
-            (header[:, 1:] @ width).tolist(),
-            (incoming[:, 1:] @ width).tolist(),
+            (counts @ width).tolist(),
+            (incoming @ width).tolist(),
         )
-        total = int(incoming[:, 0].sum())
-        received = (incoming[:, 1:], ids_in.numpy(), grads_in.numpy())
-        return _summed(self.tables, self.dims, received, total), total
+        received = ids_in.numpy().view(np.uint64)
+        self._last = _Exchanged(counts, id_parts, incoming, received)
+        return self._split(incoming, received, grads_in.numpy())
 
+    def return_rows(self, stepped: Mapping[str, SparseUpdate]) -> dict[str, SparseUpdate]:
+        """The owners' new rows and state of what this rank sent in the last :meth:`exchange`, from
+        every owner but itself: the inverse all-to-all. Every rank calls it right after stepping its
+        own rows (``stepped``: per table, every row it owns that any rank sent, ids ascending).
 
-def _summed(
-    tables: list[str],
-    dims: Mapping[str, int],
-    received: tuple[np.ndarray, np.ndarray, np.ndarray],
-    total: int,
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The received ``(counts [rank, table], ids, flat gradients)``, rank-major then table, as
-    per-table unique ids and their gradient sums over the ranks, divided by ``total``."""
-    counts, ids, grads = received
-    per_table: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {name: ([], []) for name in tables}
-    at_id = at_grad = 0
-    for rank_counts in counts:
-        for name, n in zip(tables, rank_counts.tolist(), strict=True):
-            dim = dims[name]
-            per_table[name][0].append(ids[at_id : at_id + n])
-            per_table[name][1].append(grads[at_grad : at_grad + n * dim].reshape(n, dim))
-            at_id += n
-            at_grad += n * dim
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, (id_list, grad_list) in per_table.items():
-        table_ids = np.concatenate(id_list).view(np.uint64)
-        if not len(table_ids):
-            continue
-        order = np.argsort(table_ids, kind="stable")
-        sorted_ids = table_ids[order]
-        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
-        summed = np.add.reduceat(np.concatenate(grad_list)[order], starts, axis=0)
-        out[name] = (sorted_ids[starts], summed / np.float32(max(total, 1)))
-    return out
+        A rank records them in its update ledger, so its next prefetched batches train on the rows
+        as their owners left them instead of a copy several steps old.
+        """
+        last = self._last
+        if last is None:
+            raise RuntimeError("return_rows answers the last exchange(); there was none")
+        size = self.group.size
+        width = np.array([self.dims[name] + 1 for name in self.tables], dtype=np.int64)
+        blocks: list[np.ndarray] = []
+        at = 0
+        for rank_counts in last.incoming:
+            for name, n in zip(self.tables, rank_counts.tolist(), strict=True):
+                if n:
+                    update = stepped[name]
+                    pos = np.searchsorted(update.ids, last.received[at : at + n])
+                    blocks.append(np.column_stack([update.rows[pos], update.state[pos]]).reshape(-1))
+                at += n
+        send = np.concatenate(blocks).astype(np.float32, copy=False) if blocks else np.zeros(0, np.float32)
+        got, _ = self.group.all_to_all(
+            torch.from_numpy(send), (last.incoming @ width).tolist(), (last.counts @ width).tolist()
+        )
+        flat = got.numpy()
+        parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        at = 0
+        for owner in range(size):
+            for t, name in enumerate(self.tables):
+                n, w = int(last.counts[owner, t]), self.dims[name] + 1
+                if n and owner != self.rank:
+                    parts.setdefault(name, []).append(
+                        (last.sent[owner][t], flat[at : at + n * w].reshape(n, w))
+                    )
+                at += n * w
+        out: dict[str, SparseUpdate] = {}
+        for name, pieces in parts.items():
+            block = np.concatenate([b for _, b in pieces])
+            ids = np.concatenate([i for i, _ in pieces])
+            out[name] = SparseUpdate(
+                ids=ids, rows=np.ascontiguousarray(block[:, :-1]), state=block[:, -1].copy()
+            )
+        return out
+
+    def _split(self, counts: np.ndarray, ids: np.ndarray, grads: np.ndarray) -> Contributions:
+        """The received ids and flat gradients (rank-major, then table) as each table's per-rank parts."""
+        out: Contributions = {}
+        at_id = at_grad = 0
+        for rank_counts in counts:
+            for name, n in zip(self.tables, rank_counts.tolist(), strict=True):
+                dim = self.dims[name]
+                if n:
+                    part = (ids[at_id : at_id + n], grads[at_grad : at_grad + n * dim].reshape(n, dim))
+                    out.setdefault(name, []).append(part)
+                at_id += n
+                at_grad += n * dim
+        return out

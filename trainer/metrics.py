@@ -22,6 +22,9 @@
 ``kelp_trainer_world_size``                        gauge: ranks in the trainer group (1 alone)
 ``kelp_trainer_allreduce_seconds``                 histogram: seconds per group step's dense all-reduce
 ``kelp_trainer_group_idle_steps_total``            group steps this rank joined without a batch
+``kelp_trainer_owned_rows_updated_total``          rows this rank owns, stepped with the group's gradients
+``kelp_trainer_owned_rows_read_total``             ... of them only other ranks trained (read first)
+``kelp_trainer_row_exchange_seconds``              histogram: seconds per group step's row-gradient exchange
 =================================================  ==================================================
 
 ``kelp_trainer_auc`` and ``kelp_trainer_logloss`` are the first task's (the
@@ -100,6 +103,15 @@ class TrainerMetrics:
         self.world_size = m.gauge("world_size", "Ranks in the trainer group (1 when training alone).")
         self.allreduce_seconds = m.histogram(
             "allreduce_seconds", "Seconds per group step's dense all-reduce."
+        )
+        self.owned_rows_updated = m.counter(
+            "owned_rows_updated", "Rows this rank owns and stepped with the group's summed gradients."
+        )
+        self.owned_rows_read = m.counter(
+            "owned_rows_read", "Owned rows only other ranks trained in a step, read from the store first."
+        )
+        self.row_exchange_seconds = m.histogram(
+            "row_exchange_seconds", "Seconds per group step's row-gradient exchange (all-to-all)."
         )
         self.idle_steps = m.counter(
             "group_idle_steps", "Group steps this rank joined with no batch of its own."

@@ -26,6 +26,7 @@ from kelp.daemon.row_owners import RowOwners
 from kelp.store import EmbeddingStore, build_store
 from kelp.trainer import TrainStep, build_model
 from kelp.trainer.metrics import TrainerMetrics
+from kelp.trainer.optim import SparseUpdate
 
 from .conftest import CRITEO_ROWS, base_config
 
@@ -153,3 +154,36 @@ def test_row_owners_of_a_world_of_one_store_what_the_plain_step_stores(tmp_path:
     assert plain.keys() == owned.keys() and plain
     for table in plain:
         np.testing.assert_allclose(owned[table], plain[table], rtol=1e-5, atol=1e-6)
+
+
+def test_an_owner_steps_a_row_once_per_ranks_gradient_from_its_own_copy_or_a_read(tmp_path: Path) -> None:
+    """Two ranks' gradients of one row: two Adagrad steps in rank order. A row this rank did not train
+    starts from the store's row (a side read); one it trained starts from its own copy."""
+    stores: list[EmbeddingStore] = []
+    with started_pipeline(tmp_path, 0, owned=True, stores=stores) as pipeline:
+        store, table = stores[0], "C1"
+        dim = store.tables[table].dim
+        while not store.pull(table, np.array([7], np.uint64)).admitted.all():  # as another rank's pulls do
+            pass
+        store.push(
+            table, np.array([7], np.uint64), np.full((1, dim), 2.0, np.float32), np.ones(1, np.float32)
+        )
+        own = SparseUpdate(
+            np.array([5], np.uint64), np.full((1, dim), 1.0, np.float32), np.zeros(1, np.float32)
+        )
+        g0, g1 = np.full((1, dim), 0.5, np.float32), np.full((1, dim), -0.25, np.float32)
+        mine = {
+            table: [(np.array([5], np.uint64), g0), (np.array([5, 7], np.uint64), np.concatenate([g1, g1]))]
+        }
+        got = pipeline._owned_updates(mine, {table: own})[table]
+        adagrad = pipeline.step.sparse_optimizer
+        row, state = torch.ones(1, dim), torch.zeros(1)
+        for g in (g0, g1):
+            row, state = adagrad.step(row, state, torch.from_numpy(g))
+        stored_row, stored_state = adagrad.step(
+            torch.full((1, dim), 2.0), torch.ones(1), torch.from_numpy(g1)
+        )
+        assert got.ids.tolist() == [5, 7]
+        np.testing.assert_allclose(got.rows, torch.cat([row, stored_row]).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(got.state, torch.cat([state, stored_state]).numpy(), rtol=1e-6)
+        assert pipeline.drain(30.0)

@@ -23,7 +23,6 @@ from kelp.trainer.metrics import TrainerMetrics
 from kelp.trainer.optim import SparseUpdate
 
 DIMS = {"a": 2, "b": 3}
-SAMPLES = (10, 30)
 
 
 def _sent(rank: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -44,30 +43,38 @@ def _rank_main(rank: int, port: int, out: str) -> None:
     )
     group.start(torch.nn.Linear(1, 1), torch.device("cpu"))
     try:
-        got, total = RowOwners(group, DIMS).exchange(_sent(rank), SAMPLES[rank])
-        np.savez(
-            Path(out) / f"rank{rank}.npz",
-            total=total,
-            **{f"{t}.ids": ids for t, (ids, _) in got.items()},
-            **{f"{t}.grads": g for t, (_, g) in got.items()},
-        )
+        owners = RowOwners(group, DIMS)
+        got = owners.exchange(_sent(rank))
+        arrays = {}
+        for table, parts in got.items():
+            for i, (ids, grads) in enumerate(parts):
+                arrays[f"{table}.{i}.ids"], arrays[f"{table}.{i}.grads"] = ids, grads
+        returned = owners.return_rows({table: _stepped(table, parts, rank) for table, parts in got.items()})
+        for table, update in returned.items():
+            arrays[f"back.{table}.ids"], arrays[f"back.{table}.rows"] = update.ids, update.rows
+            arrays[f"back.{table}.state"] = update.state
+        np.savez(Path(out) / f"rank{rank}.npz", **arrays)
     finally:
         group.close()
 
 
-def _expected(table: str, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sum over ranks of samples * grad per id, divided by all samples; the ids ``rank`` owns."""
-    sums: dict[int, np.ndarray] = {}
+def _stepped(table: str, parts: list[tuple[np.ndarray, np.ndarray]], owner: int) -> SparseUpdate:
+    """An owner's stepped rows, made recognisable: each value is ``id * 10 + owner``, state ``-id``."""
+    ids = np.unique(np.concatenate([i for i, _ in parts]))
+    value = ids.astype(np.float32) * 10 + owner
+    return SparseUpdate(ids, np.repeat(value[:, None], DIMS[table], axis=1), -ids.astype(np.float32))
+
+
+def _expected(table: str, owner: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each sending rank's rows of ``table`` that ``owner`` owns, in rank order (ranks with none left out)."""
+    parts = []
     for r in (0, 1):
-        if table not in _sent(r):
-            continue
-        ids, grads = _sent(r)[table]
-        for i, g in zip(ids.tolist(), grads, strict=True):
-            sums[i] = sums.get(i, 0) + SAMPLES[r] * g
-    ids = np.array(sorted(sums), dtype=np.uint64)
-    ids = ids[owner_of(ids, 2) == rank]
-    grads = np.array([sums[i] / sum(SAMPLES) for i in ids.tolist()], dtype=np.float32).reshape(len(ids), -1)
-    return ids, grads
+        if table in _sent(r):
+            ids, grads = _sent(r)[table]
+            mine = owner_of(ids, 2) == owner
+            if mine.any():
+                parts.append((ids[mine], grads[mine]))
+    return parts
 
 
 def test_owner_of_is_stable_and_spreads_consecutive_ids_over_every_rank() -> None:
@@ -80,22 +87,21 @@ def test_owner_of_is_stable_and_spreads_consecutive_ids_over_every_rank() -> Non
     assert (owner_of(ids, 1) == 0).all()
 
 
-def test_two_ranks_each_get_the_sample_weighted_gradient_sum_of_the_rows_they_own(tmp_path: Path) -> None:
+def test_two_ranks_each_get_every_ranks_gradients_of_the_rows_they_own(tmp_path: Path) -> None:
     mp.start_processes(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    seen: set[int] = set()
+    received = 0
     for rank in (0, 1):
         got = np.load(tmp_path / f"rank{rank}.npz")
-        assert int(got["total"]) == sum(SAMPLES)
         for table in DIMS:
-            ids, grads = _expected(table, rank)
-            if not len(ids):
-                assert f"{table}.ids" not in got
-                continue
-            np.testing.assert_array_equal(got[f"{table}.ids"], ids)
-            np.testing.assert_allclose(got[f"{table}.grads"], grads, rtol=1e-6)
-            assert (owner_of(ids, 2) == rank).all()
-            seen |= {hash((table, i)) for i in ids.tolist()}
-    assert len(seen) == 60 + 2  # every row sent reached exactly one owner
+            expected = _expected(table, rank)
+            assert sum(1 for key in got.files if key.startswith(f"{table}.") and key.endswith(".ids")) == len(
+                expected
+            )
+            for i, (ids, grads) in enumerate(expected):
+                np.testing.assert_array_equal(got[f"{table}.{i}.ids"], ids)
+                np.testing.assert_array_equal(got[f"{table}.{i}.grads"], grads)
+                received += len(ids)
+    assert received == 40 + 40 + 2  # every row each rank sent reached exactly one owner
 
 
 def _rows(ids: list[int], value: float) -> PullResult:
@@ -126,3 +132,23 @@ def test_a_side_read_gets_every_recorded_update_it_may_have_missed() -> None:
     got = ledger.side_read(read, {"t": ids})["t"]
     assert got.rows[:, 0].tolist() == [0.0, 5.0, 0.0]
     assert ledger.rows() == 0  # acknowledged and no read open: the entry is gone
+
+
+def test_the_owners_send_each_rank_back_the_stepped_rows_of_what_it_sent(tmp_path: Path) -> None:
+    """The inverse exchange: a rank gets every row it trained that another rank owns, as stepped there."""
+    mp.start_processes(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    for rank in (0, 1):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        for table, (ids, _) in _sent(rank).items():
+            others = np.sort(ids[owner_of(ids, 2) != rank])
+            if not len(others):
+                assert f"back.{table}.ids" not in got.files
+                continue
+            order = np.argsort(got[f"back.{table}.ids"])
+            back_ids = got[f"back.{table}.ids"][order]
+            np.testing.assert_array_equal(back_ids, others)
+            expected = others.astype(np.float32) * 10 + (1 - rank)
+            np.testing.assert_array_equal(
+                got[f"back.{table}.rows"][order], np.repeat(expected[:, None], DIMS[table], 1)
+            )
+            np.testing.assert_array_equal(got[f"back.{table}.state"][order], -others.astype(np.float32))
