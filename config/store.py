@@ -166,10 +166,10 @@ class StoreConfig(StrictModel):
     hot_cache: HotCacheConfig = Field(default_factory=HotCacheConfig)
     sparse_updates: Literal["overwrite", "compose"] = Field(
         "overwrite",
-        description="overwrite: a push writes whole rows, the last writer wins (several trainer ranks can "
-        "overwrite each other's updates to a hot row); compose: a push sends gradients and Redis applies "
-        "row-wise Adagrad to the stored row in one script call per shard batch, so concurrent updates add "
-        "up (redis backends, float32 rows, no hot_cache).",
+        description="overwrite: a push writes whole rows; in a trainer group each row has one owner rank, "
+        "which steps it with every rank's gradient and alone writes it, so no update is lost; compose: a "
+        "push sends gradients and Redis applies row-wise Adagrad to the stored row in one script call per "
+        "shard batch, so concurrent updates add up (redis backends, float32 rows, no hot_cache).",
     )
 
     _split = field_validator("urls", mode="before")(split_csv)
