@@ -260,6 +260,14 @@ class TrainingGroup:
         )
         return out.cpu(), recv_splits
 
+    def agree_min(self, value: int) -> int:
+        """The lowest ``value`` over the group (one all-reduce); alone, ``value``."""
+        if not self.distributed:
+            return value
+        box = torch.tensor([value], dtype=torch.int64, device=self._device)
+        self._collective("all-reduce", lambda: dist.all_reduce(box, op=dist.ReduceOp.MIN))
+        return int(box.item())
+
     def share_start(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
         """The leader's start state (model, optimizer, step, offsets) on every rank; None without a group."""
         if not self.distributed:

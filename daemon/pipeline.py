@@ -120,7 +120,10 @@ class TrainPipeline:
             depth=settings.push_queue_batches,
             threaded=settings.prefetch_batches > 0,
             adagrad=adagrad,
+            gated=owners is not None,
         )
+        self._last_submitted = acked
+        self._settled = acked  # the last group step this rank took part in (row owners)
         self._exhausted = False
 
     @property
@@ -184,9 +187,11 @@ class TrainPipeline:
         batches train on them as fresh as on its own rows; only the owned ones are pushed.
         """
         assert self._owners is not None
+        self._settled = max(self._settled, step)
         sent = {table: (u.ids, grads[table]) for table, u in bases.items() if len(u.ids)}
         started = time.perf_counter()
-        mine = self._owners.exchange(sent)
+        mine = self._owners.exchange(sent, durable_step=self._durable_here(step))
+        self._writer.open_gate(self._owners.group_durable)
         updates = self._owned_updates(mine, bases)
         self.metrics.owned_rows_updated.inc(sum(len(u.ids) for u in updates.values()))
         returned = self._owners.return_rows(updates)
@@ -194,7 +199,13 @@ class TrainPipeline:
         if batch is not None or updates or returned:
             self.ledger.record(step, _joined(updates, returned))
             self._writer.submit(step, batch, updates)
+            self._last_submitted = step
         return updates
+
+    def _durable_here(self, step: int) -> int:
+        """Every step before ``step`` whose pushes this rank made is durable up to this one."""
+        durable = self._writer.durable_step
+        return step - 1 if durable >= self._last_submitted else durable
 
     def _owned_updates(
         self, mine: Contributions, bases: Mapping[str, SparseUpdate]
@@ -251,7 +262,11 @@ class TrainPipeline:
         """
         self._prefetcher.stop(wait=False)  # its last poll or pull overlaps the push and flush below
         try:
-            return self._writer.drain(timeout_s)
+            drained = self._writer.drain(timeout_s)
+            if self._owners is not None:  # every rank drains here together: agree on what is durable
+                here = self._settled if drained else self._durable_here(self._settled + 1)
+                self._writer.open_gate(self._owners.group.agree_min(here))
+            return drained
         finally:
             self._prefetcher.stop()
 

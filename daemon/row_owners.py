@@ -23,7 +23,11 @@ each row one owner; Kelp does the same for the writes:
 * the owner sends the stepped rows back the way the gradients came
   (:meth:`RowOwners.return_rows`), and each rank records them in its update
   ledger: its next batches train on other ranks' rows as fresh as on its own,
-  instead of on a store copy that lags the owner's pushes and write-backs.
+  instead of on a store copy that lags the owner's pushes and write-backs;
+* a rank's offsets wait until every owner's push of that step is durable:
+  each rank reports its durable step in the exchange's first message
+  (:attr:`RowOwners.group_durable` is the lowest), so a crash of any rank
+  loses no update whose offsets were committed.
 
 :class:`~kelp.daemon.pipeline.TrainPipeline` does the applying; this module
 only decides owners and moves gradients.
@@ -84,6 +88,9 @@ class RowOwners:
         self.tables = sorted(dims)
         self.dims = dict(dims)
         self._last: _Exchanged | None = None
+        self.group_durable = 0
+        """The lowest ``durable_step`` any rank sent in the last exchange: every rank's pushes of
+        every step up to it are durable, so each rank may commit the offsets of those steps."""
 
     @property
     def rank(self) -> int:
@@ -93,13 +100,15 @@ class RowOwners:
         """bool per id: this rank writes its row (the hot tier keeps only these)."""
         return owner_of(ids, self.group.size) == self.group.rank
 
-    def exchange(self, sent: RowGrads) -> Contributions:
+    def exchange(self, sent: RowGrads, durable_step: int) -> Contributions:
         """Every rank's gradients for the rows this rank owns, per table in rank order. Every rank
         calls it once per group step, with what it trained (nothing: a rank without a batch, or
         whose step was skipped).
 
         ``sent``: this rank's admitted rows and their gradients, each the gradient of the mean loss
-        over its own batch (what a lone trainer applies).
+        over its own batch (what a lone trainer applies). ``durable_step``: every step up to it
+        that this rank pushed is durable; the lowest over the group becomes :attr:`group_durable`
+        (the same message, no extra collective).
         """
         size = self.group.size
         counts = np.zeros((size, len(self.tables)), dtype=np.int64)
@@ -121,10 +130,13 @@ class RowOwners:
                 grad_parts[d].append(g.reshape(-1))
         width = np.array([self.dims[name] for name in self.tables], dtype=np.int64)
         tables = len(self.tables)
-        got_counts, _ = self.group.all_to_all(
-            torch.from_numpy(counts.reshape(-1)), [tables] * size, [tables] * size
+        header = np.column_stack([counts, np.full(size, durable_step, dtype=np.int64)])
+        got_header, _ = self.group.all_to_all(
+            torch.from_numpy(header.reshape(-1)), [tables + 1] * size, [tables + 1] * size
         )
-        incoming = got_counts.numpy().reshape(size, tables)
+        got = got_header.numpy().reshape(size, tables + 1)
+        incoming = got[:, :tables]
+        self.group_durable = int(got[:, tables].min())
         ids_in, _ = self.group.all_to_all(
             torch.from_numpy(np.concatenate([p for parts in id_parts for p in parts]).view(np.int64)),
             counts.sum(axis=1).tolist(),

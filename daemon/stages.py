@@ -222,14 +222,22 @@ class PushWriter(_Stage):
     idle_flush_s: float = 1.0
     adagrad: RowWiseAdagrad | None = None
     """Set (``store.sparse_updates: compose``): send gradients and let the store apply this optimizer."""
+    gated: bool = False
+    """Commit a step's offsets only once :meth:`open_gate` reached it, not as soon as this rank's own
+    pushes are durable: in a trainer group with row owners, other ranks push some of this rank's
+    updates, so its offsets wait until every rank's pushes of that step are durable."""
 
     def __post_init__(self) -> None:
         self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=self.depth)
         self._error: BaseException | None = None
         self._not_durable: list[_Pending] = []
+        self._durable: list[_Pending] = []  # durable here, offsets waiting for the gate
         self._last_ticket = 0
         self._thread: threading.Thread | None = None
         self.committed_step = self.ledger.acked
+        self.durable_step = self.ledger.acked
+        """Every step up to this one that this writer pushed is durable (read by the training thread)."""
+        self._gate: int | None = self.ledger.acked if self.gated else None
 
     def start(self) -> None:
         if self.threaded:
@@ -262,8 +270,20 @@ class PushWriter(_Stage):
                 continue
         self.metrics.queue_depth.labels(queue="push").set(self._queue.qsize())
 
+    def open_gate(self, step: int) -> None:
+        """Offsets of steps up to ``step`` may be committed once durable here (``gated`` writers).
+
+        The writer thread commits them at its next push or idle flush; once it has stopped
+        (after :meth:`drain`) the caller's thread commits them at once.
+        """
+        self._gate = step if self._gate is None else max(self._gate, step)
+        if self._thread is None or not self._thread.is_alive():
+            self._commit_ready()
+
     def drain(self, timeout_s: float) -> bool:
-        """Push, flush and commit everything submitted; False if that did not finish in ``timeout_s``."""
+        """Push, flush and commit everything submitted; False if that did not finish in ``timeout_s``.
+
+        A ``gated`` writer commits only up to its gate; :meth:`open_gate` commits the rest."""
         deadline = time.monotonic() + timeout_s
         if self._thread is not None:
             while True:
@@ -323,21 +343,36 @@ class PushWriter(_Stage):
         return self.guard.call("push", lambda: self.store.apply_adagrad_many(payload, lr, eps))
 
     def _commit_durable(self, force: bool) -> None:
-        """Commit every batch pushed so far whose push the store says is durable.
+        """Commit every batch pushed so far whose push the store says is durable (and, ``gated``,
+        whose step the gate has reached).
 
         The only place offsets are committed. ``force`` (the drain) makes the
         store write everything buffered first.
         """
-        if not self._not_durable:
-            return
-        through = self.guard.call("push", lambda: self.store.durable_through(force=force))
-        done = 0  # a prefix: tickets rise in the order batches were pushed
-        while done < len(self._not_durable) and self._not_durable[done].ticket <= through:
-            done += 1
-        if not done:
+        if self._not_durable:
+            through = self.guard.call("push", lambda: self.store.durable_through(force=force))
+            done = 0  # a prefix: tickets rise in the order batches were pushed
+            while done < len(self._not_durable) and self._not_durable[done].ticket <= through:
+                done += 1
+            if done:
+                self._durable.extend(self._not_durable[:done])
+                del self._not_durable[:done]
+                self.durable_step = self._durable[-1].step
+        self._commit_ready()
+
+    def _commit_ready(self) -> None:
+        gate = self._gate
+        ready = len(self._durable)
+        if gate is not None:
+            ready = 0
+            while ready < len(self._durable) and self._durable[ready].step <= gate:
+                ready += 1
+        if not ready:
             return
         started = time.perf_counter()
-        durable, self._not_durable = self._not_durable[:done], self._not_durable[done:]
-        self.source.commit([r for item in durable if item.batch is not None for r in item.batch.sources])
+        durable, self._durable = self._durable[:ready], self._durable[ready:]
+        ranges = [r for item in durable if item.batch is not None for r in item.batch.sources]
+        if ranges:
+            self.source.commit(ranges)
         self.committed_step = durable[-1].step
         self.metrics.stage_seconds.labels(stage="commit").observe(time.perf_counter() - started)

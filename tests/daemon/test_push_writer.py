@@ -32,10 +32,19 @@ class RecordingSource:
         self.commits.append([r.first_offset for r in ranges])
 
 
-def _writer(store: EmbeddingStore, source: RecordingSource) -> PushWriter:
+def _writer(store: EmbeddingStore, source: RecordingSource, *, gated: bool = False) -> PushWriter:
     metrics = TrainerMetrics(CollectorRegistry())
     guard = OutageGuard(1.0, metrics, policy=outage_policy(1.0, sleep=lambda _s: None))
-    return PushWriter(source, store, UpdateLedger(), guard=guard, metrics=metrics, depth=1, threaded=False)  # type: ignore[arg-type]
+    return PushWriter(
+        source,  # type: ignore[arg-type]
+        store,
+        UpdateLedger(),
+        guard=guard,
+        metrics=metrics,
+        depth=1,
+        threaded=False,
+        gated=gated,
+    )
 
 
 def _submit(writer: PushWriter, step: int, ids: np.ndarray) -> None:
@@ -117,3 +126,17 @@ def test_an_idle_writer_still_commits_after_the_time_bound() -> None:
         time.sleep(0.01)
     assert source.commits == [[10]] and cache.dirty_rows() == 0  # no second batch was needed
     assert writer.drain(timeout_s=5.0)
+
+
+def test_a_gated_writer_commits_a_durable_step_only_once_the_gate_reaches_it() -> None:
+    """A trainer group's row owners push some of this rank's updates: its offsets wait for the group."""
+    source = RecordingSource()
+    writer = _writer(MemoryStore([TableSpec(name="t", dim=2)]), source, gated=True)
+    for step in (1, 2, 3):
+        _submit(writer, step, np.arange(3, dtype=np.uint64))
+    assert writer.durable_step == 3 and source.commits == [] and writer.committed_step == 0
+    writer.open_gate(2)
+    assert source.commits == [[10, 20]] and writer.committed_step == 2
+    writer.submit(4, None, {})  # a step this rank trained no batch in: nothing to commit for it
+    writer.open_gate(4)
+    assert source.commits == [[10, 20], [30]] and writer.committed_step == 4

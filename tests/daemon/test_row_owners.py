@@ -44,8 +44,8 @@ def _rank_main(rank: int, port: int, out: str) -> None:
     group.start(torch.nn.Linear(1, 1), torch.device("cpu"))
     try:
         owners = RowOwners(group, DIMS)
-        got = owners.exchange(_sent(rank))
-        arrays = {}
+        got = owners.exchange(_sent(rank), durable_step=10 + rank)
+        arrays = {"group_durable": np.array(owners.group_durable)}
         for table, parts in got.items():
             for i, (ids, grads) in enumerate(parts):
                 arrays[f"{table}.{i}.ids"], arrays[f"{table}.{i}.grads"] = ids, grads
@@ -92,6 +92,7 @@ def test_two_ranks_each_get_every_ranks_gradients_of_the_rows_they_own(tmp_path:
     received = 0
     for rank in (0, 1):
         got = np.load(tmp_path / f"rank{rank}.npz")
+        assert int(got["group_durable"]) == 10  # the lowest durable step any rank reported
         for table in DIMS:
             expected = _expected(table, rank)
             assert sum(1 for key in got.files if key.startswith(f"{table}.") and key.endswith(".ids")) == len(

@@ -172,9 +172,17 @@ def test_kill_9_of_one_rank_restarts_the_group_and_loses_nothing(
     cfg = load_config(config)
     log_path = tmp_path / "group.log"
     proc = _launch(config, log_path, max_restarts=3)
+    killed = threading.Event()
+
+    def messages():  # the second half waits for the kill, so the restarted group has records to train
+        for i, message in enumerate(file_messages(CRITEO, "criteo_tsv", 1)):
+            if i == CRITEO_ROWS // 2:
+                killed.wait(120)
+            yield message
+
     producer = threading.Thread(  # records keep arriving while a rank dies
         target=produce,
-        args=({"bootstrap_servers": kafka_broker.bootstrap}, topic, file_messages(CRITEO, "criteo_tsv", 1)),
+        args=({"bootstrap_servers": kafka_broker.bootstrap}, topic, messages()),
         kwargs={"rate": 300.0, "quiet": True},
         daemon=True,
     )
@@ -191,6 +199,7 @@ def test_kill_9_of_one_rank_restarts_the_group_and_loses_nothing(
         victim = _workers(proc)[-1]
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
+        killed.set()
         rejoined = lambda: log_path.read_text().count("joined the trainer group") >= 4  # noqa: E731
         wait_for(rejoined, 90, "the group to restart")
         restarted_s = time.monotonic() - killed_at
@@ -198,6 +207,7 @@ def test_kill_9_of_one_rank_restarts_the_group_and_loses_nothing(
         assert proc.poll() is None, log_path.read_text()[-3000:]
         assert _stop(proc) == 0, log_path.read_text()[-3000:]
     finally:
+        killed.set()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         producer.join(30)
