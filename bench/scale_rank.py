@@ -75,7 +75,8 @@ class RowTrace:
         written = time.monotonic()
         table = next(iter(payload))
         pushed = payload[table][0]
-        found = [np.isin(pushed, pulled.get(table, ())) for _, pulled in self._pulls]
+        queued = list(self._pulls)  # a snapshot: the prefetch thread appends while this one reads
+        found = [np.isin(pushed, pulled.get(table, ())) for _, pulled in queued]
         # Its own batch's pull holds every row a push writes; a row owner's push also holds rows
         # other ranks trained, so for it the batch is the first pull that shares some.
         match = next((i for i, inside in enumerate(found) if inside.all()), None)
@@ -83,7 +84,7 @@ class RowTrace:
             match = next((i for i, inside in enumerate(found) if inside.any()), None)
         read = written
         if match is not None:
-            read = self._pulls[match][0]
+            read = queued[match][0]
             for _ in range(match + 1):
                 self._pulls.popleft()
         for name, update in payload.items():
