@@ -40,8 +40,9 @@ from kelp.consumers.base import Source
 from kelp.consumers.batch import MicroBatch
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
-from kelp.daemon.row_owners import Contributions, RowOwners
+from kelp.daemon.row_owners import Contributions, RowOwners, SentRows
 from kelp.daemon.stages import END, Prefetcher, Prepared, PushWriter
+from kelp.daemon.written_rows import WrittenRows
 from kelp.store.base import EmbeddingStore
 from kelp.store.rows.id_sets import shared
 from kelp.trainer.metrics import TrainerMetrics
@@ -124,6 +125,7 @@ class TrainPipeline:
         )
         self._last_submitted = acked
         self._settled = acked  # the last group step this rank took part in (row owners)
+        self._written = WrittenRows() if owners is not None else None
         self._exhausted = False
 
     @property
@@ -188,7 +190,7 @@ class TrainPipeline:
         """
         assert self._owners is not None
         self._settled = max(self._settled, step)
-        sent = {table: (u.ids, grads[table]) for table, u in bases.items() if len(u.ids)}
+        sent = {t: SentRows(u.ids, grads[t], u.rows, u.state) for t, u in bases.items() if len(u.ids)}
         started = time.perf_counter()
         mine = self._owners.exchange(sent, durable_step=self._durable_here(step))
         self._writer.open_gate(self._owners.group_durable)
@@ -212,17 +214,18 @@ class TrainPipeline:
     ) -> dict[str, SparseUpdate]:
         """Each owned row stepped by every rank's gradient in turn (row-wise Adagrad, rank order).
 
-        The row starts as this rank's own trained copy where it had one (exact: it is the only
-        writer, and the ledger patched the pull), else as one read of the store now, patched by
-        the ledger too.
+        The row starts as an exact copy, because this rank is its only writer:
+        * this rank's own trained copy where it had one (the ledger patched the pull);
+        * else, for a row it has never written in this process, the copy the first sending rank
+          trained on: the store still holds what it held before the group started;
+        * else one read of the store now, patched by the ledger: its last write may have reached
+          the store after the sender read it (:mod:`kelp.daemon.written_rows`).
         """
-        assert self._owners is not None
-        ids_of = {
-            table: np.unique(np.concatenate([ids for ids, _ in parts])) for table, parts in mine.items()
-        }
+        assert self._owners is not None and self._written is not None
+        ids_of = {table: np.unique(np.concatenate([p.ids for p in parts])) for table, parts in mine.items()}
         rows: dict[str, np.ndarray] = {}
         state: dict[str, np.ndarray] = {}
-        missing: dict[str, np.ndarray] = {}  # positions of rows this rank did not train itself
+        reread: dict[str, np.ndarray] = {}  # positions of rows whose copy must come from the store
         for table, ids in ids_of.items():
             rows[table] = np.empty((len(ids), self._owners.dims[table]), dtype=np.float32)
             state[table] = np.empty(len(ids), dtype=np.float32)
@@ -233,24 +236,36 @@ class TrainPipeline:
                 rows[table][at_mine] = base.rows[at_base]
                 state[table][at_mine] = base.state[at_base]
                 have[at_mine] = True
-            if not have.all():
-                missing[table] = np.flatnonzero(~have)
-        if missing:
-            need = {table: ids_of[table][at] for table, at in missing.items()}
+            missing = np.flatnonzero(~have)
+            if not len(missing):
+                continue
+            written = self._written.maybe(table, ids[missing])
+            for part in reversed(mine[table]):  # the first sender's copy is written last, so it wins
+                at = np.searchsorted(ids, part.ids)
+                take = ~have[at] & ~np.isin(at, missing[written], assume_unique=True)
+                rows[table][at[take]] = part.rows[take]
+                state[table][at[take]] = part.state[take]
+            if written.any():
+                reread[table] = missing[written]
+        if reread:
+            need = {table: ids_of[table][at] for table, at in reread.items()}
             self.metrics.owned_rows_read.inc(sum(len(ids) for ids in need.values()))
             read = self.ledger.side_read(
                 lambda: self._guard.call("pull", lambda: self._store.pull_many(need, count=False)), need
             )
-            for table, at in missing.items():
+            for table, at in reread.items():
                 rows[table][at] = read[table].rows
                 state[table][at] = read[table].state
         out: dict[str, SparseUpdate] = {}
         for table, parts in mine.items():
             table_rows, table_state = torch.from_numpy(rows[table]), torch.from_numpy(state[table])
-            for ids, grad in parts:
-                at = torch.from_numpy(np.searchsorted(ids_of[table], ids))
-                stepped = self._adagrad.step(table_rows[at], table_state[at], torch.from_numpy(grad))
-                table_rows[at], table_state[at] = stepped
+            for part in parts:
+                at_t = torch.from_numpy(np.searchsorted(ids_of[table], part.ids))
+                stepped = self._adagrad.step(
+                    table_rows[at_t], table_state[at_t], torch.from_numpy(part.grads)
+                )
+                table_rows[at_t], table_state[at_t] = stepped
+            self._written.add(table, ids_of[table])
             out[table] = SparseUpdate(ids=ids_of[table], rows=rows[table], state=state[table])
         return out
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -44,14 +45,24 @@ import torch
 from kelp.daemon.group import TrainingGroup
 from kelp.trainer.optim import SparseUpdate
 
-__all__ = ["Contributions", "RowGrads", "RowOwners", "owner_of"]
+__all__ = ["Contributions", "RowOwners", "SentRows", "owner_of"]
 
-RowGrads = Mapping[str, tuple[np.ndarray, np.ndarray]]
-"""Per table: ``(ids uint64[K], grads f32[K, dim])``."""
 
-Contributions = dict[str, list[tuple[np.ndarray, np.ndarray]]]
-"""Per table, each sending rank's ``(ids, grads)`` for rows this rank owns, in rank order (only
-ranks that sent some)."""
+class SentRows(NamedTuple):
+    """One table's rows a rank trained, as it sends them to their owners.
+
+    ``ids`` uint64[K]; ``grads`` f32[K, dim]; ``rows`` f32[K, dim] and ``state`` f32[K]: the
+    copy it trained on, which its owner may step from (see :class:`~kelp.daemon.written_rows.WrittenRows`).
+    """
+
+    ids: np.ndarray
+    grads: np.ndarray
+    rows: np.ndarray
+    state: np.ndarray
+
+
+Contributions = dict[str, list[SentRows]]
+"""Per table, each sending rank's rows that this rank owns, in rank order (only ranks that sent some)."""
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: consecutive ids spread over every rank
 _SHIFT = np.uint64(32)
@@ -100,35 +111,41 @@ class RowOwners:
         """bool per id: this rank writes its row (the hot tier keeps only these)."""
         return owner_of(ids, self.group.size) == self.group.rank
 
-    def exchange(self, sent: RowGrads, durable_step: int) -> Contributions:
-        """Every rank's gradients for the rows this rank owns, per table in rank order. Every rank
-        calls it once per group step, with what it trained (nothing: a rank without a batch, or
-        whose step was skipped).
+    def exchange(self, sent: Mapping[str, SentRows], durable_step: int) -> Contributions:
+        """Every rank's rows that this rank owns, per table in rank order. Every rank calls it once
+        per group step, with what it trained (nothing: a rank without a batch, or whose step was
+        skipped).
 
-        ``sent``: this rank's admitted rows and their gradients, each the gradient of the mean loss
-        over its own batch (what a lone trainer applies). ``durable_step``: every step up to it
-        that this rank pushed is durable; the lowest over the group becomes :attr:`group_durable`
-        (the same message, no extra collective).
+        ``sent``: this rank's admitted rows, their gradients (each the gradient of the mean loss
+        over its own batch, what a lone trainer applies) and the rows it trained on.
+        ``durable_step``: every step up to it that this rank pushed is durable; the lowest over the
+        group becomes :attr:`group_durable` (the same message, no extra collective).
         """
         size = self.group.size
         counts = np.zeros((size, len(self.tables)), dtype=np.int64)
         id_parts: list[list[np.ndarray]] = [[] for _ in range(size)]
-        grad_parts: list[list[np.ndarray]] = [[] for _ in range(size)]
+        value_parts: list[list[np.ndarray]] = [[] for _ in range(size)]
         for t, name in enumerate(self.tables):
-            ids, grads = sent.get(name, (np.zeros(0, np.uint64), np.zeros((0, self.dims[name]), np.float32)))
-            dest = owner_of(ids, size)
+            rows = sent.get(name)
+            if rows is None:  # every table keeps its place in each destination's list
+                for d in range(size):
+                    id_parts[d].append(np.zeros(0, np.uint64))
+                    value_parts[d].append(np.zeros(0, np.float32))
+                continue
+            dest = owner_of(rows.ids, size)
             order = np.argsort(dest, kind="stable")
             counts[:, t] = np.bincount(dest, minlength=size)
             cuts = np.cumsum(counts[:, t])[:-1]
+            values = np.column_stack([rows.grads, rows.rows, rows.state]).astype(np.float32, copy=False)
             by_dest = zip(
-                np.split(np.asarray(ids, np.uint64)[order], cuts),
-                np.split(np.asarray(grads, np.float32)[order], cuts),
+                np.split(np.asarray(rows.ids, np.uint64)[order], cuts),
+                np.split(values[order], cuts),
                 strict=True,
             )
-            for d, (i, g) in enumerate(by_dest):
+            for d, (i, v) in enumerate(by_dest):
                 id_parts[d].append(i)
-                grad_parts[d].append(g.reshape(-1))
-        width = np.array([self.dims[name] for name in self.tables], dtype=np.int64)
+                value_parts[d].append(v.reshape(-1))
+        width = np.array([2 * self.dims[name] + 1 for name in self.tables], dtype=np.int64)
         tables = len(self.tables)
         header = np.column_stack([counts, np.full(size, durable_step, dtype=np.int64)])
         got_header, _ = self.group.all_to_all(
@@ -138,18 +155,18 @@ class RowOwners:
         incoming = got[:, :tables]
         self.group_durable = int(got[:, tables].min())
         ids_in, _ = self.group.all_to_all(
-            torch.from_numpy(np.concatenate([p for parts in id_parts for p in parts]).view(np.int64)),
+            torch.from_numpy(_flat([p for parts in id_parts for p in parts], np.uint64).view(np.int64)),
             counts.sum(axis=1).tolist(),
             incoming.sum(axis=1).tolist(),
         )
-        grads_in, _ = self.group.all_to_all(
-            torch.from_numpy(np.concatenate([p for parts in grad_parts for p in parts])),
+        values_in, _ = self.group.all_to_all(
+            torch.from_numpy(_flat([p for parts in value_parts for p in parts], np.float32)),
             (counts @ width).tolist(),
             (incoming @ width).tolist(),
         )
         received = ids_in.numpy().view(np.uint64)
         self._last = _Exchanged(counts, id_parts, incoming, received)
-        return self._split(incoming, received, grads_in.numpy())
+        return self._split(incoming, received, values_in.numpy())
 
     def return_rows(self, stepped: Mapping[str, SparseUpdate]) -> dict[str, SparseUpdate]:
         """The owners' new rows and state of what this rank sent in the last :meth:`exchange`, from
@@ -197,16 +214,24 @@ class RowOwners:
             )
         return out
 
-    def _split(self, counts: np.ndarray, ids: np.ndarray, grads: np.ndarray) -> Contributions:
-        """The received ids and flat gradients (rank-major, then table) as each table's per-rank parts."""
+    def _split(self, counts: np.ndarray, ids: np.ndarray, values: np.ndarray) -> Contributions:
+        """The received ids and flat values (rank-major, then table) as each table's per-rank parts."""
         out: Contributions = {}
-        at_id = at_grad = 0
+        at_id = at_value = 0
         for rank_counts in counts:
             for name, n in zip(self.tables, rank_counts.tolist(), strict=True):
                 dim = self.dims[name]
+                width = 2 * dim + 1
                 if n:
-                    part = (ids[at_id : at_id + n], grads[at_grad : at_grad + n * dim].reshape(n, dim))
+                    block = values[at_value : at_value + n * width].reshape(n, width)
+                    part = SentRows(
+                        ids[at_id : at_id + n], block[:, :dim], block[:, dim : 2 * dim], block[:, -1]
+                    )
                     out.setdefault(name, []).append(part)
                 at_id += n
-                at_grad += n * dim
+                at_value += n * width
         return out
+
+
+def _flat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)

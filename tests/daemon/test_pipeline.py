@@ -22,7 +22,7 @@ from kelp.consumers import build_source
 from kelp.daemon.group import TrainingGroup, launched_world
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import TrainPipeline
-from kelp.daemon.row_owners import RowOwners
+from kelp.daemon.row_owners import RowOwners, SentRows
 from kelp.store import EmbeddingStore, build_store
 from kelp.trainer import TrainStep, build_model
 from kelp.trainer.metrics import TrainerMetrics
@@ -156,9 +156,13 @@ def test_row_owners_of_a_world_of_one_store_what_the_plain_step_stores(tmp_path:
         np.testing.assert_allclose(owned[table], plain[table], rtol=1e-5, atol=1e-6)
 
 
-def test_an_owner_steps_a_row_once_per_ranks_gradient_from_its_own_copy_or_a_read(tmp_path: Path) -> None:
-    """Two ranks' gradients of one row: two Adagrad steps in rank order. A row this rank did not train
-    starts from the store's row (a side read); one it trained starts from its own copy."""
+@pytest.mark.parametrize("written_before", [False, True])
+def test_an_owner_steps_a_row_once_per_ranks_gradient_from_an_exact_copy(
+    tmp_path: Path, written_before: bool
+) -> None:
+    """Two ranks' gradients of one row: two Adagrad steps in rank order. A row this rank trained
+    starts from its own copy. One only the other rank trained starts from that rank's copy if this
+    rank never wrote it (the store still holds what the sender read), else from a read of the store."""
     stores: list[EmbeddingStore] = []
     with started_pipeline(tmp_path, 0, owned=True, stores=stores) as pipeline:
         store, table = stores[0], "C1"
@@ -168,22 +172,34 @@ def test_an_owner_steps_a_row_once_per_ranks_gradient_from_its_own_copy_or_a_rea
         store.push(
             table, np.array([7], np.uint64), np.full((1, dim), 2.0, np.float32), np.ones(1, np.float32)
         )
+        if written_before:
+            pipeline._written.add(table, np.array([7], np.uint64))  # type: ignore[union-attr]
         own = SparseUpdate(
             np.array([5], np.uint64), np.full((1, dim), 1.0, np.float32), np.zeros(1, np.float32)
         )
         g0, g1 = np.full((1, dim), 0.5, np.float32), np.full((1, dim), -0.25, np.float32)
+        theirs = np.full((2, dim), 3.0, np.float32)  # the other rank's copies of rows 5 and 7
         mine = {
-            table: [(np.array([5], np.uint64), g0), (np.array([5, 7], np.uint64), np.concatenate([g1, g1]))]
+            table: [
+                SentRows(np.array([5], np.uint64), g0, own.rows, own.state),
+                SentRows(
+                    np.array([5, 7], np.uint64), np.concatenate([g1, g1]), theirs, np.full(2, 4.0, np.float32)
+                ),
+            ]
         }
+        reads = pipeline.metrics.owned_rows_read._value.get()
         got = pipeline._owned_updates(mine, {table: own})[table]
         adagrad = pipeline.step.sparse_optimizer
         row, state = torch.ones(1, dim), torch.zeros(1)
         for g in (g0, g1):
             row, state = adagrad.step(row, state, torch.from_numpy(g))
-        stored_row, stored_state = adagrad.step(
-            torch.full((1, dim), 2.0), torch.ones(1), torch.from_numpy(g1)
+        start_row, start_state = (2.0, 1.0) if written_before else (3.0, 4.0)
+        other_row, other_state = adagrad.step(
+            torch.full((1, dim), start_row), torch.full((1,), start_state), torch.from_numpy(g1)
         )
         assert got.ids.tolist() == [5, 7]
-        np.testing.assert_allclose(got.rows, torch.cat([row, stored_row]).numpy(), rtol=1e-6)
-        np.testing.assert_allclose(got.state, torch.cat([state, stored_state]).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(got.rows, torch.cat([row, other_row]).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(got.state, torch.cat([state, other_state]).numpy(), rtol=1e-6)
+        assert pipeline.metrics.owned_rows_read._value.get() - reads == (1 if written_before else 0)
+        assert pipeline._written.maybe(table, np.array([5, 7], np.uint64)).all()  # type: ignore[union-attr]
         assert pipeline.drain(30.0)

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from kelp.config import DistributedConfig
 from kelp.daemon.group import TrainingGroup, World
 from kelp.daemon.ledger import UpdateLedger
-from kelp.daemon.row_owners import RowOwners, owner_of
+from kelp.daemon.row_owners import RowOwners, SentRows, owner_of
 from kelp.harness import free_port
 from kelp.store.base import PullResult
 from kelp.trainer.metrics import TrainerMetrics
@@ -25,14 +25,19 @@ from kelp.trainer.optim import SparseUpdate
 DIMS = {"a": 2, "b": 3}
 
 
-def _sent(rank: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """What each rank sends: overlapping ids in table a, table b only on rank 1."""
+def _sent(rank: int) -> dict[str, SentRows]:
+    """What each rank sends: overlapping ids in table a, table b only on rank 1; its copies are
+    ``id + 0.5`` with state ``id``."""
     ids = {0: np.arange(0, 40, dtype=np.uint64), 1: np.arange(20, 60, dtype=np.uint64)}[rank]
-    grads = np.arange(len(ids) * 2, dtype=np.float32).reshape(-1, 2) + 100 * rank
-    out = {"a": (ids, grads)}
+    out = {"a": _rows_of(ids, np.arange(len(ids) * 2, dtype=np.float32).reshape(-1, 2) + 100 * rank)}
     if rank == 1:
-        out["b"] = (np.array([7, 8], dtype=np.uint64), np.ones((2, 3), np.float32))
+        out["b"] = _rows_of(np.array([7, 8], dtype=np.uint64), np.ones((2, 3), np.float32))
     return out
+
+
+def _rows_of(ids: np.ndarray, grads: np.ndarray) -> SentRows:
+    copy = np.repeat(ids.astype(np.float32)[:, None] + 0.5, grads.shape[1], axis=1)
+    return SentRows(ids, grads, copy, ids.astype(np.float32))
 
 
 def _rank_main(rank: int, port: int, out: str) -> None:
@@ -47,8 +52,9 @@ def _rank_main(rank: int, port: int, out: str) -> None:
         got = owners.exchange(_sent(rank), durable_step=10 + rank)
         arrays = {"group_durable": np.array(owners.group_durable)}
         for table, parts in got.items():
-            for i, (ids, grads) in enumerate(parts):
-                arrays[f"{table}.{i}.ids"], arrays[f"{table}.{i}.grads"] = ids, grads
+            for i, part in enumerate(parts):
+                for field in SentRows._fields:
+                    arrays[f"{table}.{i}.{field}"] = getattr(part, field)
         returned = owners.return_rows({table: _stepped(table, parts, rank) for table, parts in got.items()})
         for table, update in returned.items():
             arrays[f"back.{table}.ids"], arrays[f"back.{table}.rows"] = update.ids, update.rows
@@ -58,22 +64,22 @@ def _rank_main(rank: int, port: int, out: str) -> None:
         group.close()
 
 
-def _stepped(table: str, parts: list[tuple[np.ndarray, np.ndarray]], owner: int) -> SparseUpdate:
+def _stepped(table: str, parts: list[SentRows], owner: int) -> SparseUpdate:
     """An owner's stepped rows, made recognisable: each value is ``id * 10 + owner``, state ``-id``."""
-    ids = np.unique(np.concatenate([i for i, _ in parts]))
+    ids = np.unique(np.concatenate([p.ids for p in parts]))
     value = ids.astype(np.float32) * 10 + owner
     return SparseUpdate(ids, np.repeat(value[:, None], DIMS[table], axis=1), -ids.astype(np.float32))
 
 
-def _expected(table: str, owner: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _expected(table: str, owner: int) -> list[SentRows]:
     """Each sending rank's rows of ``table`` that ``owner`` owns, in rank order (ranks with none left out)."""
     parts = []
     for r in (0, 1):
         if table in _sent(r):
-            ids, grads = _sent(r)[table]
-            mine = owner_of(ids, 2) == owner
+            sent = _sent(r)[table]
+            mine = owner_of(sent.ids, 2) == owner
             if mine.any():
-                parts.append((ids[mine], grads[mine]))
+                parts.append(SentRows(*(a[mine] for a in sent)))
     return parts
 
 
@@ -87,7 +93,7 @@ def test_owner_of_is_stable_and_spreads_consecutive_ids_over_every_rank() -> Non
     assert (owner_of(ids, 1) == 0).all()
 
 
-def test_two_ranks_each_get_every_ranks_gradients_of_the_rows_they_own(tmp_path: Path) -> None:
+def test_two_ranks_each_get_every_ranks_gradients_and_copies_of_the_rows_they_own(tmp_path: Path) -> None:
     mp.start_processes(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     received = 0
     for rank in (0, 1):
@@ -98,10 +104,10 @@ def test_two_ranks_each_get_every_ranks_gradients_of_the_rows_they_own(tmp_path:
             assert sum(1 for key in got.files if key.startswith(f"{table}.") and key.endswith(".ids")) == len(
                 expected
             )
-            for i, (ids, grads) in enumerate(expected):
-                np.testing.assert_array_equal(got[f"{table}.{i}.ids"], ids)
-                np.testing.assert_array_equal(got[f"{table}.{i}.grads"], grads)
-                received += len(ids)
+            for i, part in enumerate(expected):
+                for field in SentRows._fields:  # the ids, gradients and the sender's copies
+                    np.testing.assert_array_equal(got[f"{table}.{i}.{field}"], getattr(part, field))
+                received += len(part.ids)
     assert received == 40 + 40 + 2  # every row each rank sent reached exactly one owner
 
 
@@ -140,7 +146,7 @@ def test_the_owners_send_each_rank_back_the_stepped_rows_of_what_it_sent(tmp_pat
     mp.start_processes(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     for rank in (0, 1):
         got = np.load(tmp_path / f"rank{rank}.npz")
-        for table, (ids, _) in _sent(rank).items():
+        for table, (ids, *_) in _sent(rank).items():
             others = np.sort(ids[owner_of(ids, 2) != rank])
             if not len(others):
                 assert f"back.{table}.ids" not in got.files
