@@ -200,7 +200,7 @@ class TrainPipeline:
         self.metrics.row_exchange_seconds.observe(time.perf_counter() - started)
         if batch is not None or updates or returned:
             self.ledger.record(step, _joined(updates, returned))
-            self._writer.submit(step, batch, updates)
+            self._writer.submit(step, batch, updates, refresh=returned)
             self._last_submitted = step
         return updates
 

@@ -202,6 +202,8 @@ class _Pending:
     ticket: int = 0
     """The store's ticket for this step's push; a step with nothing to push takes the last one issued
     (it is durable once every earlier push is)."""
+    refresh: Mapping[str, SparseUpdate] | None = None
+    """Rows other ranks own, as their owners stepped them: the store's copies take them (row owners)."""
 
 
 @dataclass(eq=False)
@@ -255,9 +257,15 @@ class PushWriter(_Stage):
         batch: MicroBatch | None,
         updates: Mapping[str, SparseUpdate],
         grads: Mapping[str, np.ndarray] | None = None,
+        *,
+        refresh: Mapping[str, SparseUpdate] | None = None,
     ) -> None:
-        """Queue a trained step (its row grads too, for ``adagrad``); blocks while ``depth`` are in flight."""
-        item = _Pending(step, batch, updates, grads or {})
+        """Queue a trained step (its row grads too, for ``adagrad``); blocks while ``depth`` are in flight.
+
+        ``refresh``: rows other ranks own as they stepped them, for the store's copies
+        (:meth:`~kelp.store.base.EmbeddingStore.refresh`), before the step is acknowledged.
+        """
+        item = _Pending(step, batch, updates, grads or {}, refresh=refresh)
         if self._thread is None:
             self._write(item)
             return
@@ -324,6 +332,8 @@ class PushWriter(_Stage):
         if ticket is not None:
             self._last_ticket = ticket
         item.ticket = self._last_ticket
+        if item.refresh:
+            self.store.refresh({t: (u.ids, u.rows, u.state) for t, u in item.refresh.items()})
         self.metrics.stage_seconds.labels(stage="push").observe(time.perf_counter() - started)
         self.ledger.acknowledge(item.step)  # readable by any pull that begins from now on
         self.metrics.inflight_rows.set(self.ledger.rows())

@@ -215,9 +215,9 @@ class TrainDaemon:
             tables = cfg.features.store_tables()
             size = self.group.size
             owners = self._row_owners()
-            hot_rows = owners.owned if owners is not None else None
+            owned_rows = owners.owned if owners is not None else None
             with build_store(
-                cfg.store, tables, cfg.deployment, self.registry, trainers=size, hot_rows=hot_rows
+                cfg.store, tables, cfg.deployment, self.registry, trainers=size, owned_rows=owned_rows
             ) as built:
                 store = built if self._wrap_store is None else self._wrap_store(built)
                 self._build_model()

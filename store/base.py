@@ -225,6 +225,12 @@ class EmbeddingStore(Closeable, abc.ABC):
         """
         raise NotImplementedError(f"store backend {self.backend!r} cannot apply updates in place")
 
+    def refresh(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Rows another writer has just written (``{table: (ids, rows, state)}``): a store that keeps
+        copies of rows (the hot tier) takes these where it holds one. A trainer group's rank calls it
+        with the rows their owners stepped and sent back. Stores without copies have nothing to do."""
+        return None
+
     @abc.abstractmethod
     def delete(self, table: str, ids: np.ndarray) -> int:
         """Remove stored rows (and admission counters); returns how many rows existed."""

@@ -88,15 +88,15 @@ def build_store(
     registry: CollectorRegistry | None = None,
     *,
     trainers: int | None = None,
-    hot_rows: Callable[[np.ndarray], np.ndarray] | None = None,
+    owned_rows: Callable[[np.ndarray], np.ndarray] | None = None,
     **kwargs: Any,
 ) -> EmbeddingStore:
     """The configured backend, wrapped in the hot tier when ``store_cfg.hot_tier(trainers)``
     (``trainers``: the size of the trainer group the store is for; None: not for training, so
     ``hot_cache.enabled: auto`` means off; the trainer daemon passes its group's size).
 
-    ``hot_rows``: which ids' rows the tier may keep (bool per id; a trainer group's rank keeps the
-    rows it owns, :mod:`kelp.daemon.row_owners`); None: any.
+    ``owned_rows``: which ids' rows this trainer writes (bool per id; a trainer group's rank writes the
+    rows it owns, :mod:`kelp.daemon.row_owners`), for the tier's staleness rule; None: all.
     ``kwargs`` go to the backend (``retry=RetryPolicy(...)``, ``initial_state=``, ``seed=``).
     Raises :class:`~kelp.errors.ConfigError` (one line per problem) for what
     :func:`check_store_config` reports.
@@ -112,5 +112,5 @@ def build_store(
     if store_cfg.hot_tier(trainers):
         from kelp.store.hot.tier import HotRowCache
 
-        store = HotRowCache(store, store_cfg.hot_cache, keep=hot_rows)
+        store = HotRowCache(store, store_cfg.hot_cache, owned=owned_rows)
     return store

@@ -37,7 +37,10 @@ Rules it keeps:
 * **bounded staleness of the tier's copy.** A clean row read from the store more
   than ``max_staleness_s`` ago is re-read before use, so another writer's
   updates (another trainer, ``kelp store delete``, a TTL expiry) are seen at most
-  that late. A dirty row is kept until its own update was written back.
+  that late. A dirty row is kept until its own update was written back. In a
+  trainer group (``owned``) a row another rank writes is re-read after
+  ``writeback_interval_s`` instead, and between reads it takes the values its
+  owner sends back after each step this rank trained it (:meth:`HotRowCache.refresh`).
 * only admitted rows enter the tier; pulls of other ids go to the store every
   time, so admission counting still sees them.
 * **only finite rows.** Rows enter the tier from the store's pull, which never
@@ -176,8 +179,10 @@ class HotRowCache(EmbeddingStore):
     """Wraps ``inner``; same interface. One per trainer process (not shared between processes).
 
     ``clock`` is monotonic seconds (write-back interval and staleness); tests pass their own.
-    ``keep``: which ids' rows may enter (bool per id), None for any. In a trainer group each rank
-    keeps only the rows it writes: a copy of another rank's row would go stale here unseen.
+    ``owned``: which ids' rows this trainer writes (bool per id), None for all. In a trainer group
+    another rank writes the rest; their copies here are kept fresh by :meth:`refresh` when this
+    rank trains them, and are re-read after ``writeback_interval_s`` (the owner's own write-back
+    bound) instead of ``max_staleness_s`` otherwise.
     """
 
     def __init__(
@@ -187,10 +192,10 @@ class HotRowCache(EmbeddingStore):
         *,
         clock: Callable[[], float] = time.monotonic,
         metrics: StoreMetrics | None = None,
-        keep: Callable[[np.ndarray], np.ndarray] | None = None,
+        owned: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.inner = inner
-        self._keep = keep
+        self._owned = owned
         self.tables = inner.tables
         self.backend = f"{inner.backend}+hot-tier"
         self.enforces = inner.enforces
@@ -303,7 +308,7 @@ class HotRowCache(EmbeddingStore):
                 if count:
                     g.sketch.add(g.sketch_keys(batch.ids, batch.tags), _weights(batch, occurrences))
                 slots = g.lookup(batch)
-                self._reread_stale(g, slots, now)
+                self._reread_stale(g, batch, slots, now)
                 looked.append((g, batch, slots, _hit_arrays(g, slots)))
                 miss = slots < 0
                 ids_by, miss_by = batch.split(batch.ids), batch.split(miss)
@@ -337,12 +342,17 @@ class HotRowCache(EmbeddingStore):
         self._lookups += len(miss)
         self._hits += sum(hits)
 
-    def _reread_stale(self, g: HotRows, slots: np.ndarray, now: float) -> None:
-        """Clean rows loaded more than ``max_staleness_s`` ago leave the tier; their ``slots`` become -1."""
+    def _reread_stale(self, g: HotRows, batch: RowBatch, slots: np.ndarray, now: float) -> None:
+        """Clean rows loaded more than ``max_staleness_s`` ago (another rank's rows: more than
+        ``writeback_interval_s``) leave the tier; their ``slots`` become -1."""
         t = g.table
         hit = np.flatnonzero(slots >= 0)
         at = slots[hit]
-        stale = (now - t["loaded"][at] > self.cfg.max_staleness_s) & ~t["dirty"][at]
+        limit: float | np.ndarray = self.cfg.max_staleness_s
+        if self._owned is not None and len(hit):
+            theirs = min(self.cfg.max_staleness_s, self.cfg.writeback_interval_s)
+            limit = np.where(self._owned(batch.ids[hit]), self.cfg.max_staleness_s, theirs)
+        stale = (now - t["loaded"][at] > limit) & ~t["dirty"][at]
         if stale.any():
             t.remove(at[stale])
             slots[hit[stale]] = -1
@@ -404,8 +414,6 @@ class HotRowCache(EmbeddingStore):
             seen = g.sketch.estimate(g.sketch_keys(batch.ids[pick], batch.tags[pick]))
             bar = max(self.cfg.min_count - 1, _MARGIN * self._threshold if full else 0)
             pick = pick[seen > bar]
-        if self._keep is not None and len(pick):
-            pick = pick[self._keep(batch.ids[pick])]
         if raced and len(pick):  # checked only for the rows that would enter: ~26k raced ids per pull
             pick = pick[~_pushed_past(batch, pick, raced)]
         if len(pick):  # another pull may have brought some of them in while this one read the store
@@ -470,6 +478,26 @@ class HotRowCache(EmbeddingStore):
             with self._lock:
                 self._update_gauges()
         return push
+
+    def refresh(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Rows their owner just stepped (a trainer group): a clean copy here takes the new values, as
+        if read from the store now. Rows the tier does not hold stay out; a dirty row is this rank's
+        own update waiting for its write-back and is never among them."""
+        with self._lock:
+            now = self._clock()
+            for g in self._groups:
+                batch = g.batch({name: u[0] for name, u in updates.items() if name in g.tag_of})
+                if batch is None:
+                    continue
+                slots = g.lookup(batch)
+                hit = slots >= 0
+                if not hit.any():
+                    continue
+                rows = np.concatenate([updates[n][1] for n in batch.names])[hit]
+                state = np.concatenate([updates[n][2] for n in batch.names])[hit]
+                slots = slots[hit]
+                clean = ~g.table["dirty"][slots]
+                g.table.write(slots[clean], rows=rows[clean], state=state[clean], loaded=now)
 
     def _finite_only(
         self, name: str, ids: np.ndarray, rows: np.ndarray, state: np.ndarray

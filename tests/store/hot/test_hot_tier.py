@@ -307,16 +307,24 @@ def test_a_never_seen_id_does_not_pass_for_hot_in_a_filled_sketch() -> None:
     assert kept <= 0.01 * len(fresh), f"{kept} of {len(fresh)} ids seen once were taken for hot"
 
 
-def test_a_keep_rule_leaves_other_ranks_rows_out_of_the_tier() -> None:
-    """A trainer group's rank keeps only the rows it owns; the rest are read from the store each time."""
-    inner = MemoryStore([TableSpec(name="t", dim=2)])
-    even = HotRowCache(inner, HotCacheConfig(enabled=True, min_count=1), keep=lambda ids: ids % 2 == 0)
-    ids = _ids(0, 10)
-    even.pull("t", ids)
-    assert even.holds("t", ids).tolist() == [i % 2 == 0 for i in range(10)]
-    even.push("t", ids, *_rows(10, 2, 3.0))
-    assert even.dirty_rows() == 5  # the other five went through to the store at once
-    np.testing.assert_array_equal(inner.pull("t", ids[1::2], count=False).rows, np.full((5, 2), 3.0))
+def test_other_ranks_rows_take_their_owners_values_and_are_reread_sooner() -> None:
+    """A trainer group's rank writes only the rows it owns (even ids here). The others' copies take
+    the values their owners send back, and are re-read after the write-back interval, not the
+    staleness bound."""
+    inner, clock = MemoryStore([TableSpec(name="t", dim=2)]), Clock()
+    cfg = HotCacheConfig(enabled=True, min_count=1, writeback_interval_s=2.0, max_staleness_s=10.0)
+    cache = HotRowCache(inner, cfg, clock=clock, owned=lambda ids: ids % 2 == 0)
+    ids = _ids(0, 4)
+    cache.pull("t", ids)
+    assert cache.holds("t", ids).all()  # every trained row may enter
+    cache.push("t", ids[::2], *_rows(2, 2, 1.0))  # its own rows: dirty in the tier
+    cache.refresh({"t": (ids, *_rows(4, 2, 5.0))})  # the owners' values, for every row it holds
+    got = cache.pull("t", ids)
+    assert got.rows[:, 0].tolist() == [1.0, 5.0, 1.0, 5.0]  # a dirty (own) row keeps its own update
+    inner.push("t", ids[1::2], *_rows(2, 2, 7.0))  # the other rank's owner writes its rows back
+    clock.now = 3.0  # past the write-back interval, within the staleness bound
+    got = cache.pull("t", ids)
+    assert got.rows[:, 0].tolist() == [1.0, 7.0, 1.0, 7.0]
 
 
 @pytest.mark.parametrize(
