@@ -43,8 +43,8 @@ class HotCacheConfig(StrictModel):
 
     enabled: bool | Literal["auto"] = Field(
         "auto",
-        description="auto: on for trainers (one, or a group, where each rank keeps only the rows it owns "
-        "and writes) on a Redis backend with sparse_updates overwrite; off for the memory backend (it is "
+        description="auto: on for trainers (one, or a group, where each rank writes only the rows it "
+        "owns) on a Redis backend with sparse_updates overwrite; off for the memory backend (it is "
         "local already), for compose (updates are applied in Redis) and outside training.",
     )
     capacity_rows: int = Field(
