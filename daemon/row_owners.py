@@ -108,7 +108,7 @@ class RowOwners:
         return self.group.rank
 
     def owned(self, ids: np.ndarray) -> np.ndarray:
-        """bool per id: this rank writes its row (the hot tier keeps only these)."""
+        """bool per id: this rank writes its row (the hot tier re-reads the others sooner)."""
         return owner_of(ids, self.group.size) == self.group.rank
 
     def exchange(self, sent: Mapping[str, SentRows], durable_step: int) -> Contributions:
