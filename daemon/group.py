@@ -232,24 +232,17 @@ class TrainingGroup:
             checkpoint=control[3] > 0,
         )
 
-    def all_to_all(
-        self, send: torch.Tensor, splits: list[int], recv_splits: list[int] | None = None
-    ) -> tuple[torch.Tensor, list[int]]:
+    def all_to_all(self, send: torch.Tensor, splits: list[int], recv_splits: list[int]) -> torch.Tensor:
         """Send ``send`` split along dim 0 by ``splits`` (one length per rank, in rank order);
-        returns what every rank sent this one, concatenated in rank order, and each rank's length.
+        returns what every rank sent this one, concatenated in rank order (``recv_splits``: each
+        rank's length, which the caller knows from an earlier exchange).
 
         Every rank calls it at the same point of the same group step (the row owners' exchange).
-        Without ``recv_splits`` (the lengths coming in, when the caller knows them already) the
-        lengths are exchanged first, a second collective. Alone it returns ``send`` as it is.
+        Alone it returns ``send`` as it is.
         """
         if not self.distributed:
-            return send, [send.shape[0]]
+            return send
         device = self._device
-        if recv_splits is None:
-            sizes = torch.tensor(splits, dtype=torch.int64, device=device)
-            got = torch.empty(self.size, dtype=torch.int64, device=device)
-            self._collective("all-to-all", lambda: dist.all_to_all_single(got, sizes))
-            recv_splits = got.tolist()
         data = send.to(device)
         out = torch.empty((sum(recv_splits), *send.shape[1:]), dtype=send.dtype, device=device)
         self._collective(
@@ -258,7 +251,7 @@ class TrainingGroup:
                 out, data, output_split_sizes=recv_splits, input_split_sizes=list(splits)
             ),
         )
-        return out.cpu(), recv_splits
+        return out.cpu()
 
     def agree_min(self, value: int) -> int:
         """The lowest ``value`` over the group (one all-reduce); alone, ``value``."""

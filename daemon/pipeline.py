@@ -240,9 +240,11 @@ class TrainPipeline:
             if not len(missing):
                 continue
             written = self._written.maybe(table, ids[missing])
+            from_sender = ~have
+            from_sender[missing[written]] = False
             for part in reversed(mine[table]):  # the first sender's copy is written last, so it wins
                 at = np.searchsorted(ids, part.ids)
-                take = ~have[at] & ~np.isin(at, missing[written], assume_unique=True)
+                take = from_sender[at]
                 rows[table][at[take]] = part.rows[take]
                 state[table][at[take]] = part.state[take]
             if written.any():

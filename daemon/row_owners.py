@@ -148,18 +148,18 @@ class RowOwners:
         width = np.array([2 * self.dims[name] + 1 for name in self.tables], dtype=np.int64)
         tables = len(self.tables)
         header = np.column_stack([counts, np.full(size, durable_step, dtype=np.int64)])
-        got_header, _ = self.group.all_to_all(
+        got_header = self.group.all_to_all(
             torch.from_numpy(header.reshape(-1)), [tables + 1] * size, [tables + 1] * size
         )
         got = got_header.numpy().reshape(size, tables + 1)
         incoming = got[:, :tables]
         self.group_durable = int(got[:, tables].min())
-        ids_in, _ = self.group.all_to_all(
+        ids_in = self.group.all_to_all(
             torch.from_numpy(_flat([p for parts in id_parts for p in parts], np.uint64).view(np.int64)),
             counts.sum(axis=1).tolist(),
             incoming.sum(axis=1).tolist(),
         )
-        values_in, _ = self.group.all_to_all(
+        values_in = self.group.all_to_all(
             torch.from_numpy(_flat([p for parts in value_parts for p in parts], np.float32)),
             (counts @ width).tolist(),
             (incoming @ width).tolist(),
@@ -191,7 +191,7 @@ class RowOwners:
                     blocks.append(np.column_stack([update.rows[pos], update.state[pos]]).reshape(-1))
                 at += n
         send = np.concatenate(blocks).astype(np.float32, copy=False) if blocks else np.zeros(0, np.float32)
-        got, _ = self.group.all_to_all(
+        got = self.group.all_to_all(
             torch.from_numpy(send), (last.incoming @ width).tolist(), (last.counts @ width).tolist()
         )
         flat = got.numpy()

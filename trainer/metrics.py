@@ -24,7 +24,7 @@
 ``kelp_trainer_group_idle_steps_total``            group steps this rank joined without a batch
 ``kelp_trainer_owned_rows_updated_total``          rows this rank owns, stepped with the group's gradients
 ``kelp_trainer_owned_rows_read_total``             ... of them only other ranks trained (read first)
-``kelp_trainer_row_exchange_seconds``              histogram: seconds per group step's row-gradient exchange
+``kelp_trainer_row_exchange_seconds``              histogram: seconds per group step of the row owners' work
 =================================================  ==================================================
 
 ``kelp_trainer_auc`` and ``kelp_trainer_logloss`` are the first task's (the
@@ -111,7 +111,8 @@ class TrainerMetrics:
             "owned_rows_read", "Owned rows only other ranks trained in a step, read from the store first."
         )
         self.row_exchange_seconds = m.histogram(
-            "row_exchange_seconds", "Seconds per group step's row-gradient exchange (all-to-all)."
+            "row_exchange_seconds",
+            "Seconds per group step of the row owners' work: exchange, owner's steps, rows sent back.",
         )
         self.idle_steps = m.counter(
             "group_idle_steps", "Group steps this rank joined with no batch of its own."
