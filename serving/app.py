@@ -62,6 +62,8 @@ from kelp.serving.body import MSGPACK
 from kelp.serving.dispatch import Parse, ScoreRoutes
 from kelp.serving.errors import error_answer
 from kelp.serving.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestRecorder
+from kelp.serving.oip.routes import OIP_ENDPOINTS, add_oip_routes, endpoint_label
+from kelp.serving.oip.schemas import InferRequestBody
 from kelp.serving.replica import ServingReplica
 from kelp.serving.schemas import ErrorResponse, ModelInfo, ReadyResponse, ScoreResponse
 
@@ -77,6 +79,7 @@ ENDPOINTS = (
     "/metrics",
     "/v1/model",
     "/openapi.json",
+    *OIP_ENDPOINTS,
 )
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -271,6 +274,8 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
             return _error(503, "no_model", "no model snapshot loaded yet")
         return JSONResponse(current.info())
 
+    add_oip_routes(app, replica, routes, _version())
+
     def openapi() -> dict[str, Any]:
         """FastAPI's spec plus the request models' schemas (the endpoints read raw bodies)."""
         if app.openapi_schema is None:
@@ -278,7 +283,11 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
                 title=app.title, version=app.version, description=app.description, routes=app.routes
             )
             _, defs = models_json_schema(
-                [(models.score, "validation"), (models.candidates, "validation")],
+                [
+                    (models.score, "validation"),
+                    (models.candidates, "validation"),
+                    (InferRequestBody, "validation"),
+                ],
                 ref_template="#/components/schemas/{model}",
             )
             spec.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
@@ -287,7 +296,9 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=serving.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, metrics=replica.metrics, endpoints=ENDPOINTS)
+    app.add_middleware(
+        MetricsMiddleware, metrics=replica.metrics, endpoints=ENDPOINTS, template=endpoint_label
+    )
     return app
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -51,6 +51,7 @@ from kelp.serving.scorer import Scorer
 __all__ = ["SCORE_THREADS", "Parse", "ScoreRoutes", "body_timeout"]
 
 Parse = Callable[[Any], MicroBatch]
+_T = TypeVar("_T")
 
 # Threads that score requests: one. A request holds the GIL for most of its work; a second thread
 # would overlap only the store round trip, and every GIL release (each torch op, each socket call)
@@ -165,17 +166,18 @@ class ScoreRoutes:
     async def _answer(
         self, raw: bytes, content_type: str, accept: str, parse: Parse
     ) -> tuple[int, bytes, str]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(SCORE_THREADS, thread_name_prefix="kelp-score")
-        loop = asyncio.get_running_loop()
         try:
-            content, media = await loop.run_in_executor(
-                self._pool, self.answer, raw, content_type, accept, parse
-            )
+            content, media = await self.run(self.answer, raw, content_type, accept, parse)
         except KelpError as exc:
             status, payload = error_answer(exc)
             return status, orjson.dumps(payload), "application/json"
         return 200, content, media
+
+    async def run(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(*args)`` on the scoring thread: every route that scores queues there, in arrival order."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(SCORE_THREADS, thread_name_prefix="kelp-score")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work, *args)
 
     def close(self) -> None:
         """Stop the scoring threads (once the server has finished its requests)."""

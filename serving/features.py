@@ -141,7 +141,7 @@ class RequestParser:
         raw = self._rows(raw, "candidates")
         columns = self._uniform_ids(raw)
         if columns is not None:
-            return self._finish(
+            return self.assemble(
                 self._dense_matrix([], user[0], len(raw)), self._sparse_columns(columns, user)
             )
         rows = [self._features(c, f"candidates[{r}]") for r, c in enumerate(raw)]
@@ -328,7 +328,7 @@ class RequestParser:
                 sparse[name] = self._sparse_column(columns[name], n, i)
             else:
                 sparse[name] = _repeated(user_sparse.get(i), n, _one_each(n))
-        return self._finish(dense, sparse)
+        return self.assemble(dense, sparse)
 
     @staticmethod
     def _dense_column(col: Any, n: int, name: str) -> np.ndarray:
@@ -410,7 +410,7 @@ class RequestParser:
         for i, name in enumerate(self.sparse_names):
             users = user_sparse.get(i)
             sparse[name] = _column([s.get(i, users) for s in sparse_rows])
-        return self._finish(dense, sparse)
+        return self.assemble(dense, sparse)
 
     def _dense_matrix(self, rows: list[dict[int, float]], user: dict[int, float], n: int) -> np.ndarray:
         dense = np.tile(self.defaults, (n, 1))
@@ -421,8 +421,13 @@ class RequestParser:
                 dense[r, j] = x
         return dense
 
-    def _finish(self, dense: np.ndarray, sparse: dict[str, JaggedIds]) -> MicroBatch:
-        """Transforms, the non-finite check after them, and the batch (labels are unused zeros)."""
+    def assemble(self, dense: np.ndarray, sparse: dict[str, JaggedIds]) -> MicroBatch:
+        """Transforms, the non-finite check after them, and the batch (labels are unused zeros).
+
+        ``dense`` holds raw feature values, float64 ``[B, n_dense]``, and ``sparse``
+        checked ids per feature: every request form (JSON, msgpack, named tensors)
+        ends here, so they all score alike.
+        """
         if dense.size:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 dense = dense.astype(np.float32)  # 1e300 -> inf: rejected below, as the event schema does

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -62,14 +62,24 @@ class RequestRecorder:
     call; a request records three metrics, so the children are cached here.
     """
 
-    def __init__(self, metrics: ServingMetrics, endpoints: Iterable[str]) -> None:
+    def __init__(
+        self,
+        metrics: ServingMetrics,
+        endpoints: Iterable[str],
+        template: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.metrics = metrics
         self.endpoints = frozenset(endpoints)
+        self.template = template
         self._seconds: dict[str, Histogram] = {}
         self._answered: dict[tuple[str, int], Counter] = {}
 
     def endpoint(self, path: str) -> str:
-        return path if path in self.endpoints else "other"
+        """The label of ``path``: itself, its route template (paths with names in them), or "other"."""
+        if path in self.endpoints:
+            return path
+        label = None if self.template is None else self.template(path)
+        return label if label is not None and label in self.endpoints else "other"
 
     def start(self) -> float:
         self.metrics.inflight.inc()
@@ -90,9 +100,15 @@ class RequestRecorder:
 
 
 class MetricsMiddleware:
-    def __init__(self, app: ASGIApp, metrics: ServingMetrics, endpoints: Iterable[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: ServingMetrics,
+        endpoints: Iterable[str],
+        template: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.app = app
-        self.recorder = RequestRecorder(metrics, endpoints)
+        self.recorder = RequestRecorder(metrics, endpoints, template)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

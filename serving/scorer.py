@@ -130,10 +130,17 @@ class Scorer:
         self._error_lock = threading.Lock()
         self._last_error_log = -float("inf")
 
-    def score(self, batch: MicroBatch) -> ScoreResult:
+    def score(self, batch: MicroBatch, version: int | None = None) -> ScoreResult:
+        """Scores with the current model; with ``version``, only if that is the one loaded (else 404)."""
         served = self.slot.current  # read once: this request uses this version throughout
         if served is None:
             raise NoModelError()
+        if version is not None and served.version != version:
+            raise RequestError(
+                "version_not_loaded",
+                f"model version {version} is not loaded; this replica serves version {served.version}",
+                status=404,
+            )
         ids = self.plan.dedup(batch)
         fetched = self.fetcher.fetch(ids.unique)
         with torch.inference_mode():
