@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kelp.cli.commands.train_cmd",
     "kelp.cli.commands.serve_cmd",
     "kelp.cli.commands.probe_cmd",
+    "kelp.cli.commands.model_cmd",
     "kelp.cli.commands.produce_cmd",
     "kelp.cli.commands.store_cmd",
     "kelp.cli.commands.bench_cmd",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -36,6 +36,12 @@ class ServingConfig(StrictModel):
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65_535)
     workers: int = Field(1, ge=1, le=64)
+    model_version: Literal["latest"] | Annotated[int, Field(ge=1)] = Field(
+        "latest",
+        description="`latest`: serve what the snapshot channel names (the newest version, or the one "
+        "`kelp model pin`/`rollback` pinned for every replica). A number: this replica serves that version "
+        "only, whatever the channel says (it must still be stored: keep publisher.keep_versions in mind).",
+    )
     max_samples_per_request: int = Field(1024, ge=1)
     max_ids_per_feature: int = Field(256, ge=1)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)

@@ -27,18 +27,26 @@ Rules every channel keeps:
   deployment, and replicas then refuse to go below the version they serve
   (:mod:`kelp.serving.watcher`);
 * pruning keeps ``latest`` and everything above it, so the version just
-  written is never deleted.
+  written is never deleted, and keeps the pinned version.
+
+**Pins.** An operator may pin a deployment to a stored version (``kelp model
+pin N``, ``kelp model rollback``): replicas then serve the pin, whatever
+``latest`` says, and new publishes move ``latest`` without moving them until
+the pin is lifted (``kelp model unpin``). :meth:`SnapshotChannel.target` is
+what replicas follow: the pin when there is one, else ``latest``. Setting or
+lifting a pin notifies subscribers as a publish does.
 """
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
 from kelp.closing import Closeable
 from kelp.publish.errors import SnapshotRejectedError
 from kelp.publish.snapshot import Snapshot, verify_snapshot
 
-__all__ = ["SnapshotChannel", "Subscription"]
+__all__ = ["ServingTarget", "SnapshotChannel", "Subscription"]
 
 
 class Subscription(abc.ABC):
@@ -50,6 +58,14 @@ class Subscription(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the connection or handle."""
+
+
+@dataclass(frozen=True)
+class ServingTarget:
+    """The version replicas should serve (None: nothing published), and whether a pin chose it."""
+
+    version: int | None
+    pinned: bool
 
 
 class SnapshotChannel(Closeable, abc.ABC):
@@ -92,9 +108,36 @@ class SnapshotChannel(Closeable, abc.ABC):
     def read_raw(self, version: int) -> tuple[bytes, bytes]:
         """``(manifest JSON, weights)`` of one version, unverified."""
 
+    def read_manifest_raw(self, version: int) -> bytes:
+        """The manifest JSON of one version, unverified (a channel may skip reading the weights)."""
+        return self.read_raw(version)[0]
+
+    @abc.abstractmethod
+    def pinned_version(self) -> int | None:
+        """The version an operator pinned, or None.
+
+        Raises :class:`~kelp.publish.errors.ChannelStateError` when the pin
+        holds something that is not a version number.
+        """
+
+    @abc.abstractmethod
+    def set_pin(self, version: int | None) -> None:
+        """Pin ``version`` (it must be stored: else :class:`SnapshotMissingError`), or lift the pin (None).
+
+        Subscribers are notified either way.
+        """
+
+    def target(self) -> ServingTarget:
+        """What replicas serve: the pin, else ``latest``."""
+        pin = self.pinned_version()
+        if pin is not None:
+            return ServingTarget(pin, True)
+        return ServingTarget(self.latest_version(), False)
+
     @abc.abstractmethod
     def delete(self, versions: list[int]) -> None:
-        """Remove these versions (never called with ``latest`` or above; a channel may skip those too)."""
+        """Remove these versions (never called with ``latest`` or above, or the pin; a channel skips
+        those too, in case a pin moved since the caller looked)."""
 
     @abc.abstractmethod
     def subscribe(self) -> Subscription:
@@ -111,7 +154,7 @@ class SnapshotChannel(Closeable, abc.ABC):
         return snapshot
 
     def prune(self, keep: int) -> list[int]:
-        """Delete all but the newest ``keep`` versions; returns those deleted.
+        """Delete all but the newest ``keep`` versions and the pinned one; returns those deleted.
 
         Only versions *below* ``latest`` go, so the live version and one just
         written are kept whatever the stored list looks like; with no readable
@@ -123,7 +166,8 @@ class SnapshotChannel(Closeable, abc.ABC):
         latest = self.latest_version()
         if latest is None:
             return []
-        old = [v for v in stored[:-keep] if v < latest]
+        pin = self.pinned_version()
+        old = [v for v in stored[:-keep] if v < latest and v != pin]
         if old:
             self.delete(old)
         return old

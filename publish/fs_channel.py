@@ -8,6 +8,7 @@ replicas, e.g. a ReadWriteMany volume)::
     snap-000000000042.safetensors
     snap-000000000042.json
     latest                          JSON {"version": 42}
+    pin                             JSON {"version": 40}, while an operator pins one
 
 Every file is written atomically (temp file in the same directory, fsync,
 ``os.replace``, fsync of the directory), in the order weights, manifest,
@@ -15,9 +16,10 @@ Every file is written atomically (temp file in the same directory, fsync,
 A crash leaves at most an orphan ``.*.tmp`` (removed by the next publish) or a
 version that ``latest`` does not point at yet.
 
-There is no notification: :class:`FilesystemSubscription` checks ``latest``'s
-identity (inode, mtime) every ``check_every_s`` (0.1 s), a ``stat`` call, so
-replicas still notice a new version within a fraction of a second.
+There is no notification: :class:`FilesystemSubscription` checks the identity
+(inode, mtime) of ``latest`` and ``pin`` every ``check_every_s`` (0.1 s), a
+``stat`` call each, so replicas still notice a new version or a new pin within
+a fraction of a second.
 
 One publisher per directory: versions are ``max(stored, latest) + 1``, where
 "stored" counts any ``snap-*`` file (a crash's orphan weights included), so a
@@ -57,6 +59,7 @@ __all__ = ["FilesystemChannel", "FilesystemSubscription", "translate_os_errors"]
 log = logging.getLogger("kelp.publish")
 
 LATEST = "latest"
+PIN = "pin"
 _MANIFEST = re.compile(r"^snap-(\d{12})\.json$")
 _ANY_PART = re.compile(r"^snap-(\d{12})\.(?:json|safetensors)$")
 
@@ -81,19 +84,19 @@ def _stat_id(path: Path) -> tuple[int, int] | None:
 
 
 class FilesystemSubscription(Subscription):
-    """Waits for ``latest`` to be replaced, checking every ``check_every_s``."""
+    """Waits for one of ``paths`` (``latest``, ``pin``) to change, checking every ``check_every_s``."""
 
-    def __init__(self, latest: Path, check_every_s: float = 0.1) -> None:
-        self._latest = latest
+    def __init__(self, *paths: Path, check_every_s: float = 0.1) -> None:
+        self._paths = paths
         self._every = check_every_s
-        self._seen = _stat_id(latest)
+        self._seen = [_stat_id(p) for p in paths]
 
     def wait(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while True:
-            now_id = _stat_id(self._latest)
-            if now_id != self._seen:
-                self._seen = now_id
+            now = [_stat_id(p) for p in self._paths]
+            if now != self._seen:
+                self._seen = now
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
@@ -178,9 +181,13 @@ class FilesystemChannel(SnapshotChannel):
         return sorted(int(m.group(1)) for n in names if (m := _MANIFEST.match(n)))
 
     def latest_version(self) -> int | None:
+        return self._version_file(self.path / LATEST, "the trainer's next publish rewrites it")
+
+    def _version_file(self, path: Path, repair: str) -> int | None:
+        """The version in ``path`` (``latest``, ``pin``); None when it is absent."""
         with translate_os_errors(str(self.path)):
             try:
-                raw = (self.path / LATEST).read_bytes()
+                raw = path.read_bytes()
             except FileNotFoundError:
                 return None
         try:
@@ -189,11 +196,27 @@ class FilesystemChannel(SnapshotChannel):
             version = None
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             text = raw[:40].decode(errors="replace") + ("..." if len(raw) > 40 else "")
-            raise ChannelStateError(
-                f'snapshot channel {self.path / LATEST} holds {text!r}, not {{"version": N}}; the '
-                "trainer's next publish rewrites it"
-            )
+            raise ChannelStateError(f'snapshot channel {path} holds {text!r}, not {{"version": N}}; {repair}')
         return version
+
+    def pinned_version(self) -> int | None:
+        return self._version_file(self.path / PIN, "`kelp model pin N` or `kelp model unpin` rewrites it")
+
+    def set_pin(self, version: int | None) -> None:
+        with translate_os_errors(str(self.path)):
+            if version is None:
+                (self.path / PIN).unlink(missing_ok=True)
+                return
+            if not self._manifest(version).exists():
+                raise SnapshotMissingError(f"snapshot v{version} is not in {self.path}; nothing pinned")
+            atomic_write(self.path / PIN, json.dumps({"version": version}).encode())
+
+    def read_manifest_raw(self, version: int) -> bytes:
+        with translate_os_errors(str(self.path)):
+            try:
+                return self._manifest(version).read_bytes()
+            except FileNotFoundError:
+                raise SnapshotMissingError(f"snapshot v{version} is not in {self.path} (pruned?)") from None
 
     def read_raw(self, version: int) -> tuple[bytes, bytes]:
         with translate_os_errors(str(self.path)):
@@ -203,10 +226,16 @@ class FilesystemChannel(SnapshotChannel):
                 raise SnapshotMissingError(f"snapshot v{version} is not in {self.path} (pruned?)") from None
 
     def delete(self, versions: list[int]) -> None:
+        try:
+            pin = self.pinned_version()
+        except ChannelStateError:
+            return  # what is pinned is unknown: delete nothing
         with translate_os_errors(str(self.path)):
             for v in versions:
+                if v == pin:
+                    continue
                 self._manifest(v).unlink(missing_ok=True)  # manifest first: readers list manifests
                 self._weights(v).unlink(missing_ok=True)
 
     def subscribe(self) -> FilesystemSubscription:
-        return FilesystemSubscription(self.path / LATEST)
+        return FilesystemSubscription(self.path / LATEST, self.path / PIN)

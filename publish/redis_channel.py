@@ -8,6 +8,7 @@ all atomically)::
     {k1:<deployment>:model}:v:<version, 12 digits>   hash {manifest, weights}
     {k1:<deployment>:model}:versions          sorted set of stored versions
     {k1:<deployment>:model}:latest            the newest complete version
+    {k1:<deployment>:model}:pin               the version an operator pinned (absent: none)
     {k1:<deployment>:model}:notify            pub/sub channel; message = the version
 
 One Lua script stores the hash, adds the version to the set, moves ``latest``
@@ -29,7 +30,9 @@ anything, and refuses with :class:`~kelp.publish.errors.ChannelStateError`
   handed the number out, and it must be above ``latest`` and every listed version
   (a ``latest`` that is not a number is overwritten, with a warning: ``seq`` and
   ``versions`` are the record, so nothing it could have named is above ``seq``);
-* pruning deletes only versions below ``latest``.
+* pruning deletes only versions below ``latest``, never the pinned one;
+* pinning: the version's hash must exist, in the same script that sets ``pin``
+  and publishes the notification.
 
 These keys must not be evicted: give the channel a Redis with
 ``maxmemory-policy noeviction`` (docs/deploy.md). A channel found empty by a
@@ -144,24 +147,34 @@ return {'ok'}
 """
 )
 
-# KEYS: latest, versions, then one hash per version. ARGV: those versions. Only versions below
-# `latest` go (none when `latest` is unreadable); returns how many were deleted.
+# KEYS: latest, versions, pin, then one hash per version. ARGV: those versions. Only versions below
+# `latest` and not pinned go (none when `latest` is unreadable); returns how many were deleted.
 _DELETE = (
     _LUA_HELPERS
     + """
 local latest = int(redis.call('GET', KEYS[1]))
 if not latest then return 0 end
+local pin = int(redis.call('GET', KEYS[3]))
 local n = 0
-for i = 3, #KEYS do
-  if tonumber(ARGV[i - 2]) < latest then
+for i = 4, #KEYS do
+  local version = tonumber(ARGV[i - 3])
+  if version < latest and version ~= pin then
     redis.call('DEL', KEYS[i])
-    redis.call('ZREM', KEYS[2], ARGV[i - 2])
+    redis.call('ZREM', KEYS[2], ARGV[i - 3])
     n = n + 1
   end
 end
 return n
 """
 )
+
+# KEYS: the version's hash, pin, notify. ARGV: the version. 0 (nothing changed) when it is not stored.
+_PIN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('PUBLISH', KEYS[3], ARGV[1])
+return 1
+"""
 
 _REPAIR = "keep the channel's Redis on maxmemory-policy noeviction, docs/deploy.md"
 
@@ -221,6 +234,7 @@ class RedisChannel(SnapshotChannel):
         self._publish = client.register_script(_PUBLISH)
         self._next = client.register_script(_NEXT)
         self._delete = client.register_script(_DELETE)
+        self._pin = client.register_script(_PIN)
 
     @classmethod
     def from_config(cls, pub: PublisherConfig, store: StoreConfig, deployment: str) -> RedisChannel:
@@ -345,6 +359,36 @@ class RedisChannel(SnapshotChannel):
             )
         return int(raw)
 
+    def pinned_version(self) -> int | None:
+        with translate_redis_errors(self.where, self._errors):
+            raw = self._client.get(self._key("pin"))
+        if raw is None:
+            return None
+        if not raw.isdigit() or int(raw) < 1:
+            raise ChannelStateError(
+                f"snapshot channel {self.where}: {self._key('pin')} holds {_shown(raw)}, not a version "
+                "number; `kelp model pin N` or `kelp model unpin` rewrites it"
+            )
+        return int(raw)
+
+    def set_pin(self, version: int | None) -> None:
+        with translate_redis_errors(self.where, self._errors):
+            if version is None:
+                self._client.delete(self._key("pin"))
+                self._client.publish(self._key("notify"), "unpin")
+                return
+            keys = [self._version_key(version), self._key("pin"), self._key("notify")]
+            pinned = self._pin(keys=keys, args=[version])
+        if not pinned:
+            raise SnapshotMissingError(f"snapshot v{version} is not in {self.where}; nothing pinned")
+
+    def read_manifest_raw(self, version: int) -> bytes:
+        with translate_redis_errors(self.where, self._errors):
+            manifest = self._client.hget(self._version_key(version), "manifest")
+        if manifest is None:
+            raise SnapshotMissingError(f"snapshot v{version} is not in {self.where} (pruned?)")
+        return manifest
+
     def read_raw(self, version: int) -> tuple[bytes, bytes]:
         with translate_redis_errors(self.where, self._errors):
             manifest, weights = self._client.hmget(self._version_key(version), ["manifest", "weights"])
@@ -355,7 +399,12 @@ class RedisChannel(SnapshotChannel):
     def delete(self, versions: list[int]) -> None:
         if not versions:
             return
-        keys = [self._key("latest"), self._key("versions"), *[self._version_key(v) for v in versions]]
+        keys = [
+            self._key("latest"),
+            self._key("versions"),
+            self._key("pin"),
+            *[self._version_key(v) for v in versions],
+        ]
         with translate_redis_errors(self.where, self._errors):
             self._delete(keys=keys, args=[str(v) for v in versions])
 

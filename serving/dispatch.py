@@ -48,7 +48,7 @@ from kelp.serving.errors import error_answer
 from kelp.serving.middleware import RequestRecorder, body_too_large, declared_length, send_response
 from kelp.serving.scorer import Scorer
 
-__all__ = ["SCORE_THREADS", "Parse", "ScoreRoutes", "body_timeout"]
+__all__ = ["SCORE_THREADS", "VERSION_HEADER", "Parse", "ScoreRoutes", "body_timeout"]
 
 Parse = Callable[[Any], MicroBatch]
 _T = TypeVar("_T")
@@ -59,6 +59,11 @@ _T = TypeVar("_T")
 # (docs/performance.md). Waiting requests queue first come first served, and the event loop stays
 # free for /healthz and /metrics even if the store hangs.
 SCORE_THREADS = 1
+
+
+VERSION_HEADER = "kelp-model-version"
+"""The response header naming the model version that scored a request (``/v1`` and ``/v2``)."""
+VERSION_HEADER_BYTES = VERSION_HEADER.encode()
 
 
 class _BodyTooLargeError(Exception):
@@ -102,10 +107,15 @@ class ScoreRoutes:
             return None  # a root_path (behind a proxy) is left to Starlette's path rules
         return self.parsers.get(scope["path"])
 
-    def answer(self, raw: bytes, content_type: str, accept: str, parse: Parse) -> tuple[bytes, str]:
-        """Decode, check, score, encode: one worker-thread call per request, no per-candidate objects."""
+    def answer(self, raw: bytes, content_type: str, accept: str, parse: Parse) -> tuple[bytes, str, int]:
+        """Decode, check, score, encode: one worker-thread call per request, no per-candidate objects.
+
+        Returns the body, its media type and the model version that scored it.
+        """
         batch = parse(decode_body(raw, content_type))
-        return encode_body(self.scorer.score(batch).to_json(), wants_msgpack(accept))
+        result = self.scorer.score(batch)
+        content, media = encode_body(result.to_json(), wants_msgpack(accept))
+        return content, media, result.model_version
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, parse: Parse) -> None:
         endpoint = scope["path"]
@@ -127,6 +137,7 @@ class ScoreRoutes:
                 status = 401
                 await send_response(send, 401, orjson.dumps(refusal), b"application/json", _WWW_AUTHENTICATE)
                 return
+            headers: tuple[tuple[bytes, bytes], ...] = ()
             if declared is not None and declared > self.limit:
                 status, content, media = 413, orjson.dumps(body_too_large(self.limit)), "application/json"
             else:
@@ -140,8 +151,8 @@ class ScoreRoutes:
                 else:
                     if raw is None:
                         return
-                    status, content, media = await self._answer(raw, content_type, accept, parse)
-            await send_response(send, status, content, media.encode())
+                    status, content, media, headers = await self._answer(raw, content_type, accept, parse)
+            await send_response(send, status, content, media.encode(), headers)
         finally:
             self.recorder.finish(endpoint, status, started)
 
@@ -165,13 +176,13 @@ class ScoreRoutes:
 
     async def _answer(
         self, raw: bytes, content_type: str, accept: str, parse: Parse
-    ) -> tuple[int, bytes, str]:
+    ) -> tuple[int, bytes, str, tuple[tuple[bytes, bytes], ...]]:
         try:
-            content, media = await self.run(self.answer, raw, content_type, accept, parse)
+            content, media, version = await self.run(self.answer, raw, content_type, accept, parse)
         except KelpError as exc:
             status, payload = error_answer(exc)
-            return status, orjson.dumps(payload), "application/json"
-        return 200, content, media
+            return status, orjson.dumps(payload), "application/json", ()
+        return 200, content, media, ((VERSION_HEADER_BYTES, b"%d" % version),)
 
     async def run(self, work: Callable[..., _T], *args: Any) -> _T:
         """``work(*args)`` on the scoring thread: every route that scores queues there, in arrival order."""

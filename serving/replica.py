@@ -6,8 +6,10 @@ trainer-side hot cache off (a write-back cache has no place on a read-only
 path) and a short retry budget: a request should fail fast with 503, not wait
 out the trainer's multi-second backoff.
 
-Readiness (``/readyz``) = a model is loaded AND one read-only store call
-succeeds (one id of the first table, ``count=False``: it never writes).
+Readiness (``/readyz``) = a model is loaded (and warmed up: the watcher scores
+one synthetic request with each version before swapping it in) AND one
+read-only store call succeeds (one id of the first table, ``count=False``: it
+never writes).
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class ServingReplica:
             self.metrics,
             cfg.serving.poll_interval_s,
             allowed_model=cfg.trainer.model,
+            pinned_version=None if cfg.serving.model_version == "latest" else cfg.serving.model_version,
+            warm_up=self.scorer.warm_up,
         )
         self._probe_table = next(iter(self.store.tables), None)
         self._started = False

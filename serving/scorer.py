@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from kelp.config import FeatureSpec
-from kelp.consumers.batch import MicroBatch
+from kelp.consumers.batch import JaggedIds, MicroBatch
+from kelp.consumers.transforms import defaults_of
 from kelp.serving.embeddings import RowFetcher
 from kelp.serving.errors import NoModelError, RequestError
 from kelp.serving.metrics import ServingMetrics
@@ -129,6 +130,12 @@ class Scorer:
         self._model_errors = metrics.model_errors if metrics is not None else None
         self._error_lock = threading.Lock()
         self._last_error_log = -float("inf")
+        self._warm_up_batch = MicroBatch.from_columns(
+            spec,
+            labels=np.zeros(1, np.float32),
+            dense=defaults_of(spec.dense).astype(np.float32).reshape(1, -1),
+            sparse={f.name: JaggedIds.one_hot(np.zeros(1, np.uint64)) for f in spec.sparse},
+        )
 
     def score(self, batch: MicroBatch, version: int | None = None) -> ScoreResult:
         """Scores with the current model; with ``version``, only if that is the one loaded (else 404)."""
@@ -141,6 +148,19 @@ class Scorer:
                 f"model version {version} is not loaded; this replica serves version {served.version}",
                 status=404,
             )
+        return self._score_with(served, batch)
+
+    def warm_up(self, served: ServedModel) -> None:
+        """Score one synthetic sample (every dense default, id 0 per sparse feature) with ``served``.
+
+        Runs before ``served`` takes requests: the first call of a freshly loaded
+        module, the first pooling of each table and the first store round trip
+        of a process are slower than the rest, and a real request should not
+        pay for them. The store read is the scoring path's, read-only.
+        """
+        self._score_with(served, self._warm_up_batch)
+
+    def _score_with(self, served: ServedModel, batch: MicroBatch) -> ScoreResult:
         ids = self.plan.dedup(batch)
         fetched = self.fetcher.fetch(ids.unique)
         with torch.inference_mode():

@@ -12,13 +12,23 @@ A bad snapshot (checksum mismatch, unreadable, incompatible) is counted in
 so it is not re-read every poll; the replica keeps serving its current model
 and swaps to the next good version.
 
-A replica never goes back to a lower version. A ``latest`` *below* the served
-version (the channel's keys were evicted, flushed or reset, and the numbering
-started again) is not loaded: it is counted once per version as
+What it follows is the channel's target (:meth:`SnapshotChannel.target`): an
+operator's pin when there is one (``kelp model pin``, ``rollback``), else
+``latest``. A replica configured with ``serving.model_version: N`` follows N
+only, whatever the channel says.
+
+A replica never goes back to a lower version on its own. A ``latest`` *below*
+the served version (the channel's keys were evicted, flushed or reset, and the
+numbering started again) is not loaded: it is counted once per version as
 ``reason="older"``, one warning is logged, and the replica keeps its model
-until the channel's numbering passes it. To roll back on purpose, point
-``latest`` at the old version and restart the replicas (a fresh replica loads
-whatever ``latest`` names).
+until the channel's numbering passes it. A pin is deliberate, so a pinned
+version below the served one is loaded: that is how a rollback reaches every
+replica.
+
+Every new model is warmed up before it is swapped in (``warm_up``: one
+synthetic request through the whole scoring path), so the first real request
+on a version is not the slow one, and a replica is ready only once its first
+model is loaded and warmed.
 
 A broken ``latest`` (not a version number, or naming a version the channel
 does not hold) is counted as ``reason="pointer"`` and logged once per value,
@@ -31,10 +41,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from kelp.config import FeatureSpec
 from kelp.errors import KelpError
-from kelp.publish.base import SnapshotChannel, Subscription
+from kelp.publish.base import ServingTarget, SnapshotChannel, Subscription
 from kelp.publish.errors import ChannelStateError, SnapshotMissingError, SnapshotRejectedError
 from kelp.publish.snapshot import load_model
 from kelp.serving.metrics import ServingMetrics
@@ -57,14 +68,19 @@ class SnapshotWatcher:
         poll_interval_s: float,
         *,
         allowed_model: str | None = None,
+        pinned_version: int | None = None,
+        warm_up: Callable[[ServedModel], None] | None = None,
     ) -> None:
         self.allowed_model = allowed_model  # a snapshot may name a built-in or this model only
+        self.pinned_version = pinned_version  # serving.model_version: N, which overrides the channel
+        self.warm_up = warm_up
         self.channel = channel
         self.spec = spec
         self.slot = slot
         self.metrics = metrics
         self.poll_interval_s = poll_interval_s
-        self.skipped: set[int] = set()  # rejected or older versions: not read again
+        self.rejected: set[int] = set()  # bad snapshots: not read again
+        self.older: set[int] = set()  # a `latest` below the served version: not read again unless pinned
         self.last_error: str | None = None
         self._pointer_problem: str | None = None  # the broken `latest` last reported, to say it once
         self._behind_reported = False  # a `latest` below the served version was reported
@@ -76,33 +92,35 @@ class SnapshotWatcher:
         """Load ``latest`` if it is new and good; True if a model was swapped in. Raises channel errors."""
         with self._check_lock:
             try:
-                latest = self.channel.latest_version()
+                target = self._target()
             except ChannelStateError as exc:
                 self._report_pointer(str(exc))
                 return False
+            latest = target.version
             current = self.slot.current
             if (
                 latest is None
-                or latest in self.skipped
+                or latest in self.rejected
+                or (latest in self.older and not target.pinned)
                 or (current is not None and latest == current.version)
             ):
                 self._pointer_problem = None
                 return False
-            if current is not None and latest < current.version:
+            if current is not None and latest < current.version and not target.pinned:
                 self._refuse_older(latest, current.version)
                 return False
             try:
                 snapshot = self.channel.read(latest)
                 module = load_model(snapshot, self.spec, allowed_model=self.allowed_model)
             except SnapshotMissingError:
-                if self.channel.latest_version() == latest:  # not a prune race: `latest` names nothing
+                if self._target() == target:  # not a prune race: the pointer names nothing
                     self._report_pointer(
-                        f"snapshot channel {self.channel.where}: latest names v{latest}, which the channel "
-                        "does not hold (evicted or deleted?)"
+                        f"snapshot channel {self.channel.where}: {self._pointer_name(target)} names "
+                        f"v{latest}, which the channel does not hold (evicted, deleted or pruned?)"
                     )
                 return False  # otherwise pruned between the pointer read and the read: the next check
             except SnapshotRejectedError as exc:
-                self.skipped.add(latest)
+                self.rejected.add(latest)
                 self.metrics.snapshots_rejected.labels(reason=exc.reason).inc()
                 log.warning(
                     "rejected snapshot v%d (%s): %s; still serving %s",
@@ -115,12 +133,32 @@ class SnapshotWatcher:
             self._pointer_problem = None
             self._behind_reported = False
             served = ServedModel(module, snapshot.manifest)
+            self._warm(served)
             previous = self.slot.set(served)
             self.metrics.model_loaded(served.version, served.created_at)
             if previous is not None:
                 self.metrics.swaps.inc()
             log.info("serving model v%d (step %d)", served.version, snapshot.manifest.step)
             return True
+
+    def _target(self) -> ServingTarget:
+        if self.pinned_version is not None:
+            return ServingTarget(self.pinned_version, True)
+        return self.channel.target()
+
+    def _pointer_name(self, target: ServingTarget) -> str:
+        if self.pinned_version is not None:
+            return "serving.model_version"
+        return "the pin" if target.pinned else "latest"
+
+    def _warm(self, served: ServedModel) -> None:
+        """One synthetic request on ``served`` before it serves; a failure here only costs the warm-up."""
+        if self.warm_up is None:
+            return
+        try:
+            self.warm_up(served)
+        except KelpError as exc:  # the store unreachable: /readyz says so; the model itself passed its check
+            log.info("warm-up of v%d did not complete (%s); serving it anyway", served.version, exc)
 
     def _report_pointer(self, problem: str) -> None:
         """Count and log a broken ``latest`` once per distinct problem; the replica keeps its model."""
@@ -132,8 +170,9 @@ class SnapshotWatcher:
         log.warning("%s; still serving %s", problem, f"v{current.version}" if current else "nothing")
 
     def _refuse_older(self, latest: int, served: int) -> None:
-        """A ``latest`` below the served version: never loaded; counted once per version, logged once."""
-        self.skipped.add(latest)
+        """A ``latest`` below the served version: not loaded unless pinned; counted once per version, logged
+        once."""
+        self.older.add(latest)
         self.metrics.snapshots_rejected.labels(reason="older").inc()
         if not self._behind_reported:
             self._behind_reported = True

@@ -30,7 +30,7 @@ from fastapi.requests import Request
 from fastapi.responses import JSONResponse, Response
 
 from kelp.errors import KelpError
-from kelp.serving.dispatch import ScoreRoutes
+from kelp.serving.dispatch import VERSION_HEADER, ScoreRoutes
 from kelp.serving.errors import RequestError, error_answer
 from kelp.serving.oip.inputs import TensorInputs
 from kelp.serving.oip.schemas import (
@@ -190,12 +190,14 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
     def ready_version(name: str, version: str) -> Response:
         return model_ready(name, version)
 
-    def answer(raw: bytes, header_length: int | None, version: int | None) -> tuple[bytes, int | None]:
-        """Parse, score, encode: one call on the scoring thread."""
+    def answer(raw: bytes, header_length: int | None, version: int | None) -> tuple[bytes, int | None, int]:
+        """Parse, score, encode: one call on the scoring thread. Also returns the version that scored."""
         request = parse_request(raw, header_length)
         batch = inputs.batch(request.inputs)
         result = replica.scorer.score(batch, version)
-        return encode_response(_head(model_name, request.id, result), _outputs(request, result, tasks))
+        outputs = _outputs(request, result, tasks)
+        body, length = encode_response(_head(model_name, request.id, result), outputs)
+        return body, length, result.model_version
 
     async def infer(request: Request, name: str, version: str | None) -> Response:
         if routes.auth is not None:
@@ -217,19 +219,17 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
             )
         raw = await request.body()
         try:
-            body, header_length = await routes.run(
+            body, header_length, scored_by = await routes.run(
                 answer, raw, None if declared is None else int(declared), pinned
             )
         except KelpError as exc:
             status, payload = error_answer(exc)
             return _oip_error(status, payload["error"], payload["detail"])
+        headers = {VERSION_HEADER: str(scored_by)}
         if header_length is None:
-            return Response(body, media_type="application/json")
-        return Response(
-            body,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(header_length)},
-        )
+            return Response(body, media_type="application/json", headers=headers)
+        headers["Inference-Header-Content-Length"] = str(header_length)
+        return Response(body, media_type="application/octet-stream", headers=headers)
 
     infer_doc: dict[str, Any] = {
         "response_model": InferResponseBody,
