@@ -30,7 +30,13 @@ from kelp.config.features import (
     TableSpec,
 )
 from kelp.config.loader import apply_env_overrides, format_validation_error, load_config, parse_config
-from kelp.config.processes import LoggingConfig, MetricsConfig, PublisherConfig, ServingConfig
+from kelp.config.processes import (
+    LoggingConfig,
+    MetricsConfig,
+    PublisherConfig,
+    RequestLogConfig,
+    ServingConfig,
+)
 from kelp.config.redact import effective_config
 from kelp.config.root import CONFIG_VERSION, KelpConfig
 from kelp.config.sources import (
@@ -82,6 +88,7 @@ __all__ = [
     "MetricsConfig",
     "PublisherConfig",
     "RedisTls",
+    "RequestLogConfig",
     "RetrySpec",
     "RowLayoutSpec",
     "ServingConfig",

@@ -32,6 +32,27 @@ class PublisherConfig(StrictModel):
         return self
 
 
+class RequestLogConfig(StrictModel):
+    """``serving.request_log``: what each replica scored, to a Kafka topic (the input of a join)."""
+
+    enabled: bool = Field(
+        False,
+        description="Send each scored request (its id, the model version, the features as scored, every "
+        "score, a timestamp) to `topic` on the source's Kafka brokers, batched and off the request path. "
+        "Off: the replica needs no Kafka settings or secrets.",
+    )
+    topic: str = Field("kelp-requests", min_length=1, description="The topic the records go to.")
+    queue_requests: int = Field(
+        10_000,
+        ge=1,
+        description="Requests waiting to be sent; past it (Kafka slow or down) new ones are dropped and "
+        'counted in kelp_serving_request_log_records_total{result="dropped"}, never waited for.',
+    )
+    linger_ms: int = Field(
+        20, ge=0, le=10_000, description="kafka-python's linger: how long a batch may wait."
+    )
+
+
 class ServingConfig(StrictModel):
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65_535)
@@ -79,6 +100,7 @@ class ServingConfig(StrictModel):
         "connection opened, for the first request), else 408 and the connection closed; a connection "
         "that sends nothing is closed then. Hazard: a client on a very slow link needs more.",
     )
+    request_log: RequestLogConfig = Field(default_factory=RequestLogConfig)
     auth_token_file: Path | None = Field(
         None,
         description="File holding a bearer token the score endpoints require (Authorization: Bearer "

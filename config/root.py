@@ -62,6 +62,15 @@ class KelpConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _request_log_has_brokers(self) -> Self:
+        if self.serving.request_log.enabled and self.source.kind != "kafka":
+            raise ValueError(
+                "serving.request_log.enabled: the request log goes to the source's Kafka brokers, but "
+                f"source.kind is {self.source.kind!r}; use a kafka source, or turn the request log off"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _publisher_has_a_channel(self) -> Self:
         pub = self.publisher
         if (

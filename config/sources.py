@@ -248,13 +248,19 @@ class KafkaSecurity(StrictModel):
 
     @model_validator(mode="after")
     def _sasl(self) -> Self:
+        # The credentials themselves are checked by the processes that connect (preflight), so a
+        # serving pod that never talks to Kafka needs no Kafka secret.
         if self.protocol.startswith("SASL") and self.sasl_mechanism is None:
             raise ValueError(f"protocol {self.protocol} needs sasl_mechanism")
+        return self
+
+    def missing_credentials(self) -> str | None:
+        """What a connection with these settings lacks (None: nothing), for the processes that connect."""
         if self.sasl_mechanism in {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} and not (
             self.sasl_username and self.sasl_password
         ):
-            raise ValueError(f"sasl_mechanism {self.sasl_mechanism} needs sasl_username and sasl_password")
-        return self
+            return f"sasl_mechanism {self.sasl_mechanism} needs sasl_username and sasl_password"
+        return None
 
 
 class KafkaSourceConfig(StrictModel):

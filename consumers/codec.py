@@ -47,6 +47,7 @@ __all__ = [
     "REASONS",
     "SCHEMA_VERSION",
     "encode_columns",
+    "encode_request_record",
     "encode_sample",
     "hash_str_id",
 ]
@@ -114,6 +115,46 @@ def encode_sample(
 def _pack(arr: np.ndarray, dtype: str, packed: bool) -> Any:
     a = np.ascontiguousarray(arr, dtype=dtype)
     return a.tobytes() if packed else a.tolist()
+
+
+def encode_request_record(
+    *,
+    request_id: str,
+    model_version: int,
+    ts: float,
+    dense: np.ndarray,
+    sparse: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    scores: Mapping[str, np.ndarray],
+) -> bytes:
+    """What a serving replica scored, as a columnar message of this schema without labels.
+
+    ``dense`` f32[n, n_dense] holds the features as the request sent them
+    (defaults filled in, before transforms, as events carry them);
+    ``sparse[f]`` is ``(values u64[N], lengths i32[n])``, the ids as scored;
+    ``scores[task]`` f32[n]. The columns are packed like :func:`encode_columns`
+    writes them, so a join adds labels and has a training event; the
+    ``request`` map carries the id, the version and the scores. A trainer reading
+    the record as it is rejects it (``missing_label``): it is an impression, not
+    yet an example.
+    """
+    return msgpack.packb(
+        {
+            "v": SCHEMA_VERSION,
+            "batch": int(dense.shape[0]),
+            "ts": float(ts),
+            "dense": _pack(dense, "<f4", True),
+            "sparse": {
+                name: {"values": _pack(values, "<u8", True), "lengths": _pack(lengths, "<i4", True)}
+                for name, (values, lengths) in sparse.items()
+            },
+            "request": {
+                "id": request_id,
+                "model_version": int(model_version),
+                "scores": {task: _pack(values, "<f4", True) for task, values in scores.items()},
+            },
+        },
+        use_bin_type=True,
+    )
 
 
 def encode_columns(

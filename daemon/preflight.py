@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from kelp.config import KelpConfig
+from kelp.config import KafkaSourceConfig, KelpConfig
 from kelp.consumers.checks import check_source
 from kelp.errors import ConfigError
 from kelp.store import check_store_config
@@ -22,7 +22,8 @@ from kelp.store import check_store_config
 __all__ = ["Role", "preflight", "problems"]
 
 Role = Literal["train", "serve"]
-"""Which process the config is for: a trainer reads the source, a serving replica does not."""
+"""Which process the config is for: a trainer reads the source; a serving replica does not, and talks to
+Kafka only with ``serving.request_log`` on (so only then does it need the Kafka credentials)."""
 
 
 _TABLE_FIELD = re.compile(r"^features\.tables\[(\d+)\](.*)$")
@@ -31,6 +32,11 @@ _TABLE_FIELD = re.compile(r"^features\.tables\[(\d+)\](.*)$")
 def problems(cfg: KelpConfig, role: Role = "train") -> list[tuple[str, str]]:
     """``(field, message)`` for everything the given process would refuse (empty: good to go)."""
     found = list(check_source(cfg.source, cfg.features)) if role == "train" else []
+    connects_to_kafka = role == "train" or cfg.serving.request_log.enabled
+    if connects_to_kafka and isinstance(cfg.source, KafkaSourceConfig):
+        missing = cfg.source.security.missing_credentials()
+        if missing is not None:
+            found.append(("source.security", missing))
     found += _as_written(cfg, check_store_config(cfg.store, list(cfg.features.tables)))
     return found
 

@@ -59,7 +59,7 @@ from starlette.types import Receive, Scope, Send
 from kelp.errors import KelpError
 from kelp.serving.auth import BearerAuth, load_token
 from kelp.serving.body import MSGPACK
-from kelp.serving.dispatch import VERSION_HEADER, Parse, ScoreRoutes
+from kelp.serving.dispatch import Parse, ScoreRoutes
 from kelp.serving.errors import error_answer
 from kelp.serving.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestRecorder
 from kelp.serving.oip.routes import OIP_ENDPOINTS, add_oip_routes, endpoint_label
@@ -165,10 +165,16 @@ async def _through_fastapi(routes: ScoreRoutes, request: Request, parse: Parse) 
             return JSONResponse(refusal, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="kelp"'})
     raw = await request.body()
     headers = request.headers
-    content, media_type, version = await run_in_threadpool(
-        routes.answer, raw, headers.get("content-type", "application/json"), headers.get("accept", ""), parse
+    client_id = headers.get("x-request-id")
+    content, media_type, extra = await run_in_threadpool(
+        routes.answer,
+        raw,
+        headers.get("content-type", "application/json"),
+        headers.get("accept", ""),
+        parse,
+        None if client_id is None else client_id.encode("latin-1"),
     )
-    return Response(content, media_type=media_type, headers={VERSION_HEADER: str(version)})
+    return Response(content, media_type=media_type, headers={k.decode(): v.decode() for k, v in extra})
 
 
 def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> FastAPI:
@@ -195,6 +201,7 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
         serving.max_body_bytes,
         body_timeout_s=serving.body_timeout_s,
         auth=None if token is None else BearerAuth(token),
+        request_log=replica.request_log,
     )
 
     app = ServingApp(

@@ -46,7 +46,8 @@ from kelp.serving.auth import BearerAuth
 from kelp.serving.body import decode_body, encode_body, wants_msgpack
 from kelp.serving.errors import error_answer
 from kelp.serving.middleware import RequestRecorder, body_too_large, declared_length, send_response
-from kelp.serving.scorer import Scorer
+from kelp.serving.request_log import REQUEST_ID_HEADER, RequestLog, request_id
+from kelp.serving.scorer import Scorer, ScoreResult
 
 __all__ = ["SCORE_THREADS", "VERSION_HEADER", "Parse", "ScoreRoutes", "body_timeout"]
 
@@ -64,6 +65,8 @@ SCORE_THREADS = 1
 VERSION_HEADER = "kelp-model-version"
 """The response header naming the model version that scored a request (``/v1`` and ``/v2``)."""
 VERSION_HEADER_BYTES = VERSION_HEADER.encode()
+REQUEST_ID_HEADER_BYTES = REQUEST_ID_HEADER.encode()
+Headers = tuple[tuple[bytes, bytes], ...]
 
 
 class _BodyTooLargeError(Exception):
@@ -92,8 +95,10 @@ class ScoreRoutes:
         *,
         body_timeout_s: float = 10.0,
         auth: BearerAuth | None = None,
+        request_log: RequestLog | None = None,
     ) -> None:
         self.scorer = scorer
+        self.request_log = request_log
         self.parsers = parsers
         self.recorder = recorder
         self.limit = max_body_bytes
@@ -107,15 +112,32 @@ class ScoreRoutes:
             return None  # a root_path (behind a proxy) is left to Starlette's path rules
         return self.parsers.get(scope["path"])
 
-    def answer(self, raw: bytes, content_type: str, accept: str, parse: Parse) -> tuple[bytes, str, int]:
+    def answer(
+        self, raw: bytes, content_type: str, accept: str, parse: Parse, client_id: bytes | None = None
+    ) -> tuple[bytes, str, Headers]:
         """Decode, check, score, encode: one worker-thread call per request, no per-candidate objects.
 
-        Returns the body, its media type and the model version that scored it.
+        Returns the body, its media type and the headers naming the model version
+        (and, with the request log on, the request's id).
         """
         batch = parse(decode_body(raw, content_type))
         result = self.scorer.score(batch)
-        content, media = encode_body(result.to_json(), wants_msgpack(accept))
-        return content, media, result.model_version
+        body = result.to_json()
+        headers: Headers = ((VERSION_HEADER_BYTES, b"%d" % result.model_version),)
+        logged_as = self.log(client_id, batch, result)
+        if logged_as is not None:
+            body["request_id"] = logged_as
+            headers += ((REQUEST_ID_HEADER_BYTES, logged_as.encode()),)
+        content, media = encode_body(body, wants_msgpack(accept))
+        return content, media, headers
+
+    def log(self, client_id: bytes | str | None, batch: MicroBatch, result: ScoreResult) -> str | None:
+        """Record a scored request in the request log and return its id; None when the log is off."""
+        if self.request_log is None:
+            return None
+        logged_as = request_id(client_id)
+        self.request_log.record(logged_as, batch, result)
+        return logged_as
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, parse: Parse) -> None:
         endpoint = scope["path"]
@@ -123,6 +145,7 @@ class ScoreRoutes:
         status = 500  # what the metrics record when no answer was sent (a client that went away)
         try:
             content_type, accept, declared, authorization = "application/json", "", None, None
+            client_id: bytes | None = None
             for name, value in scope["headers"]:
                 if name == b"content-type":
                     content_type = value.decode("latin-1")
@@ -132,12 +155,14 @@ class ScoreRoutes:
                     declared = declared_length(((name, value),))
                 elif name == b"authorization":
                     authorization = value
+                elif name == b"x-request-id":
+                    client_id = value
             refusal = None if self.auth is None else self.auth.refusal(authorization)
             if refusal is not None:
                 status = 401
                 await send_response(send, 401, orjson.dumps(refusal), b"application/json", _WWW_AUTHENTICATE)
                 return
-            headers: tuple[tuple[bytes, bytes], ...] = ()
+            headers: Headers = ()
             if declared is not None and declared > self.limit:
                 status, content, media = 413, orjson.dumps(body_too_large(self.limit)), "application/json"
             else:
@@ -151,7 +176,9 @@ class ScoreRoutes:
                 else:
                     if raw is None:
                         return
-                    status, content, media, headers = await self._answer(raw, content_type, accept, parse)
+                    status, content, media, headers = await self._answer(
+                        raw, content_type, accept, parse, client_id
+                    )
             await send_response(send, status, content, media.encode(), headers)
         finally:
             self.recorder.finish(endpoint, status, started)
@@ -175,14 +202,14 @@ class ScoreRoutes:
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _answer(
-        self, raw: bytes, content_type: str, accept: str, parse: Parse
-    ) -> tuple[int, bytes, str, tuple[tuple[bytes, bytes], ...]]:
+        self, raw: bytes, content_type: str, accept: str, parse: Parse, client_id: bytes | None
+    ) -> tuple[int, bytes, str, Headers]:
         try:
-            content, media, version = await self.run(self.answer, raw, content_type, accept, parse)
+            content, media, headers = await self.run(self.answer, raw, content_type, accept, parse, client_id)
         except KelpError as exc:
             status, payload = error_answer(exc)
             return status, orjson.dumps(payload), "application/json", ()
-        return 200, content, media, ((VERSION_HEADER_BYTES, b"%d" % version),)
+        return 200, content, media, headers
 
     async def run(self, work: Callable[..., _T], *args: Any) -> _T:
         """``work(*args)`` on the scoring thread: every route that scores queues there, in arrival order."""

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -53,7 +54,7 @@ from kelp.consumers.ids import str_id
 from kelp.consumers.transforms import apply_transforms, defaults_of
 from kelp.serving.errors import BadRequestError, RequestError
 
-__all__ = ["RequestParser"]
+__all__ = ["RequestBatch", "RequestParser"]
 
 U64_LIMIT = 1 << 64
 _SHOWN_CHARS = 40  # of a refused value's repr in an error message
@@ -61,6 +62,18 @@ _SPARSE_ONLY = {"sparse": None}.keys()
 _NO_IDS: list[int] = []
 Given = tuple[dict[int, float], dict[int, "int | list[int]"]]
 """One sample's non-null dense values and sparse ids (one id, or a list), by column index."""
+
+
+@dataclass
+class RequestBatch(MicroBatch):
+    """A scoring batch that also keeps the dense features as the request sent them.
+
+    ``raw_dense`` f64[B, n_dense] has the defaults filled in but no transforms:
+    the form events carry, so the request log can record what was scored in
+    the form a trainer reads.
+    """
+
+    raw_dense: np.ndarray | None = None
 
 
 def _invalid(message: str) -> BadRequestError:
@@ -421,13 +434,14 @@ class RequestParser:
                 dense[r, j] = x
         return dense
 
-    def assemble(self, dense: np.ndarray, sparse: dict[str, JaggedIds]) -> MicroBatch:
+    def assemble(self, dense: np.ndarray, sparse: dict[str, JaggedIds]) -> RequestBatch:
         """Transforms, the non-finite check after them, and the batch (labels are unused zeros).
 
         ``dense`` holds raw feature values, float64 ``[B, n_dense]``, and ``sparse``
         checked ids per feature: every request form (JSON, msgpack, named tensors)
         ends here, so they all score alike.
         """
+        raw = dense
         if dense.size:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 dense = dense.astype(np.float32)  # 1e300 -> inf: rejected below, as the event schema does
@@ -441,12 +455,15 @@ class RequestParser:
                     f"({[t.kind for t in self.spec.dense[j].transforms]})",
                 )
         b = dense.shape[0]
-        return MicroBatch.from_columns(
+        batch = RequestBatch.from_columns(
             self.spec,
             labels=np.zeros(b, np.float32),
             dense=dense.astype(np.float32, copy=False),
             sparse=sparse,
         )
+        assert isinstance(batch, RequestBatch)
+        batch.raw_dense = raw
+        return batch
 
 
 def _one_each(n: int) -> np.ndarray:

@@ -14,6 +14,8 @@
 ``kelp_serving_rows_total``                        embedding rows used, by result (stored, default)
 ``kelp_serving_embedding_age_seconds``             histogram: age of the stored rows a request used
 ``kelp_serving_ready``                             gauge: 1 while /readyz answers 200
+``kelp_serving_request_log_records_total``         request log records, by result (sent, dropped, failed)
+``kelp_serving_request_log_queue``                 gauge: scored requests waiting for the request log
 =================================================  ==================================================
 
 The default-row rate is ``rate(kelp_serving_rows_total{result="default"}[5m])
@@ -65,6 +67,12 @@ class ServingMetrics:
             buckets=EMBEDDING_AGE_BUCKETS_S,
         )
         self.ready = m.gauge("ready", "1 while the replica is ready (/readyz answers 200).")
+        self.request_log_records = m.counter(
+            "request_log_records",
+            "Scored requests for the request log, by result (sent, dropped: queue full, failed).",
+            ["result"],
+        )
+        self.request_log_queue = m.gauge("request_log_queue", "Scored requests waiting for the request log.")
         self._created_at: float | None = None
 
     def model_loaded(self, version: int, created_at: float) -> None:

@@ -19,7 +19,7 @@ import logging
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from kelp.config import KelpConfig
+from kelp.config import KafkaSourceConfig, KelpConfig
 from kelp.errors import KelpError
 from kelp.publish.base import SnapshotChannel
 from kelp.publish.publisher import build_channel
@@ -28,6 +28,7 @@ from kelp.serving.embeddings import RowFetcher
 from kelp.serving.features import RequestParser
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.model import ModelSlot
+from kelp.serving.request_log import RequestLog
 from kelp.serving.schemas import build_request_models
 from kelp.serving.scorer import Scorer
 from kelp.serving.watcher import SnapshotWatcher
@@ -90,6 +91,12 @@ class ServingReplica:
             pinned_version=None if cfg.serving.model_version == "latest" else cfg.serving.model_version,
             warm_up=self.scorer.warm_up,
         )
+        log_cfg = cfg.serving.request_log
+        self.request_log = (
+            RequestLog(log_cfg, cfg.source, self.scorer.model_spec.tasks, self.metrics)
+            if log_cfg.enabled and isinstance(cfg.source, KafkaSourceConfig)
+            else None
+        )
         self._probe_table = next(iter(self.store.tables), None)
         self._started = False
 
@@ -115,5 +122,7 @@ class ServingReplica:
     def close(self) -> None:
         """Stop watching, then release the channel and the store (reverse of start)."""
         self.watcher.stop()
+        if self.request_log is not None:
+            self.request_log.close()
         self.channel.close()
         self.store.close()

@@ -181,6 +181,11 @@ class ScoreResponse(BaseModel):
     default_row_rate: float = Field(
         description="share of the request's unique (table, id) pairs that read the default row"
     )
+    request_id: str | None = Field(
+        None,
+        description="with serving.request_log on: the id the request was logged under (the client's "
+        "X-Request-Id when it is 1-128 printable ASCII characters, else a new one)",
+    )
 
 
 class ModelInfo(BaseModel):

@@ -41,6 +41,7 @@ from kelp.serving.oip.schemas import (
 )
 from kelp.serving.oip.tensors import BINARY_HEADER, InferRequest, encode_response, parse_request
 from kelp.serving.replica import ServingReplica
+from kelp.serving.request_log import REQUEST_ID_HEADER
 from kelp.serving.scorer import ScoreResult
 
 __all__ = ["OIP_ENDPOINTS", "add_oip_routes", "endpoint_label"]
@@ -190,14 +191,20 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
     def ready_version(name: str, version: str) -> Response:
         return model_ready(name, version)
 
-    def answer(raw: bytes, header_length: int | None, version: int | None) -> tuple[bytes, int | None, int]:
-        """Parse, score, encode: one call on the scoring thread. Also returns the version that scored."""
+    def answer(
+        raw: bytes, header_length: int | None, version: int | None, client_id: str | None
+    ) -> tuple[bytes, int | None, dict[str, str]]:
+        """Parse, score, encode: one call on the scoring thread. Also returns the response's headers."""
         request = parse_request(raw, header_length)
         batch = inputs.batch(request.inputs)
         result = replica.scorer.score(batch, version)
         outputs = _outputs(request, result, tasks)
-        body, length = encode_response(_head(model_name, request.id, result), outputs)
-        return body, length, result.model_version
+        logged_as = routes.log(request.id or client_id, batch, result)
+        headers = {VERSION_HEADER: str(result.model_version)}
+        if logged_as is not None:
+            headers[REQUEST_ID_HEADER] = logged_as
+        body, length = encode_response(_head(model_name, logged_as or request.id, result), outputs)
+        return body, length, headers
 
     async def infer(request: Request, name: str, version: str | None) -> Response:
         if routes.auth is not None:
@@ -219,13 +226,16 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
             )
         raw = await request.body()
         try:
-            body, header_length, scored_by = await routes.run(
-                answer, raw, None if declared is None else int(declared), pinned
+            body, header_length, headers = await routes.run(
+                answer,
+                raw,
+                None if declared is None else int(declared),
+                pinned,
+                request.headers.get("x-request-id"),
             )
         except KelpError as exc:
             status, payload = error_answer(exc)
             return _oip_error(status, payload["error"], payload["detail"])
-        headers = {VERSION_HEADER: str(scored_by)}
         if header_length is None:
             return Response(body, media_type="application/json", headers=headers)
         headers["Inference-Header-Content-Length"] = str(header_length)

@@ -89,12 +89,15 @@ def test_plaintext_sends_no_tls_or_sasl_options(tmp_path: Path) -> None:
     assert not [k for k in settings if k.startswith(("ssl_", "sasl_"))]
 
 
-def test_a_sasl_mechanism_without_its_password_is_refused(tmp_path: Path) -> None:
+def test_a_sasl_mechanism_without_its_password_is_refused_where_kafka_is_used(tmp_path: Path) -> None:
+    from kelp.daemon.preflight import preflight
     from kelp.errors import ConfigError
 
     security = {"protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u"}
+    cfg = _cfg(tmp_path, security)  # a serving replica without the request log never connects to Kafka
+    preflight(cfg, "kelp.yaml", role="serve")
     with pytest.raises(ConfigError, match="sasl_password"):
-        _cfg(tmp_path, security)
+        preflight(cfg, "kelp.yaml", role="train")
 
 
 def test_a_sasl_listener_closing_every_login_is_a_refusal_but_an_outage_is_not() -> None:

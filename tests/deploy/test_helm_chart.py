@@ -277,22 +277,39 @@ def test_no_secret_lands_in_the_config_map(production_manifests: list[Manifest])
     assert not {k for k in keys(config) if "password" in k}  # ...and comes from the env, not the file
 
 
+def _secret_refs(container: dict) -> dict[str, dict]:
+    return {
+        var["name"]: var["valueFrom"]["secretKeyRef"]
+        for var in container["env"]
+        if "secretKeyRef" in var.get("valueFrom", {})
+    }
+
+
 def test_secrets_become_kelp_env_overrides(production_manifests: list[Manifest]) -> None:
     values = load_values(PRODUCTION_VALUES)["secrets"]
-    for _doc, container in _kelp_containers(production_manifests):
-        refs = {
-            var["name"]: var["valueFrom"]["secretKeyRef"]
-            for var in container["env"]
-            if "secretKeyRef" in var.get("valueFrom", {})
-        }
+    for doc, container in _kelp_containers(production_manifests):
+        refs = _secret_refs(container)
         assert refs["KELP_STORE__PASSWORD"] == {
             "name": values["store"]["password"]["existingSecret"],
             "key": values["store"]["password"]["key"],
         }
-        assert refs["KELP_SOURCE__SECURITY__SASL_PASSWORD"] == {
-            "name": values["kafka"]["saslPassword"]["existingSecret"],
-            "key": values["kafka"]["saslPassword"]["key"],
-        }
+        if doc["kind"] == "StatefulSet":
+            assert refs["KELP_SOURCE__SECURITY__SASL_PASSWORD"] == {
+                "name": values["kafka"]["saslPassword"]["existingSecret"],
+                "key": values["kafka"]["saslPassword"]["key"],
+            }
+        else:  # serving pods never talk to Kafka unless they log requests: no Kafka secret there
+            assert not [name for name in refs if name.startswith("KELP_SOURCE__")]
+
+
+def test_serving_pods_get_the_kafka_secret_only_with_the_request_log(render: Render) -> None:
+    values = VALUE_SETS["production"]()
+    values.setdefault("config", {}).setdefault("serving", {})["request_log"] = {"enabled": True}
+    manifests = render(values)
+    serving = find(manifests, "Deployment", "-serving")
+    refs = _secret_refs(pod_spec(serving)["containers"][0])
+    secret = load_values(PRODUCTION_VALUES)["secrets"]["kafka"]["saslPassword"]["existingSecret"]
+    assert refs["KELP_SOURCE__SECURITY__SASL_PASSWORD"]["name"] == secret
 
 
 def test_tls_files_are_mounted_where_the_config_points(production_manifests: list[Manifest]) -> None:

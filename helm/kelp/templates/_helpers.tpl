@@ -222,9 +222,14 @@ Call with (dict "root" . "role" "trainer"|"serving"|"probe").
       key: {{ $auth.passwordKey | quote }}
 {{- end }}
 {{- $refs := list
-  (list "KELP_SOURCE__SECURITY__SASL_PASSWORD" $root.Values.secrets.kafka.saslPassword)
-  (list "KELP_SOURCE__SECURITY__SSL_PASSWORD" $root.Values.secrets.kafka.sslKeyPassword)
   (list "KELP_PUBLISHER__REDIS_URL" (($root.Values.secrets.publisher | default dict).redisUrl | default dict)) }}
+{{- /* Serving pods talk to Kafka only to write the request log: without it they get no Kafka secret. */}}
+{{- $requestLog := ((($root.Values.config.serving | default dict).request_log | default dict).enabled) | default false }}
+{{- if or (eq .role "trainer") $requestLog }}
+{{- $refs = concat (list
+  (list "KELP_SOURCE__SECURITY__SASL_PASSWORD" $root.Values.secrets.kafka.saslPassword)
+  (list "KELP_SOURCE__SECURITY__SSL_PASSWORD" $root.Values.secrets.kafka.sslKeyPassword)) $refs }}
+{{- end }}
 {{- if not $auth.existingSecret }}
 {{- $refs = prepend $refs (list "KELP_STORE__PASSWORD" $root.Values.secrets.store.password) }}
 {{- end }}
