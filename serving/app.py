@@ -45,6 +45,7 @@ from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import orjson
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
@@ -58,14 +59,23 @@ from starlette.types import Receive, Scope, Send
 
 from kelp.errors import KelpError
 from kelp.serving.auth import BearerAuth, load_token
-from kelp.serving.body import MSGPACK
+from kelp.serving.body import MSGPACK, decode_body
 from kelp.serving.dispatch import Parse, ScoreRoutes
 from kelp.serving.errors import error_answer
 from kelp.serving.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestRecorder
 from kelp.serving.oip.routes import OIP_ENDPOINTS, add_oip_routes, endpoint_label
 from kelp.serving.oip.schemas import InferRequestBody
 from kelp.serving.replica import ServingReplica
-from kelp.serving.schemas import ErrorResponse, ModelInfo, ReadyResponse, ScoreResponse
+from kelp.serving.schemas import (
+    EncodeResponse,
+    ErrorResponse,
+    ModelInfo,
+    ReadyResponse,
+    RowsRequest,
+    RowsResponse,
+    ScoreResponse,
+)
+from kelp.serving.vectors import VectorLookup
 
 __all__ = ["CONFIG_ENV", "app_from_env", "create_app"]
 
@@ -78,6 +88,7 @@ ENDPOINTS = (
     "/readyz",
     "/metrics",
     "/v1/model",
+    "/v1/embeddings",
     "/openapi.json",
     *OIP_ENDPOINTS,
 )
@@ -156,13 +167,15 @@ class ServingApp(FastAPI):
             await super().__call__(scope, receive, send)
 
 
+def _unauthorized(refusal: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(refusal, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="kelp"'})
+
+
 async def _through_fastapi(routes: ScoreRoutes, request: Request, parse: Parse) -> Response:
     """The score routes when FastAPI's stack does answer them (a request under a ``root_path``)."""
-    if routes.auth is not None:
-        header = request.headers.get("authorization")
-        refusal = routes.auth.refusal(None if header is None else header.encode("latin-1"))
-        if refusal is not None:
-            return JSONResponse(refusal, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="kelp"'})
+    refusal = routes.refusal(request.headers.get("authorization"))
+    if refusal is not None:
+        return _unauthorized(refusal)
     raw = await request.body()
     headers = request.headers
     client_id = headers.get("x-request-id")
@@ -254,6 +267,44 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
     async def score_candidates(request: Request) -> Response:
         return await _through_fastapi(routes, request, replica.parser.candidates)
 
+    vectors = VectorLookup(
+        replica.store,
+        replica.parser,
+        replica.scorer,
+        serving.max_samples_per_request * serving.max_ids_per_feature,
+    )
+
+    @app.post(
+        "/v1/embeddings",
+        response_model=RowsResponse | EncodeResponse,
+        responses=_ERRORS,
+        summary="Stored rows of ids, or the model's encode() vectors of samples (for an ANN index)",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    media: {
+                        "schema": {
+                            "oneOf": [
+                                {"$ref": "#/components/schemas/RowsRequest"},
+                                {"$ref": "#/components/schemas/ScoreRequest"},
+                            ]
+                        }
+                    }
+                    for media in ("application/json", MSGPACK)
+                },
+            }
+        },
+    )
+    async def embeddings(request: Request) -> Response:
+        refusal = routes.refusal(request.headers.get("authorization"))
+        if refusal is not None:
+            return _unauthorized(refusal)
+        raw = await request.body()
+        content_type = request.headers.get("content-type", "application/json")
+        answer = await routes.run(lambda: vectors.answer(decode_body(raw, content_type)))
+        return Response(orjson.dumps(answer), media_type="application/json")
+
     @app.get("/healthz", summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -294,6 +345,7 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
                     (models.score, "validation"),
                     (models.candidates, "validation"),
                     (InferRequestBody, "validation"),
+                    (RowsRequest, "validation"),
                 ],
                 ref_template="#/components/schemas/{model}",
             )

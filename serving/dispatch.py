@@ -131,6 +131,12 @@ class ScoreRoutes:
         content, media = encode_body(body, wants_msgpack(accept))
         return content, media, headers
 
+    def refusal(self, authorization: str | None) -> dict[str, Any] | None:
+        """The 401 body for a request with this ``Authorization`` header, or None when it may pass."""
+        if self.auth is None:
+            return None
+        return self.auth.refusal(None if authorization is None else authorization.encode("latin-1"))
+
     def log(self, client_id: bytes | str | None, batch: MicroBatch, result: ScoreResult) -> str | None:
         """Record a scored request in the request log and return its id; None when the log is off."""
         if self.request_log is None:

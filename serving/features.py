@@ -54,7 +54,7 @@ from kelp.consumers.ids import str_id
 from kelp.consumers.transforms import apply_transforms, defaults_of
 from kelp.serving.errors import BadRequestError, RequestError
 
-__all__ = ["RequestBatch", "RequestParser"]
+__all__ = ["RequestBatch", "RequestParser", "ids_of"]
 
 U64_LIMIT = 1 << 64
 _SHOWN_CHARS = 40  # of a refused value's repr in an error message
@@ -114,6 +114,11 @@ def _ids_with_strings(ids: list[Any], where: str) -> list[Any]:
     if not strings:
         return ids
     return [_string_id(v, where) if type(v) is str else v for v in ids]
+
+
+def ids_of(values: list[Any], where: str) -> np.ndarray:
+    """uint64 ids of a list of integer or string ids (the one id rule); ``bad_id`` naming ``where``."""
+    return np.asarray(_ids_with_strings(values, where), dtype=np.uint64)
 
 
 def _out_of_range(where: str, value: Any) -> BadRequestError:

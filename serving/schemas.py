@@ -32,10 +32,13 @@ from kelp.config import FeatureSpec, ServingConfig
 
 __all__ = [
     "EmbeddingAge",
+    "EncodeResponse",
     "ErrorResponse",
     "ModelInfo",
     "ReadyResponse",
     "RequestModels",
+    "RowsRequest",
+    "RowsResponse",
     "ScoreResponse",
     "build_request_models",
 ]
@@ -186,6 +189,29 @@ class ScoreResponse(BaseModel):
         description="with serving.request_log on: the id the request was logged under (the client's "
         "X-Request-Id when it is 1-128 printable ASCII characters, else a new one)",
     )
+
+
+class RowsRequest(_Strict):
+    """Stored rows of some ids of one table (``table``, or a sparse ``feature``'s table)."""
+
+    table: str | None = Field(None, description="a table of features.tables")
+    feature: str | None = Field(None, description="or a sparse feature: its table")
+    ids: list[Id] = Field(min_length=1, description="integer ids, or strings read by the one id rule")
+
+
+class RowsResponse(BaseModel):
+    table: str
+    dim: int
+    ids: list[int] = Field(description="the ids as integers, in request order")
+    stored: list[bool] = Field(description="per id: whether the store holds a row for it")
+    vectors: list[list[float]] = Field(description="per id: its row (stored: false, the row a pull returns)")
+
+
+class EncodeResponse(BaseModel):
+    vectors: dict[str, list[list[float]]] = Field(
+        description="the model's encode(batch) output, name -> [B, d]"
+    )
+    model_version: int
 
 
 class ModelInfo(BaseModel):

@@ -40,7 +40,7 @@ import torch
 from kelp.config import FeatureSpec
 from kelp.consumers.batch import JaggedIds, MicroBatch
 from kelp.consumers.transforms import defaults_of
-from kelp.serving.embeddings import RowFetcher
+from kelp.serving.embeddings import FetchedRows, RowFetcher
 from kelp.serving.errors import NoModelError, RequestError
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.model import ModelSlot, ServedModel
@@ -160,15 +160,24 @@ class Scorer:
         """
         self._score_with(served, self._warm_up_batch)
 
-    def _score_with(self, served: ServedModel, batch: MicroBatch) -> ScoreResult:
+    def model_input(self, batch: MicroBatch) -> ModelInput:
+        """What the model's forward (or another hook of it) takes for ``batch``: rows fetched and pooled."""
+        return self._inputs(batch)[0]
+
+    def _inputs(self, batch: MicroBatch) -> tuple[ModelInput, FetchedRows]:
         ids = self.plan.dedup(batch)
         fetched = self.fetcher.fetch(ids.unique)
         with torch.inference_mode():
             pooled = self.plan.pool(batch, ids, fetched.rows)
             sparse = dict(zip(self._names, pooled, strict=True))
             sequences = self.plan.sequences(batch, ids, fetched.rows)
+        return ModelInput(torch.from_numpy(batch.dense), sparse, sequences), fetched
+
+    def _score_with(self, served: ServedModel, batch: MicroBatch) -> ScoreResult:
+        model_input, fetched = self._inputs(batch)
+        with torch.inference_mode():
             try:
-                output = served.module(ModelInput(torch.from_numpy(batch.dense), sparse, sequences))
+                output = served.module(model_input)
                 by_task = self._task_logits(output, batch.size)
             except Exception as exc:  # user model code may raise anything
                 raise self._model_failed(served, exc, batch.size) from exc

@@ -87,14 +87,31 @@ class TwoTower(nn.Module):
         self.bias = nn.Parameter(torch.zeros(len(self.tasks)))
 
     def forward(self, batch: ModelInput) -> Tensor | dict[str, Tensor]:
+        vectors = self.encode(batch)
+        if len(self.tasks) == 1:
+            return (vectors["user"] * vectors["item"]).sum(dim=1) + self.bias
+        return {
+            task: (vectors[f"user.{task}"] * vectors[f"item.{task}"]).sum(dim=1) + self.bias[t]
+            for t, task in enumerate(self.tasks)
+        }
+
+    def encode(self, batch: ModelInput) -> dict[str, Tensor]:
+        """The towers' outputs, f32[B, dim] each: what a nearest-neighbour index holds.
+
+        Kelp's ``POST /v1/embeddings`` with samples returns them (docs/models.md),
+        so an ANN index of item vectors can be refreshed from the served model:
+        ``"user"`` and ``"item"`` with one task, ``"user.<task>"`` and
+        ``"item.<task>"`` per task with several. The logit is their dot product
+        plus the task's bias.
+        """
         user = self.user_tower(_inputs(batch, self.user_dense, self.user_sparse))
         item = self.item_tower(_inputs(batch, self.item_dense, self.item_sparse))
         if len(self.tasks) == 1:
-            return (user * item).sum(dim=1) + self.bias
-        return {
-            task: (u(user) * v(item)).sum(dim=1) + self.bias[t]
-            for t, (task, u, v) in enumerate(zip(self.tasks, self.user_heads, self.item_heads, strict=True))
-        }
+            return {"user": user, "item": item}
+        vectors = {}
+        for task, u, v in zip(self.tasks, self.user_heads, self.item_heads, strict=True):
+            vectors[f"user.{task}"], vectors[f"item.{task}"] = u(user), v(item)
+        return vectors
 
 
 def _inputs(batch: ModelInput, dense_columns: list[int], sparse: list[str]) -> Tensor:

@@ -207,13 +207,11 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
         return body, length, headers
 
     async def infer(request: Request, name: str, version: str | None) -> Response:
-        if routes.auth is not None:
-            header = request.headers.get("authorization")
-            refusal = routes.auth.refusal(None if header is None else header.encode("latin-1"))
-            if refusal is not None:
-                return _oip_error(
-                    401, refusal["error"], refusal["detail"], {"WWW-Authenticate": 'Bearer realm="kelp"'}
-                )
+        refusal = routes.refusal(request.headers.get("authorization"))
+        if refusal is not None:
+            return _oip_error(
+                401, refusal["error"], refusal["detail"], {"WWW-Authenticate": 'Bearer realm="kelp"'}
+            )
         if name != model_name:
             return unknown(name)
         pinned = None if version is None else _version_number(version)

@@ -216,6 +216,7 @@ def test_json_clicks_train_a_user_model_and_a_running_replica_scores_fresh_embed
         assert model["model"]["reference"] == "two_tower:two_tower"
         before = _score(client, user, items)
         assert before["default_row_rate"] == 0.0  # every id was trained: all rows are the stored ones
+        _check_vectors_explain_the_scores(client, user, items, before["scores"])
 
         # Many clicks of one user on one item: the item's row (and the user's) move.
         clicks = [
@@ -234,6 +235,41 @@ def test_json_clicks_train_a_user_model_and_a_running_replica_scores_fresh_embed
     assert after["model_version"] == before["model_version"]
     assert after["scores"][target] > before["scores"][target]
     assert processes[1].poll() is None
+
+
+def _check_vectors_explain_the_scores(
+    client: httpx.Client, user: dict[str, Any], items: list[dict[str, Any]], scores: list[float]
+) -> None:
+    """``/v1/embeddings``: the model's tower vectors give the scores' logits up to the bias, and the
+    items' stored rows are there to index."""
+    samples = [
+        {
+            "dense": {"hour": 13},
+            "sparse": {
+                "user": user["id"],
+                "country": user["country"],
+                "item": str(item["id"]),
+                "category": item["category"],
+            },
+        }
+        for item in items
+    ]
+    reply = client.post("/v1/embeddings", json={"samples": samples})
+    assert reply.status_code == 200, reply.text
+    vectors = reply.json()["vectors"]
+    dots = [
+        sum(u * v for u, v in zip(us, vs, strict=True))
+        for us, vs in zip(vectors["user"], vectors["item"], strict=True)
+    ]
+    logits = [math.log(s / (1 - s)) for s in scores]
+    bias = logits[0] - dots[0]
+    assert [d + bias for d in dots] == pytest.approx(logits, abs=1e-3)
+
+    rows = client.post("/v1/embeddings", json={"feature": "item", "ids": [str(i["id"]) for i in items]})
+    assert rows.status_code == 200, rows.text
+    assert (
+        rows.json()["stored"] == [True] * len(items) and len(rows.json()["vectors"][0]) == rows.json()["dim"]
+    )
 
 
 def test_the_shipped_config_validates_with_the_example_on_the_python_path() -> None:

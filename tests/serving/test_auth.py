@@ -235,3 +235,18 @@ def test_kelp_probe_sends_the_token(live: Live, tmp_path: Path) -> None:
         )  # fmt: skip
         assert done.returncode == code and words in done.stdout, (done.stdout, done.stderr)
         assert TOKEN not in done.stdout + done.stderr
+
+
+def test_every_scoring_route_wants_the_token(live: Live) -> None:
+    """/v2 inference and /v1/embeddings read the store and the model too: the same token guards them."""
+    oip = {"inputs": [{"name": "C1", "shape": [1], "datatype": "INT64", "data": [3]}]}
+    calls = {
+        "/v2/models/svc/infer": oip,
+        "/v1/embeddings": {"table": "ads", "ids": [3]},
+    }
+    for path, body in calls.items():
+        refused = live.client.post(path, json=body)
+        assert refused.status_code == 401, path
+        assert refused.headers["www-authenticate"] == 'Bearer realm="kelp"'
+        assert live.client.post(path, json=body, headers=AUTH).status_code == 200, path
+    assert live.client.get("/v2/health/ready").status_code == 200  # health stays open
