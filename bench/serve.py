@@ -16,7 +16,9 @@ candidates (C14..C26 each), drawn from criteo-synth (synthetic; Zipf ids), so
 one request reads ~1,300 unique rows from 26 tables. After the 2-client run
 with hot swaps: 8 clients for half as long (``p99_ms_8_clients``), then 2
 clients sending the compact form, msgpack bodies with packed candidate id
-columns and msgpack replies (``p99_ms_msgpack``).
+columns and msgpack replies (``p99_ms_msgpack``). Last, a second ``kelp
+serve`` with ``serving.workers: 2`` takes 8 clients for as long
+(``rps_8_clients_2_workers``, ``p99_ms_8_clients_2_workers``).
 
 The client is cheap on purpose, because it shares the machine (2 cores in the
 documented runs) with the replica and Redis: each request is encoded once
@@ -24,9 +26,10 @@ before the run (JSON body and HTTP head as bytes, see :class:`_Connection`),
 and the socket has ``TCP_NODELAY``. Latency is still measured at the client,
 per request, from the first byte sent to the reply read and parsed (orjson or
 msgpack; the number of scores checked). ``errors`` counts non-200 answers and
-transport failures. ``client_cpu_ms_per_request`` and
-``server_cpu_ms_per_request`` say what one request cost each side in CPU
-(Linux only for the server), which shared-machine noise barely moves.
+transport failures. ``cpu_ms_per_request`` (the replica's processes, uvicorn's
+workers included, from ``/proc``: Linux only) and ``client_cpu_ms_per_request``
+say what one request cost each side in CPU, which shared-machine noise barely
+moves.
 
 Floor, same run, same Redis, same requests: a raw read (``MGET`` per table, or
 per-row ``HGET`` in the default ``buckets`` layout, in one pipeline) of the
@@ -306,14 +309,43 @@ def _load(
 
 
 def _cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; None elsewhere)."""
+    """User + system CPU seconds so far of process ``pid`` and its live children (uvicorn's workers),
+    from Linux ``/proc``; None elsewhere."""
     if pid is None:
         return None
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for child in _children(pid):
+        total += _cpu_seconds(child) or 0.0
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _start_serve(config: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "kelp.cli", "--log-level", "warning", "serve", "--config", str(config)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=sys.stderr,
+    )
+
+
+def _stop_serve(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def _floor(cfg: KelpConfig, requests: list[dict[str, Any]], reps: int) -> float:
@@ -399,22 +431,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         publisher = build_publisher(cfg, CollectorRegistry())
         model = build_model(cfg.features, cfg.trainer)
         publisher.maybe_publish(model, step=0, offsets={}, force=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kelp.cli",
-                "--log-level",
-                "warning",
-                "serve",
-                "--config",
-                str(config_path),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=sys.stderr,
-        )
+        proc = _start_serve(config_path)
         try:
             _wait_ready(port, proc)
             progress(f"warm-up {warmup:.0f} s")
@@ -445,11 +462,18 @@ def run(quick: bool = False) -> dict[str, Any]:
             )
 
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop_serve(proc)
+        progress(f"measuring {extra:.0f} s, 8 clients (JSON), serving.workers: 2")
+        two = cfg.model_copy(update={"serving": cfg.serving.model_copy(update={"workers": 2})})
+        two_path = workdir / "kelp-2-workers.yaml"
+        two_path.write_text(yaml.safe_dump(two.model_dump(mode="json", exclude_none=True)))
+        proc = _start_serve(two_path)
+        try:
+            _wait_ready(port, proc)
+            _load(port, bodies, warmup, clients=8)
+            workers = _load(port, bodies, extra, clients=8, server_pid=proc.pid)
+        finally:
+            _stop_serve(proc)
             publisher.close()
         progress("floor: raw MGET + bare forward, in-process")
         floor = _floor(cfg, requests, reps=200 if quick else 1000)
@@ -462,13 +486,17 @@ def run(quick: bool = False) -> dict[str, Any]:
         "p50_ms": round(result["p50_ms"], 3),
         "p99_ms": round(result["p99_ms"], 3),
         "rps": round(rps, 1),
-        "errors": result["errors"] + eight["errors"] + packed["errors"],
+        "errors": result["errors"] + eight["errors"] + packed["errors"] + workers["errors"],
         "p50_ms_8_clients": round(eight["p50_ms"], 3),
         "p99_ms_8_clients": round(eight["p99_ms"], 3),
         "rps_8_clients": round(eight["requests"] / eight["elapsed_s"], 1),
         "p50_ms_msgpack": round(packed["p50_ms"], 3),
         "p99_ms_msgpack": round(packed["p99_ms"], 3),
-        "server_cpu_ms_per_request": _rounded(result["server_cpu_ms"]),
+        "cpu_ms_per_request": _rounded(result["server_cpu_ms"]),
+        "p50_ms_8_clients_2_workers": round(workers["p50_ms"], 3),
+        "p99_ms_8_clients_2_workers": round(workers["p99_ms"], 3),
+        "rps_8_clients_2_workers": round(workers["requests"] / workers["elapsed_s"], 1),
+        "cpu_ms_per_request_2_workers": _rounded(workers["server_cpu_ms"]),
         "server_cpu_ms_per_request_msgpack": _rounded(packed["server_cpu_ms"]),
         "client_cpu_ms_per_request": _rounded(result["client_cpu_ms"]),
         "swaps": int(swaps),

@@ -22,13 +22,27 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.registry import Collector
 
-__all__ = ["LATENCY_BUCKETS_S", "NAMESPACE", "LabelledRegistry", "MetricFactory", "registered_names"]
+__all__ = [
+    "LATENCY_BUCKETS_S",
+    "NAMESPACE",
+    "FunctionGauge",
+    "LabelledRegistry",
+    "MetricFactory",
+    "leave_multiprocess",
+    "multiprocess_dir",
+    "registered_names",
+    "scrape",
+]
 
 NAMESPACE = "kelp"
 
@@ -92,12 +106,44 @@ class MetricFactory:
         self._created.append(f"{full}_total")
         return Counter(full, documentation, labelnames=tuple(labels), registry=self.registry)
 
-    def gauge(self, name: str, documentation: str, labels: Sequence[str] = (), unit: str = "") -> Gauge:
-        """A value that goes up and down (queue depth, lag, model age)."""
+    def gauge(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = (),
+        unit: str = "",
+        multiprocess_mode: str = "all",
+    ) -> Gauge:
+        """A value that goes up and down (queue depth, lag).
+
+        ``multiprocess_mode`` says how several processes' values combine under
+        prometheus-client's multiprocess mode (``livesum``, ``max``...); it is
+        ignored otherwise.
+        """
         _check_name("gauge", name, unit)
         full = self._full(name, unit)
         self._created.append(full)
-        return Gauge(full, documentation, labelnames=tuple(labels), registry=self.registry)
+        return Gauge(
+            full,
+            documentation,
+            labelnames=tuple(labels),
+            registry=self.registry,
+            multiprocess_mode=multiprocess_mode,
+        )
+
+    def function_gauge(self, name: str, documentation: str, unit: str = "") -> FunctionGauge:
+        """A gauge computed at scrape time (an age, a queue's length) by the function it is given.
+
+        A collector, not a :class:`~prometheus_client.Gauge`: under multiprocess
+        mode it is not written to the shared files, so the scraped process adds
+        its own value (see :func:`scrape`).
+        """
+        _check_name("gauge", name, unit)
+        full = self._full(name, unit)
+        self._created.append(full)
+        gauge = FunctionGauge(full, documentation)
+        self.registry.register(gauge)
+        return gauge
 
     def histogram(
         self,
@@ -118,6 +164,52 @@ class MetricFactory:
     def names(self) -> list[str]:
         """Exposed names of the metrics this factory created (counters with ``_total``)."""
         return list(self._created)
+
+
+class FunctionGauge(Collector):
+    """One unlabelled gauge whose value is ``function()`` at collection (0 until a function is set)."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name = name
+        self.documentation = documentation
+        self._function: Callable[[], float] = lambda: 0.0
+
+    def set_function(self, function: Callable[[], float]) -> None:
+        self._function = function
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.name, self.documentation, value=float(self._function()))
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.name, self.documentation)
+
+
+def multiprocess_dir() -> str | None:
+    """prometheus-client's multiprocess directory when this process runs in that mode, else None."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def leave_multiprocess() -> None:
+    """At a worker's exit: drop its live gauges from the shared files (``live*`` modes count the living)."""
+    if multiprocess_dir() is not None:
+        mark_process_dead(os.getpid())
+
+
+def scrape(registry: CollectorRegistry, local: Sequence[Collector] = ()) -> bytes:
+    """The Prometheus text of ``registry``, or, under multiprocess mode, of every process's metrics.
+
+    In multiprocess mode (several ``kelp serve`` workers) counters, histograms and
+    file-backed gauges are summed or combined across the processes by
+    :class:`~prometheus_client.multiprocess.MultiProcessCollector`; ``local``
+    collectors (function gauges) are this process's own values.
+    """
+    if multiprocess_dir() is None:
+        return generate_latest(registry)
+    combined = CollectorRegistry()
+    MultiProcessCollector(combined)
+    for collector in local:
+        combined.register(collector)
+    return generate_latest(combined)
 
 
 _SERIES_SUFFIXES: dict[str, tuple[str, ...]] = {

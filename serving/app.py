@@ -52,12 +52,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.requests import Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from kelp.errors import KelpError
+from kelp.metrics import leave_multiprocess, scrape
 from kelp.serving.auth import BearerAuth, load_token
 from kelp.serving.body import MSGPACK, decode_body
 from kelp.serving.dispatch import Parse, ScoreRoutes
@@ -206,6 +207,7 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
             routes.close()
             if manage_lifecycle:
                 replica.close()
+            leave_multiprocess()
 
     routes = ScoreRoutes(
         replica.scorer,
@@ -323,7 +325,7 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
 
     @app.get("/metrics", summary="Prometheus metrics of this process", response_class=Response)
     async def metrics() -> Response:
-        return Response(generate_latest(replica.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(scrape(replica.registry, replica.metrics.local), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/model", response_model=ModelInfo, responses={503: {"model": ErrorResponse}})
     async def model_info() -> JSONResponse:

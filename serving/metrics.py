@@ -44,12 +44,22 @@ class ServingMetrics:
         self.registry = m.registry
         self.request_seconds = m.histogram("request_seconds", "Request latency.", ["endpoint"])
         self.requests = m.counter("requests", "Requests answered.", ["endpoint", "status"])
-        self.inflight = m.gauge("inflight_requests", "Requests being handled now.")
-        self.model_version = m.gauge("model_version", "Version of the model being served.")
-        self.model_created = m.gauge(
-            "model_created_timestamp", "Creation time of the served model.", unit="seconds"
+        # Under several workers (multiprocess mode) each gauge says how the workers' values combine.
+        self.inflight = m.gauge(
+            "inflight_requests", "Requests being handled now.", multiprocess_mode="livesum"
         )
-        self.model_age = m.gauge("model_age", "Seconds since the served model was created.", unit="seconds")
+        self.model_version = m.gauge(
+            "model_version", "Version of the model being served.", multiprocess_mode="livemax"
+        )
+        self.model_created = m.gauge(
+            "model_created_timestamp",
+            "Creation time of the served model.",
+            unit="seconds",
+            multiprocess_mode="livemax",
+        )
+        self.model_age = m.function_gauge(
+            "model_age", "Seconds since the served model was created.", unit="seconds"
+        )
         self.model_age.set_function(self._model_age)
         self.swaps = m.counter("swaps", "Hot swaps to a new model version.")
         self.snapshots_rejected = m.counter("snapshots_rejected", "Snapshots refused.", ["reason"])
@@ -66,13 +76,19 @@ class ServingMetrics:
             "Age of the stored rows a request used (now - last update).",
             buckets=EMBEDDING_AGE_BUCKETS_S,
         )
-        self.ready = m.gauge("ready", "1 while the replica is ready (/readyz answers 200).")
+        self.ready = m.gauge(
+            "ready", "1 while the replica is ready (/readyz answers 200).", multiprocess_mode="livemin"
+        )
         self.request_log_records = m.counter(
             "request_log_records",
             "Scored requests for the request log, by result (sent, dropped: queue full, failed).",
             ["result"],
         )
-        self.request_log_queue = m.gauge("request_log_queue", "Scored requests waiting for the request log.")
+        self.request_log_queue = m.function_gauge(
+            "request_log_queue", "Scored requests waiting for the request log (this process's)."
+        )
+        self.local = (self.model_age, self.request_log_queue)
+        """The gauges computed at scrape time: what this process adds to a multiprocess scrape."""
         self._created_at: float | None = None
 
     def model_loaded(self, version: int, created_at: float) -> None:

@@ -3,15 +3,22 @@
 SIGTERM (and Ctrl-C) ask uvicorn to stop accepting connections and finish the
 requests in flight; the replica then stops its watcher and closes the store,
 and the command exits 0. ``serving.workers > 1`` runs that many uvicorn worker
-processes, each a full replica (own store connections, own snapshot watcher,
-own Prometheus registry: ``/metrics`` shows the answering worker only).
+processes, each a full replica (own store connections, own snapshot watcher).
+Their metrics meet in prometheus-client's multiprocess mode: a fresh directory
+(``PROMETHEUS_MULTIPROC_DIR``, unless the environment names one) that every
+worker writes to, so ``/metrics`` from any worker counts the requests of all
+of them. The directory is removed when the command ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from kelp.config import load_config
 
@@ -22,6 +29,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="run a serving replica (HTTP scoring API)")
     parser.add_argument("--config", required=True, help="Kelp config file (YAML)")
     parser.set_defaults(handler=_serve)
+
+
+@contextmanager
+def _multiprocess_metrics() -> Iterator[None]:
+    """The workers' shared metrics directory: given by the environment, or a fresh one removed at the end.
+
+    The workers inherit the variable; prometheus-client reads it when they import it.
+    """
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="kelp-serve-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    try:
+        yield
+    finally:
+        del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -51,7 +77,8 @@ def _serve(args: argparse.Namespace) -> int:
     }
     if cfg.serving.workers > 1:
         os.environ[CONFIG_ENV] = os.path.abspath(args.config)
-        uvicorn.run("kelp.serving.app:app_from_env", factory=True, workers=cfg.serving.workers, **common)
+        with _multiprocess_metrics():
+            uvicorn.run("kelp.serving.app:app_from_env", factory=True, workers=cfg.serving.workers, **common)
         return 0
     replica = ServingReplica(cfg)
     server = uvicorn.Server(uvicorn.Config(create_app(replica), **common))
