@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -85,3 +88,16 @@ def wait_until(predicate: Any, timeout_s: float = 15.0, what: str = "condition")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def start_serve(config: Path, **env: str) -> subprocess.Popen[str]:
+    """``kelp serve --config config`` as a real process (output captured), with no ``KELP_...`` overrides
+    from this environment, plus ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "kelp.cli", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**clean, **env},
+    )

@@ -13,7 +13,7 @@ import yaml
 
 from kelp.harness import free_port
 
-from .helpers import constant_model, publisher_for, small_config, wait_until
+from .helpers import constant_model, publisher_for, small_config, start_serve, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +37,7 @@ def test_serve_probe_and_sigterm(redis_url: str, tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
     url = f"http://127.0.0.1:{port}"
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kelp.cli", "serve", "--config", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    proc = start_serve(path)
     try:
         # running but not ready: no model yet, the probe fails with the reason
         wait_until(

@@ -11,13 +11,11 @@ stopped reading instead of buffering.
 
 from __future__ import annotations
 
-import os
 import pickle
 import select
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -31,7 +29,7 @@ from kelp.harness import RedisServer, free_port
 from kelp.serving.process import uvicorn_options
 from kelp.serving.protocol import HeadLimits
 
-from .helpers import small_config, wait_until
+from .helpers import small_config, start_serve, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,14 +57,7 @@ def port(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) ->
     assert cfg.serving.max_header_bytes == 64 * 1024  # the default is what is exercised
     path = tmp / "kelp.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kelp.cli", "serve", "--config", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    proc = start_serve(path)
     try:
         wait_until(lambda: _healthy(port) or proc.poll() is not None, timeout_s=DEADLINE_S, what="kelp serve")
         assert proc.poll() is None, proc.communicate()[0]

@@ -8,11 +8,9 @@ shared directory itself, to see that both workers did take requests.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -21,7 +19,7 @@ import yaml
 
 from kelp.harness import free_port
 
-from .helpers import constant_model, publisher_for, small_config, wait_until
+from .helpers import constant_model, publisher_for, small_config, start_serve, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +42,7 @@ def test_two_workers_count_their_requests_together(redis_url: str, tmp_path: Pat
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
     shared = tmp_path / "metrics"
     shared.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KELP_")}
-    env["PROMETHEUS_MULTIPROC_DIR"] = str(shared)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kelp.cli", "serve", "--config", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    proc = start_serve(path, PROMETHEUS_MULTIPROC_DIR=str(shared))
     url = f"http://127.0.0.1:{port}"
     try:
 
