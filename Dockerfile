@@ -64,12 +64,13 @@ RUN apt-get update \
     && strip --strip-unneeded "$torch/lib/libtorch_cpu.so" "$torch/lib/libtorch_python.so"
 
 # Kelp's and torch's dependencies from PyPI, keyed on pyproject.toml only, so
-# a change to Kelp's code does not download them again. pip then leaves the
-# venv: the runtime installs nothing. (setuptools stays: torch requires it.)
+# a change to Kelp's code does not download them again. The `grpc` extra is in
+# too, so serving.grpc_port works in the image. pip then leaves the venv: the
+# runtime installs nothing. (setuptools stays: torch requires it.)
 COPY pyproject.toml ./
 RUN --mount=type=secret,id=pip_cert \
     if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
-    && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >/tmp/requirements.txt \
+    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['grpc']))" >/tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt "torch==${TORCH_VERSION}" \
     && pip uninstall --yes --quiet pip
 

@@ -56,6 +56,13 @@ class RequestLogConfig(StrictModel):
 class ServingConfig(StrictModel):
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65_535)
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65_535,
+        description="Also serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService) on "
+        "this port, beside HTTP; None (default): HTTP only. Needs `pip install 'kelp[grpc]'`.",
+    )
     workers: int = Field(1, ge=1, le=64)
     model_version: Literal["latest"] | Annotated[int, Field(ge=1)] = Field(
         "latest",

@@ -64,6 +64,7 @@ from kelp.serving.body import MSGPACK, decode_body
 from kelp.serving.dispatch import Parse, ScoreRoutes
 from kelp.serving.errors import error_answer
 from kelp.serving.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestRecorder
+from kelp.serving.oip.model import OipModel
 from kelp.serving.oip.routes import OIP_ENDPOINTS, add_oip_routes, endpoint_label
 from kelp.serving.oip.schemas import InferRequestBody
 from kelp.serving.replica import ServingReplica
@@ -201,9 +202,18 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if manage_lifecycle:
             replica.start()
+        grpc_server = None
+        if serving.grpc_port is not None:
+            from kelp.serving.oip.grpc_service import start_grpc_server
+
+            grpc_server = start_grpc_server(
+                OipModel(replica, routes), serving.host, serving.grpc_port, _version()
+            )
         try:
             yield
         finally:
+            if grpc_server is not None:
+                grpc_server.stop(grace=5).wait()
             routes.close()
             if manage_lifecycle:
                 replica.close()

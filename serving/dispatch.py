@@ -219,9 +219,16 @@ class ScoreRoutes:
 
     async def run(self, work: Callable[..., _T], *args: Any) -> _T:
         """``work(*args)`` on the scoring thread: every route that scores queues there, in arrival order."""
+        return await asyncio.get_running_loop().run_in_executor(self._scoring(), work, *args)
+
+    def run_blocking(self, work: Callable[..., _T], *args: Any) -> _T:
+        """:meth:`run` for a caller on a thread of its own (a gRPC handler): it waits for the result."""
+        return self._scoring().submit(work, *args).result()
+
+    def _scoring(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(SCORE_THREADS, thread_name_prefix="kelp-score")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work, *args)
+        return self._pool
 
     def close(self) -> None:
         """Stop the scoring threads (once the server has finished its requests)."""

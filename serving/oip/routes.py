@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI
 from fastapi.requests import Request
 from fastapi.responses import JSONResponse, Response
@@ -32,17 +31,16 @@ from fastapi.responses import JSONResponse, Response
 from kelp.errors import KelpError
 from kelp.serving.dispatch import VERSION_HEADER, ScoreRoutes
 from kelp.serving.errors import RequestError, error_answer
-from kelp.serving.oip.inputs import TensorInputs
+from kelp.serving.oip.model import OipModel, version_number
 from kelp.serving.oip.schemas import (
     InferResponseBody,
     ModelMetadata,
     OipError,
     ServerMetadata,
 )
-from kelp.serving.oip.tensors import BINARY_HEADER, InferRequest, encode_response, parse_request
+from kelp.serving.oip.tensors import BINARY_HEADER, encode_response, parse_request
 from kelp.serving.replica import ServingReplica
 from kelp.serving.request_log import REQUEST_ID_HEADER
-from kelp.serving.scorer import ScoreResult
 
 __all__ = ["OIP_ENDPOINTS", "add_oip_routes", "endpoint_label"]
 
@@ -88,36 +86,13 @@ def _oip_error(status: int, reason: str, message: str, headers: dict[str, str] |
     return JSONResponse({"error": f"{reason}: {message}"}, status_code=status, headers=headers)
 
 
-def _version_number(version: str) -> int | None:
-    return int(version) if version.isascii() and version.isdigit() and len(version) < 19 else None
+def _refused(error: RequestError) -> JSONResponse:
+    return _oip_error(error.status, error.reason, str(error))
 
 
 def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, server_version: str) -> None:
     """Declare the ``/v2`` endpoints on ``app``; inference runs on ``routes``' scoring thread."""
-    model_name = replica.cfg.deployment
-    inputs = TensorInputs(replica.parser)
-    tasks = replica.scorer.model_spec.tasks
-
-    def unknown(name: str) -> JSONResponse:
-        return _oip_error(404, "unknown_model", f"this replica serves model {model_name!r}, not {name!r}")
-
-    def loaded_version() -> int | None:
-        current = replica.slot.current
-        return None if current is None else current.version
-
-    def version_problem(name: str, version: str | None) -> JSONResponse | None:
-        """The 404 for another model, or a version this replica has not loaded; None when it fits."""
-        if name != model_name:
-            return unknown(name)
-        if version is None:
-            return None
-        loaded = loaded_version()
-        if _version_number(version) is None or _version_number(version) != loaded:
-            shown = "no version yet" if loaded is None else f"version {loaded}"
-            return _oip_error(
-                404, "version_not_loaded", f"version {version!r} is not loaded; it serves {shown}"
-            )
-        return None
+    model = OipModel(replica, routes)
 
     @app.get("/v2", response_model=ServerMetadata, summary="Server metadata (Open Inference Protocol)")
     async def server_metadata() -> dict[str, Any]:
@@ -138,18 +113,8 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
         return Response(status_code=200) if is_ready else _oip_error(503, "not_ready", reason or "")
 
     def metadata(name: str, version: str | None) -> JSONResponse:
-        problem = version_problem(name, version)
-        if problem is not None:
-            return problem
-        loaded = loaded_version()
-        body = {
-            "name": model_name,
-            "versions": [] if loaded is None else [str(loaded)],
-            "platform": "kelp_pytorch",
-            "inputs": inputs.metadata(),
-            "outputs": [{"name": task, "datatype": "FP32", "shape": [-1]} for task in tasks],
-        }
-        return JSONResponse(body)
+        problem = model.problem(name, version)
+        return _refused(problem) if problem is not None else JSONResponse(model.metadata())
 
     @app.get(
         "/v2/models/{name}", response_model=ModelMetadata, responses=_ERRORS, summary="Model metadata (OIP)"
@@ -167,9 +132,9 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
         return metadata(name, version)
 
     def model_ready(name: str, version: str | None) -> Response:
-        problem = version_problem(name, version)
+        problem = model.problem(name, version)
         if problem is not None:
-            return problem
+            return _refused(problem)
         is_ready, reason = replica.readiness()
         return Response(status_code=200) if is_ready else _oip_error(503, "not_ready", reason or "")
 
@@ -195,15 +160,15 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
         raw: bytes, header_length: int | None, version: int | None, client_id: str | None
     ) -> tuple[bytes, int | None, dict[str, str]]:
         """Parse, score, encode: one call on the scoring thread. Also returns the response's headers."""
-        request = parse_request(raw, header_length)
-        batch = inputs.batch(request.inputs)
-        result = replica.scorer.score(batch, version)
-        outputs = _outputs(request, result, tasks)
-        logged_as = routes.log(request.id or client_id, batch, result)
-        headers = {VERSION_HEADER: str(result.model_version)}
-        if logged_as is not None:
-            headers[REQUEST_ID_HEADER] = logged_as
-        body, length = encode_response(_head(model_name, logged_as or request.id, result), outputs)
+        done = model.infer(parse_request(raw, header_length), version, client_id)
+        headers = {VERSION_HEADER: str(done.result.model_version)}
+        if done.request_id is not None and routes.request_log is not None:
+            headers[REQUEST_ID_HEADER] = done.request_id
+        head: dict[str, Any] = {"model_name": model.name, "model_version": str(done.result.model_version)}
+        if done.request_id is not None:
+            head["id"] = done.request_id
+        head["parameters"] = done.parameters()
+        body, length = encode_response(head, done.outputs)
         return body, length, headers
 
     async def infer(request: Request, name: str, version: str | None) -> Response:
@@ -212,9 +177,10 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
             return _oip_error(
                 401, refusal["error"], refusal["detail"], {"WWW-Authenticate": 'Bearer realm="kelp"'}
             )
-        if name != model_name:
-            return unknown(name)
-        pinned = None if version is None else _version_number(version)
+        problem = model.problem(name)
+        if problem is not None:
+            return _refused(problem)
+        pinned = None if version is None else version_number(version)
         if version is not None and pinned is None:
             return _oip_error(404, "version_not_loaded", f"version {version!r} is not a version number")
         declared = request.headers.get(BINARY_HEADER)
@@ -268,34 +234,3 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
     )
     async def infer_version(request: Request, name: str, version: str) -> Response:
         return await infer(request, name, version)
-
-
-def _head(model_name: str, request_id: str | None, result: ScoreResult) -> dict[str, Any]:
-    head: dict[str, Any] = {"model_name": model_name, "model_version": str(result.model_version)}
-    if request_id is not None:
-        head["id"] = request_id
-    head["parameters"] = {
-        "model_created_at": result.model_created_at,
-        "model_age_s": result.model_age_s,
-        "embedding_age_max_s": result.embedding_age_max_s,
-        "embedding_age_mean_s": result.embedding_age_mean_s,
-        "default_row_rate": result.default_row_rate,
-    }
-    return head
-
-
-def _outputs(
-    request: InferRequest, result: ScoreResult, tasks: tuple[str, ...]
-) -> list[tuple[str, np.ndarray, bool]]:
-    """``(task, scores, binary)`` of the outputs asked for (every task when none are named)."""
-    by_task = result.scores_by_task or {tasks[0]: result.scores}
-    if request.outputs is None:
-        return [(task, np.asarray(by_task[task], np.float32), request.binary_output) for task in tasks]
-    chosen = []
-    for wanted in request.outputs:
-        if wanted.name not in by_task:
-            raise RequestError(
-                "unknown_output", f"output {wanted.name!r} is not one of {list(tasks)}", status=400
-            )
-        chosen.append((wanted.name, np.asarray(by_task[wanted.name], np.float32), wanted.binary))
-    return chosen

@@ -38,6 +38,7 @@ __all__ = [
     "OutputRequest",
     "Tensor",
     "encode_response",
+    "from_binary",
     "parse_request",
 ]
 
@@ -194,7 +195,7 @@ def _tensor(item: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
         raise _bad(f"{where}: has both 'data' and parameters.binary_data_size")
     if type(size) is not int or not 0 <= size <= len(binary):
         raise _bad(f"{where}: binary_data_size {size!r}, but {len(binary)} bytes of binary data are left")
-    data = _from_binary(binary[:size], datatype, count, where)
+    data = from_binary(binary[:size], datatype, count, where)
     return Tensor(name, datatype, tuple(shape), data), size
 
 
@@ -232,7 +233,9 @@ def _inline(data: Any, datatype: str, count: int, where: str) -> np.ndarray:
         raise _bad(f"{where}: a value is out of range for {datatype}") from None
 
 
-def _from_binary(raw: memoryview, datatype: str, count: int, where: str) -> np.ndarray:
+def from_binary(raw: memoryview | bytes, datatype: str, count: int, where: str) -> np.ndarray:
+    """``count`` elements of ``datatype`` from the protocol's raw little-endian form (``BYTES``: each
+    element after its 4-byte length)."""
     dtype = DTYPES[datatype]
     if dtype is not None:
         if len(raw) != count * dtype.itemsize:

@@ -790,3 +790,17 @@ def test_network_policy_off_by_default_and_open_serving_without_client_namespace
     for doc in docs:
         if doc["kind"] == "NetworkPolicy":
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_a_grpc_port_in_the_config_is_opened_on_pod_and_service(render: Render) -> None:
+    values = VALUE_SETS["production"]()
+    values.setdefault("config", {}).setdefault("serving", {})["grpc_port"] = 8081
+    manifests = render(values)
+    container = pod_spec(find(manifests, "Deployment", "-serving"))["containers"][0]
+    assert {"name": "grpc", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    service = find(manifests, "Service", "-serving")
+    grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
+    assert grpc["port"] == 8081 and grpc["targetPort"] == "grpc"
+    kubernetes_validate.validate(service, K8S_VERSION, strict=True)
+    policy = find(manifests, "NetworkPolicy", "-serving")
+    assert all({"port": "grpc", "protocol": "TCP"} in rule["ports"] for rule in policy["spec"]["ingress"])
