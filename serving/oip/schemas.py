@@ -67,6 +67,8 @@ class InferRequestBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str | None = None
+    model_name: str | None = Field(None, description="taken and ignored: the path names the model")
+    model_version: str | None = Field(None, description="taken and ignored: the path names the version")
     parameters: dict[str, Any] | None = Field(
         None, description="binary_data_output: every output as raw bytes after the JSON"
     )

@@ -61,7 +61,9 @@ DTYPES: dict[str, np.dtype[Any] | None] = {
 }
 """The protocol's datatypes and their numpy dtypes (``BYTES``: an object array of ``bytes``)."""
 
-_REQUEST_KEYS = frozenset({"id", "parameters", "inputs", "outputs"})
+# KServe's own client also sends the model's name and version in the body: taken, and ignored (the path
+# names the model).
+_REQUEST_KEYS = frozenset({"id", "parameters", "inputs", "outputs", "model_name", "model_version"})
 _TENSOR_KEYS = frozenset({"name", "shape", "datatype", "parameters", "data"})
 
 
