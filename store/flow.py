@@ -176,7 +176,7 @@ class FlowStore(EmbeddingStore):
         with self._op_lock:
             now = self._clock()
             stored = self._read_rows(batch, now, touch=count)
-            self.metrics.backend_row_ops.labels(op="read").inc(sum(len(ids) for ids in batch.values()))
+            self.metrics.row_ops("read").inc(sum(len(ids) for ids in batch.values()))
             bad = {
                 name: self._quarantined(self.tables[name], batch[name], s, count)
                 for name, s in stored.items()
@@ -200,7 +200,7 @@ class FlowStore(EmbeddingStore):
                     result.admitted[new] = True
                     if self.tables[name].admission.stores_on_admit:  # AlwaysAdmit stores on the first push
                         result.admitted_now[new] = True
-        self.metrics.latency.labels(op="pull").observe(time.perf_counter() - started)
+        self.metrics.op_latency("pull").observe(time.perf_counter() - started)
         return out
 
     def _quarantined(self, t: Table, ids: np.ndarray, stored: StoredRows, count: bool) -> np.ndarray:
@@ -232,9 +232,9 @@ class FlowStore(EmbeddingStore):
         """Positions without a stored row; their state reads ``initial_state``. Counts the row metrics."""
         missing = np.flatnonzero(~stored.present)
         stored.state[missing] = t.initial_state
-        self.metrics.rows_pulled.labels(table=t.name).inc(len(stored.present))
+        self.metrics.pulled_rows(t.name).inc(len(stored.present))
         if len(missing):
-            self.metrics.misses.labels(table=t.name).inc(len(missing))
+            self.metrics.missed_rows(t.name).inc(len(missing))
         return missing
 
     def _admit(
@@ -256,7 +256,7 @@ class FlowStore(EmbeddingStore):
         }
         sightings = self._count_sightings(counting, now) if counting else {}
         if counting:
-            self.metrics.backend_row_ops.labels(op="count").inc(sum(len(c[0]) for c in counting.values()))
+            self.metrics.row_ops("count").inc(sum(len(c[0]) for c in counting.values()))
         qualified: dict[str, np.ndarray] = {}
         admits: dict[str, InitRows] = {}
         for name, m in missing.items():
@@ -278,7 +278,7 @@ class FlowStore(EmbeddingStore):
                 admits[name] = InitRows(ids, init, state, policy.counter_ttl_s is not None, stored[name])
         if admits:
             self._store_init_rows(admits, now)
-            self.metrics.backend_row_ops.labels(op="write").inc(sum(len(a.ids) for a in admits.values()))
+            self.metrics.row_ops("write").inc(sum(len(a.ids) for a in admits.values()))
             for name, a in admits.items():
                 stored[name].updated_s[missing[name][qualified[name]]] = np.uint32(now)
                 self.metrics.admissions.labels(table=name).inc(len(a.ids))
@@ -333,12 +333,12 @@ class FlowStore(EmbeddingStore):
         self._ready()
         with self._op_lock:
             kept = write(self._clock())
-        self.metrics.backend_row_ops.labels(op="write").inc(sum(len(w.ids) for w in writes.values()))
+        self.metrics.row_ops("write").inc(sum(len(w.ids) for w in writes.values()))
         for name, w in writes.items():
             self.metrics.rows_pushed.labels(table=name).inc(kept[name])
             if kept[name] < len(w.ids):
                 self.metrics.push_discarded.labels(table=name).inc(len(w.ids) - kept[name])
-        self.metrics.latency.labels(op="push").observe(time.perf_counter() - started)
+        self.metrics.op_latency("push").observe(time.perf_counter() - started)
         with self._ticket_lock:
             self._tickets += 1
             return self._tickets

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from kelp.metrics import MetricFactory
+from kelp.metrics import Children, MetricFactory
 
 __all__ = ["StoreMetrics", "counter_totals"]
 
@@ -88,6 +88,16 @@ class StoreMetrics:
             "Configured bound: seconds between two write-backs of the hot tier (store.hot_cache)",
             unit="seconds",
         )
+        # Per-request recording by table or op, without labels()'s lock and checks each time.
+        self.pulled_rows = Children(self.rows_pulled)
+        self.missed_rows = Children(self.misses)
+        self.received = Children(self.bytes_received)
+        self.sent = Children(self.bytes_sent)
+        self.row_ops = Children(self.backend_row_ops)
+        self.op_latency = Children(self.latency)
+        self.hot_hits_by = Children(self.hot_hits)
+        self.hot_misses_by = Children(self.hot_misses)
+        self.trips = Children(self.round_trips)
         self.hot_dirty_age = m.gauge(
             "hot_cache_dirty_age",
             "Age of the oldest hot-tier update not yet written back to the store (0: all durable)",

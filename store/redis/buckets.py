@@ -305,7 +305,7 @@ class RedisBucketStore(RedisStore):
         for name, w in writes.items():
             t = self.tables[name]
             got = kept[name] = [0]
-            self.metrics.bytes_sent.labels(table=name).inc(len(w.ids) * (t.codec.nbytes + 8))
+            self.metrics.sent(name).inc(len(w.ids) * (t.codec.nbytes + 8))
             if not w.create:
                 values = t.codec.encode(w.rows, w.state, 0, int(now))
                 cutoff = self._cutoff(t, now)

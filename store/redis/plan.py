@@ -196,7 +196,7 @@ class PlanRunner:
             self.metrics.retries.labels(op=op).inc()
 
         replies = self.retry.call(attempt, on_retry)
-        self.metrics.round_trips.labels(shard=name, op=op).inc()
+        self.metrics.trips(name, op).inc()
         return replies
 
     def run(self, plan: Plan, op: str, readonly: bool = False) -> None:
