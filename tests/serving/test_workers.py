@@ -14,12 +14,14 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as triton
 import yaml
 
 from kelp.harness import free_port
 
-from .helpers import constant_model, publisher_for, small_config, start_serve, wait_until
+from .helpers import DEPLOYMENT, constant_model, publisher_for, small_config, start_serve, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +36,9 @@ def _counted(text: str) -> float:
 
 def test_two_workers_count_their_requests_together(redis_url: str, tmp_path: Path) -> None:
     port = free_port()
-    cfg = small_config(redis_url, tmp_path, serving={"host": "127.0.0.1", "port": port, "workers": 2})
+    grpc_port = free_port()
+    serving = {"host": "127.0.0.1", "port": port, "workers": 2, "grpc_port": grpc_port}
+    cfg = small_config(redis_url, tmp_path, serving=serving)
     publisher = publisher_for(cfg)
     publisher.maybe_publish(constant_model(cfg, 0.0), step=1, offsets={}, force=True)
     publisher.close()
@@ -61,6 +65,14 @@ def test_two_workers_count_their_requests_together(redis_url: str, tmp_path: Pat
         for _ in range(4):  # whichever worker answers the scrape, it counts all of them
             with httpx.Client(base_url=url, timeout=30) as client:
                 assert _counted(client.get("/metrics").text) == REQUESTS
+        # Both workers listen on the gRPC port too (SO_REUSEPORT): a client there is answered.
+        grpc = triton.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        try:
+            ids = triton.InferInput("C1", [1], "INT64")
+            ids.set_data_from_numpy(np.array([3], np.int64))
+            assert grpc.infer(DEPLOYMENT, [ids]).as_numpy("label").shape == (1,)
+        finally:
+            grpc.close()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
