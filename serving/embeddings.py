@@ -17,8 +17,12 @@ write-back delay), and ``embedding_age_s`` reports the age of the copy used.
 The cache is whole-generation: it is emptied when its oldest entry reaches the
 TTL (or it holds ``capacity_rows``), which bounds staleness exactly and needs
 no per-row bookkeeping. Default rows are cached too, so a newly admitted id is
-seen up to TTL late. Per table the copies live in a
-:class:`~kelp.store.rows.slots.SlotTable` (columns ``rows``, ``updated``, ``admitted``).
+seen up to TTL late. The copies live in tagged
+:class:`~kelp.store.rows.slots.SlotTable` s (columns ``rows``, ``updated``,
+``admitted``; the tag is the table), one per row width: a request's lookup is
+one index probe per width, not one per table (a 100-candidate request reads
+~50 rows from each of 26 tables, and 26 small probes cost more than the store
+read they save).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 from kelp.serving.metrics import ServingMetrics
 from kelp.store.base import EmbeddingStore, PullResult
 from kelp.store.policy.fallback import Fallback
+from kelp.store.rows.index import MAX_TAG
 from kelp.store.rows.slots import Column, SlotTable
 
 __all__ = ["FetchedRows", "RowFetcher"]
@@ -60,15 +65,30 @@ class FetchedRows:
         return self.default / total if total else 0.0
 
 
-def _table_cache(dim: int) -> SlotTable:
-    """Cached copies of one table's rows: what a store pull returned, per id."""
+def _group_cache(dim: int) -> SlotTable:
+    """Cached copies of the rows of the tables of one width: what a store pull returned, per (table, id)."""
     return SlotTable(
         {
             "rows": Column(np.float32, width=dim),
             "updated": Column(np.uint32),
             "admitted": Column(bool),
-        }
+        },
+        tagged=True,
     )
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """One cache group's part of a request: its tables' ids side by side, and what the cache had."""
+
+    tables: list[str]
+    bounds: list[int]
+    ids: np.ndarray
+    tags: np.ndarray
+    rows: np.ndarray
+    admitted: np.ndarray
+    updated: np.ndarray
+    hit: np.ndarray
 
 
 class RowFetcher:
@@ -95,7 +115,16 @@ class RowFetcher:
         self._clock = clock
         self._wall = wall_clock
         self._lock = threading.Lock()
-        self._cache: dict[str, SlotTable] = {}
+        self._cache: dict[tuple[int, int], SlotTable] = {}
+        # Each table's cache group (its row width, and a chunk when a width has more tables than tags)
+        # and its tag there.
+        self._group: dict[str, tuple[tuple[int, int], int]] = {}
+        by_width: dict[int, int] = {}
+        for name in store.tables:
+            dim = store.table(name).dim
+            k = by_width.get(dim, 0)
+            by_width[dim] = k + 1
+            self._group[name] = ((dim, k // (MAX_TAG + 1)), k % (MAX_TAG + 1))
         self._cache_started = clock()
         self._cache_rows = 0
         self.fallback = Fallback(t.spec for t in store.tables.values())
@@ -130,46 +159,90 @@ class RowFetcher:
         if self.ttl_s <= 0:
             got = self._pull(unique_ids)
             return {t: (g.rows, g.admitted, g.updated_s) for t, g in got.items()}
+        groups: dict[tuple[int, int], list[str]] = {}
+        for table in unique_ids:
+            groups.setdefault(self._group[table][0], []).append(table)
+        probes: dict[tuple[int, int], _Probe] = {}
         need: dict[str, np.ndarray] = {}
-        parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         with self._lock:
             cache = self._fresh_cache(self._clock())
-            for table, ids in unique_ids.items():
-                dim = self.store.table(table).dim
-                rows = np.empty((len(ids), dim), np.float32)
-                admitted = np.zeros(len(ids), bool)
-                updated = np.zeros(len(ids), np.uint32)
-                tc = cache.get(table)
-                slots = tc.lookup(ids) if tc is not None else np.full(len(ids), -1, np.int64)
-                hit = slots >= 0
-                if tc is not None and hit.any():
-                    hs = slots[hit]
-                    rows[hit] = tc["rows"][hs]
-                    admitted[hit], updated[hit] = tc["admitted"][hs], tc["updated"][hs]
-                parts[table] = (rows, admitted, updated, hit)
-                if not hit.all():
-                    need[table] = ids[~hit]
+            for key, tables in groups.items():
+                probe = self._probe(cache.get(key), key[0], tables, unique_ids)
+                probes[key] = probe
+                for i, table in enumerate(tables):
+                    lo, hi = probe.bounds[i], probe.bounds[i + 1]
+                    missed = ~probe.hit[lo:hi]
+                    if missed.any():
+                        need[table] = probe.ids[lo:hi][missed]
         got = self._pull(need) if need else {}
-        with self._lock:
-            cache = self._fresh_cache(self._clock())
-            for table, g in got.items():
-                rows, admitted, updated, hit = parts[table]
-                miss = ~hit
-                rows[miss], admitted[miss] = g.rows, g.admitted
-                updated[miss] = g.updated_s if g.updated_s is not None else 0
-                tc = cache.get(table)
-                if tc is None:
-                    tc = cache[table] = _table_cache(rows.shape[1])
-                fresh = tc.lookup(need[table]) < 0  # another request may have cached some meanwhile
-                if fresh.any():
-                    tc.insert(
-                        need[table][fresh],
-                        rows=g.rows[fresh],
-                        admitted=g.admitted[fresh],
-                        updated=0 if g.updated_s is None else g.updated_s[fresh],
-                    )
-                    self._cache_rows += int(fresh.sum())
-        return {t: (r, a, u) for t, (r, a, u, _h) in parts.items()}
+        if got:
+            with self._lock:
+                cache = self._fresh_cache(self._clock())
+                for key, probe in probes.items():
+                    self._fill(cache, key, probe, got)
+        out = {}
+        for probe in probes.values():
+            for i, table in enumerate(probe.tables):
+                lo, hi = probe.bounds[i], probe.bounds[i + 1]
+                out[table] = (probe.rows[lo:hi], probe.admitted[lo:hi], probe.updated[lo:hi])
+        return out
+
+    def _probe(
+        self, tc: SlotTable | None, dim: int, tables: list[str], unique_ids: Mapping[str, np.ndarray]
+    ) -> _Probe:
+        """What the cache holds of ``tables``' ids (one tagged lookup for the whole group)."""
+        parts = [np.asarray(unique_ids[t], dtype=np.uint64) for t in tables]
+        lengths = [len(p) for p in parts]
+        ids = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        tags = np.repeat(np.array([self._group[t][1] for t in tables], dtype=np.uint8), lengths)
+        n = len(ids)
+        rows = np.empty((n, dim), np.float32)
+        admitted = np.zeros(n, bool)
+        updated = np.zeros(n, np.uint32)
+        slots = tc.lookup(ids, tags) if tc is not None else np.full(n, -1, np.int64)
+        hit = slots >= 0
+        if tc is not None and hit.any():
+            hs = slots[hit]
+            rows[hit] = tc["rows"][hs]
+            admitted[hit], updated[hit] = tc["admitted"][hs], tc["updated"][hs]
+        bounds = [0, *np.cumsum(lengths).tolist()]
+        return _Probe(tables, bounds, ids, tags, rows, admitted, updated, hit)
+
+    def _fill(
+        self,
+        cache: dict[tuple[int, int], SlotTable],
+        key: tuple[int, int],
+        probe: _Probe,
+        got: Mapping[str, PullResult],
+    ) -> None:
+        """Put the pulled rows into the request's arrays and the cache (one insert for the group)."""
+        fetched = [t for t in probe.tables if t in got]
+        if not fetched:
+            return
+        positions = []
+        for i, table in enumerate(probe.tables):
+            if table not in got:
+                continue
+            lo = probe.bounds[i]
+            where = lo + np.flatnonzero(~probe.hit[lo : probe.bounds[i + 1]])
+            g = got[table]
+            probe.rows[where], probe.admitted[where] = g.rows, g.admitted
+            probe.updated[where] = g.updated_s if g.updated_s is not None else 0
+            positions.append(where)
+        miss = np.concatenate(positions) if len(positions) > 1 else positions[0]
+        tc = cache.get(key)
+        if tc is None:
+            tc = cache[key] = _group_cache(key[0])
+        fresh = miss[tc.lookup(probe.ids[miss], probe.tags[miss]) < 0]  # another request may have cached some
+        if len(fresh):
+            tc.insert(
+                probe.ids[fresh],
+                probe.tags[fresh],
+                rows=probe.rows[fresh],
+                admitted=probe.admitted[fresh],
+                updated=probe.updated[fresh],
+            )
+            self._cache_rows += len(fresh)
 
     def _pull(self, ids: Mapping[str, np.ndarray]) -> dict[str, PullResult]:
         started = time.perf_counter()

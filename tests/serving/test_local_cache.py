@@ -68,3 +68,48 @@ def test_partial_hits_merge_in_order(store) -> None:  # type: ignore[no-untyped-
     got = fetcher.fetch({"C3": np.array([3, 2, 1], np.uint64)})
     assert got.rows["C3"][:, 0].tolist() == [0.0, 3.0, 3.0]
     assert got.default == 1
+
+
+def test_tables_of_several_widths_share_a_cache_per_width_and_match_the_store(
+    redis_url: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """One cache per row width, the table as the tag: the same id in two tables of one width, and a table
+    of another width, each read back as the store holds them, and a partly cached request pulls only
+    the rest."""
+    from .helpers import small_config
+
+    cfg = small_config(
+        redis_url,
+        tmp_path,
+        features={
+            "dense": [],
+            "sparse": [{"name": "A"}, {"name": "B"}, {"name": "W"}],
+            "tables": [{"name": "A", "dim": 4}, {"name": "B", "dim": 4}, {"name": "W", "dim": 8}],
+        },
+    )
+    registry = CollectorRegistry()
+    with build_store(cfg.store, list(cfg.features.tables), cfg.deployment, CollectorRegistry()) as store:
+        for table, dim, value in (("A", 4, 1.0), ("B", 4, 2.0), ("W", 8, 3.0)):
+            store.push(
+                table, np.array([5], np.uint64), np.full((1, dim), value, np.float32), np.zeros(1, np.float32)
+            )
+        cached = RowFetcher(store, ServingMetrics(registry), cache_ttl_ms=60_000, clock=Clock())
+        plain = RowFetcher(store, ServingMetrics(CollectorRegistry()), cache_ttl_ms=0)
+        first = {
+            "A": np.array([5], np.uint64),
+            "B": np.array([5, 6], np.uint64),
+            "W": np.array([5], np.uint64),
+        }
+        second = {
+            "A": np.array([5, 7], np.uint64),
+            "B": np.array([6, 5], np.uint64),
+            "W": np.array([5], np.uint64),
+        }
+        for ids in (first, second, second):
+            got, want = cached.fetch(ids), plain.fetch(ids)
+            for table in ids:
+                np.testing.assert_array_equal(got.rows[table], want.rows[table])
+            assert (got.stored, got.default) == (want.stored, want.default)
+        assert cached._cache_rows == 5  # (A,5) (B,5) (B,6) (W,5), then (A,7)
+        # first: all missed; second: only (A, 7) missed; the repeat: nothing to pull
+        assert registry.get_sample_value("kelp_serving_store_fetch_seconds_count") == 2
