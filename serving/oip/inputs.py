@@ -91,6 +91,11 @@ class TensorInputs:
                 f"input {name!r} is not a feature of this model (inputs: dense, a feature's name, "
                 f"or <sparse feature>{LENGTHS_SUFFIX})",
             )
+        alone = sorted(name for name in lengths_of if name not in inputs)
+        if alone:
+            raise _refused(
+                "bad_shape", f"input {alone[0] + LENGTHS_SUFFIX!r} has no {alone[0]!r} ids to go with"
+            )
         size = self._batch_size(inputs, lengths_of)
         dense = np.tile(self.parser.defaults, (size, 1))
         matrix = inputs.get(DENSE_INPUT) if DENSE_INPUT not in self._dense | self._sparse else None

@@ -168,7 +168,7 @@ def _outputs(value: Any) -> tuple[OutputRequest, ...] | None:
             raise _bad(f"outputs[{k}] must be an object with a 'name'")
         parameters = _parameters(item.get("parameters"), f"outputs[{k}]")
         outputs.append(OutputRequest(item["name"], _flag(parameters, "binary_data", f"outputs[{k}]")))
-    return tuple(outputs)
+    return tuple(outputs) or None  # an empty list asks for nothing in particular: every output
 
 
 def _tensor(item: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
@@ -243,6 +243,8 @@ def from_binary(raw: memoryview | bytes, datatype: str, count: int, where: str) 
         if len(raw) != count * dtype.itemsize:
             raise _bad(f"{where}: {len(raw)} bytes of binary data for {count} x {datatype}")
         return np.frombuffer(raw, dtype=dtype)
+    if count > len(raw) // 4:  # every element takes at least its 4-byte length
+        raise _bad(f"{where}: {len(raw)} bytes cannot hold {count} BYTES elements")
     out = np.empty(count, dtype=object)
     at = 0
     for k in range(count):

@@ -171,6 +171,15 @@ def test_errors_name_the_reason_in_the_protocols_shape(oip: Oip) -> None:
             f"/v2/models/{DEPLOYMENT}/infer",
             json={"inputs": [{"name": "C1", "shape": [3], "datatype": "INT64", "data": [1]}]},
         ),
+        "lengths without their ids": oip.http.post(
+            f"/v2/models/{DEPLOYMENT}/infer",
+            json={
+                "inputs": [
+                    {"name": "C1", "shape": [1], "datatype": "INT64", "data": [1]},
+                    {"name": "C2.lengths", "shape": [1], "datatype": "INT32", "data": [1]},
+                ]
+            },
+        ),
         "binary header past the body": oip.http.post(
             f"/v2/models/{DEPLOYMENT}/infer", content=b"{}", headers={"Inference-Header-Content-Length": "99"}
         ),

@@ -86,6 +86,14 @@ def test_refusals_name_what_was_wrong() -> None:
     assert "bytes of binary data are left" in _refusal(head + b"\0" * 8, len(head))
     assert "after the last input" in _refusal(head + b"\0" * 20, len(head))
     assert "the body has" in _refusal(head, len(head) + 1)
+    huge = _json(
+        {
+            "inputs": [
+                {"name": "b", "shape": [10**12], "datatype": "BYTES", "parameters": {"binary_data_size": 8}}
+            ]
+        }
+    )
+    assert "cannot hold" in _refusal(huge + b"\0" * 8, len(huge))  # refused before any allocation
     bad_bytes = _json(
         {"inputs": [{"name": "b", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}}]}
     )
