@@ -65,6 +65,10 @@ class VectorLookup:
                 'expected {"table": T, "ids": [...]}, {"feature": F, "ids": [...]} or {"samples": [...]}'
                 + (f"; unknown field(s) {extra}" if extra else ""),
             )
+        named = body.get("table", body.get("feature"))
+        if not isinstance(named, str):
+            message = f"'table' or 'feature' must be a name, not {named!r:.40}"
+            raise BadRequestError("invalid_request", message)
         table = body.get("table")
         if "feature" in body:
             table = self.table_of.get(body["feature"])

@@ -50,6 +50,8 @@ def test_stored_rows_come_back_by_id_in_request_order(live: Live) -> None:
         ({"table": "ads", "ids": list(range(64 * 3 + 1))}, 413, "too_many_ids"),
         ({"samples": [{"sparse": {"C1": 1}}]}, 422, "no_encode_hook"),
         ([1, 2], 422, "invalid_request"),
+        ({"table": [], "ids": [1]}, 422, "invalid_request"),
+        ({"feature": {"a": 1}, "ids": [1]}, 422, "invalid_request"),
     ],
 )
 def test_bad_requests_get_a_4xx_with_the_reason(live: Live, body: object, status: int, reason: str) -> None:
