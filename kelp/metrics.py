@@ -102,11 +102,16 @@ class MetricFactory:
             parts.append(unit)
         return "_".join(p for p in parts if p)
 
+    def _declare(self, kind: str, name: str, unit: str, exposed_suffix: str = "") -> str:
+        """Check ``name``, record what it is exposed as, and return its full name."""
+        _check_name(kind, name, unit)
+        full = self._full(name, unit)
+        self._created.append(full + exposed_suffix)
+        return full
+
     def counter(self, name: str, documentation: str, labels: Sequence[str] = (), unit: str = "") -> Counter:
         """A monotonically increasing count, exposed as ``<full name>_total``."""
-        _check_name("counter", name, unit)
-        full = self._full(name, unit)
-        self._created.append(f"{full}_total")
+        full = self._declare("counter", name, unit, "_total")
         return Counter(full, documentation, labelnames=tuple(labels), registry=self.registry)
 
     def gauge(
@@ -123,9 +128,7 @@ class MetricFactory:
         prometheus-client's multiprocess mode (``livesum``, ``max``...); it is
         ignored otherwise.
         """
-        _check_name("gauge", name, unit)
-        full = self._full(name, unit)
-        self._created.append(full)
+        full = self._declare("gauge", name, unit)
         return Gauge(
             full,
             documentation,
@@ -141,10 +144,7 @@ class MetricFactory:
         mode it is not written to the shared files, so the scraped process adds
         its own value (see :func:`scrape`).
         """
-        _check_name("gauge", name, unit)
-        full = self._full(name, unit)
-        self._created.append(full)
-        gauge = FunctionGauge(full, documentation)
+        gauge = FunctionGauge(self._declare("gauge", name, unit), documentation)
         self.registry.register(gauge)
         return gauge
 
@@ -157,9 +157,7 @@ class MetricFactory:
         buckets: Sequence[float] = LATENCY_BUCKETS_S,
     ) -> Histogram:
         """A distribution; latency by default, in seconds."""
-        _check_name("histogram", name, unit)
-        full = self._full(name, unit)
-        self._created.append(full)
+        full = self._declare("histogram", name, unit)
         return Histogram(
             full, documentation, labelnames=tuple(labels), registry=self.registry, buckets=tuple(buckets)
         )

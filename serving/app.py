@@ -206,9 +206,7 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
         if serving.grpc_port is not None:
             from kelp.serving.oip.grpc_service import start_grpc_server
 
-            grpc_server = start_grpc_server(
-                OipModel(replica, routes), serving.host, serving.grpc_port, _version()
-            )
+            grpc_server = start_grpc_server(oip_model, serving.host, serving.grpc_port, _version())
         try:
             yield
         finally:
@@ -228,6 +226,7 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
         auth=None if token is None else BearerAuth(token),
         request_log=replica.request_log,
     )
+    oip_model = OipModel(replica, routes)
 
     app = ServingApp(
         routes,
@@ -344,7 +343,7 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
             return _error(503, "no_model", "no model snapshot loaded yet")
         return JSONResponse(current.info())
 
-    add_oip_routes(app, replica, routes, _version())
+    add_oip_routes(app, oip_model, _version())
 
     def openapi() -> dict[str, Any]:
         """FastAPI's spec plus the request models' schemas (the endpoints read raw bodies)."""

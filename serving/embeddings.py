@@ -216,9 +216,6 @@ class RowFetcher:
         got: Mapping[str, PullResult],
     ) -> None:
         """Put the pulled rows into the request's arrays and the cache (one insert for the group)."""
-        fetched = [t for t in probe.tables if t in got]
-        if not fetched:
-            return
         positions = []
         for i, table in enumerate(probe.tables):
             if table not in got:
@@ -229,6 +226,8 @@ class RowFetcher:
             probe.rows[where], probe.admitted[where] = g.rows, g.admitted
             probe.updated[where] = g.updated_s if g.updated_s is not None else 0
             positions.append(where)
+        if not positions:  # every table of the group was a full hit
+            return
         miss = np.concatenate(positions) if len(positions) > 1 else positions[0]
         tc = cache.get(key)
         if tc is None:

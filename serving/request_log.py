@@ -164,7 +164,7 @@ class RequestLog:
 
     def _encode(self, entry: _Entry) -> bytes:
         batch, result = entry.batch, entry.result
-        by_task = result.scores_by_task or {self.tasks[0]: result.scores}
+        by_task = result.scores_of(self.tasks)
         raw = (
             batch.raw_dense
             if isinstance(batch, RequestBatch) and batch.raw_dense is not None

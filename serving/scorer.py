@@ -101,6 +101,10 @@ class ScoreResult:
     scores_by_task: dict[str, list[float]] | None = None
     """Every task's scores (several labels only; None for a one-task model)."""
 
+    def scores_of(self, tasks: tuple[str, ...]) -> dict[str, list[float]]:
+        """Every task's scores by name (``tasks``: the model's, the first one's being ``scores``)."""
+        return self.scores_by_task or {tasks[0]: self.scores}
+
     def to_json(self) -> dict[str, object]:
         extra = {} if self.scores_by_task is None else {"scores_by_task": self.scores_by_task}
         return {

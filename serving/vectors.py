@@ -69,11 +69,9 @@ class VectorLookup:
         if not isinstance(named, str):
             message = f"'table' or 'feature' must be a name, not {named!r:.40}"
             raise BadRequestError("invalid_request", message)
-        table = body.get("table")
-        if "feature" in body:
-            table = self.table_of.get(body["feature"])
-            if table is None:
-                raise BadRequestError("unknown_feature", f"{body['feature']!r} is not a sparse feature")
+        table = named if "table" in body else self.table_of.get(named)
+        if table is None:
+            raise BadRequestError("unknown_feature", f"{named!r} is not a sparse feature")
         if table not in self.dims:
             raise BadRequestError("unknown_table", f"{table!r} is not a table (tables: {sorted(self.dims)})")
         raw = body["ids"]

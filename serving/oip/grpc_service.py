@@ -26,7 +26,7 @@ import numpy as np
 
 from kelp.errors import KelpError, UserError
 from kelp.serving.errors import RequestError, error_answer
-from kelp.serving.oip.model import OipModel, version_number
+from kelp.serving.oip.model import OipModel
 from kelp.serving.oip.tensors import DTYPES, InferRequest, OutputRequest, Tensor, from_binary
 
 __all__ = ["GRPC_THREADS", "start_grpc_server"]
@@ -120,18 +120,9 @@ def _service_class(grpc: Any, pb: Any, rpc: Any) -> type:
             if problem is not None:
                 self._abort(context, problem)
             described = self.model.metadata()
-            tensors = [
-                pb.ModelMetadataResponse.TensorMetadata(
-                    name=t["name"], datatype=t["datatype"], shape=t["shape"]
-                )
-                for t in described["inputs"]
-            ]
-            outputs = [
-                pb.ModelMetadataResponse.TensorMetadata(
-                    name=t["name"], datatype=t["datatype"], shape=t["shape"]
-                )
-                for t in described["outputs"]
-            ]
+            tensor = pb.ModelMetadataResponse.TensorMetadata
+            tensors = [tensor(**t) for t in described["inputs"]]
+            outputs = [tensor(**t) for t in described["outputs"]]
             return pb.ModelMetadataResponse(
                 name=described["name"],
                 versions=described["versions"],
@@ -143,16 +134,7 @@ def _service_class(grpc: Any, pb: Any, rpc: Any) -> type:
         def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
             self._authorized(context)
             try:
-                problem = self.model.problem(request.model_name)
-                if problem is not None:
-                    raise problem
-                pinned = None
-                if request.model_version:
-                    pinned = version_number(request.model_version)
-                    if pinned is None:
-                        raise RequestError(
-                            "version_not_loaded", f"{request.model_version!r} is not a version number", 404
-                        )
+                pinned = self.model.requested_version(request.model_name, request.model_version or None)
                 parsed = _infer_request(request)
                 done = self.model.routes.run_blocking(self.model.infer, parsed, pinned, None)
             except KelpError as exc:

@@ -61,11 +61,13 @@ class TensorInputs:
         self.sparse_names = tuple(parser.sparse_names)
         self._dense = set(self.dense_names)
         self._sparse = set(self.sparse_names)
+        # A feature's name wins: `dense` is the matrix input only when no feature is called that.
+        self._matrix = bool(self.dense_names) and DENSE_INPUT not in self._dense | self._sparse
 
     def metadata(self) -> list[dict[str, Any]]:
         """The inputs as the model metadata lists them (``-1``: any size)."""
         described: list[dict[str, Any]] = []
-        if self.dense_names and DENSE_INPUT not in self._dense | self._sparse:
+        if self._matrix:
             described.append({"name": DENSE_INPUT, "datatype": "FP32", "shape": [-1, len(self.dense_names)]})
         for name in self.sparse_names:
             described.append({"name": name, "datatype": "INT64", "shape": [-1]})
@@ -80,7 +82,7 @@ class TensorInputs:
         for name, tensor in inputs.items():
             if name in self._dense or name in self._sparse:
                 continue
-            if name == DENSE_INPUT and self.dense_names:
+            if name == DENSE_INPUT and self._matrix:
                 continue
             owner = name.removesuffix(LENGTHS_SUFFIX)
             if name.endswith(LENGTHS_SUFFIX) and owner in self._sparse:
@@ -98,21 +100,18 @@ class TensorInputs:
             )
         size = self._batch_size(inputs, lengths_of)
         dense = np.tile(self.parser.defaults, (size, 1))
-        matrix = inputs.get(DENSE_INPUT) if DENSE_INPUT not in self._dense | self._sparse else None
+        matrix = inputs.get(DENSE_INPUT) if self._matrix else None
         if matrix is not None:
             dense[:, :] = self._dense_values(matrix, (size, len(self.dense_names)))
         for j, name in enumerate(self.dense_names):
             column = inputs.get(name)
             if column is not None:
                 dense[:, j] = self._dense_values(column, (size,)).ravel()
-        sparse = {}
-        for i, name in enumerate(self.sparse_names):
-            ids = inputs.get(name)
-            sparse[name] = (
-                JaggedIds.from_lengths(np.empty(0, np.uint64), np.zeros(size, np.int32))
-                if ids is None
-                else self._sparse_ids(i, ids, lengths_of.get(name), size)
-            )
+        sparse = {  # a feature not given has no ids: the batch fills those in
+            name: self._sparse_ids(i, inputs[name], lengths_of.get(name), size)
+            for i, name in enumerate(self.sparse_names)
+            if name in inputs
+        }
         return self.parser.assemble(dense, sparse)
 
     def _batch_size(self, inputs: Mapping[str, Tensor], lengths_of: Mapping[str, Tensor]) -> int:

@@ -73,12 +73,26 @@ class OipModel:
         if version is None:
             return None
         loaded = self.loaded_version()
-        if version_number(version) is None or version_number(version) != loaded:
+        if version_number(version) != loaded or loaded is None:
             shown = "no version yet" if loaded is None else f"version {loaded}"
             return RequestError(
                 "version_not_loaded", f"version {version!r} is not loaded; it serves {shown}", status=404
             )
         return None
+
+    def requested_version(self, name: str, version: str | None) -> int | None:
+        """The version an inference names (None: whichever is loaded); a 404 for another model or a path
+        segment that is no version number. Whether that version is loaded is the scorer's check, made
+        with the model it scores with."""
+        problem = self.problem(name)
+        if problem is not None:
+            raise problem
+        if version is None:
+            return None
+        pinned = version_number(version)
+        if pinned is None:
+            raise RequestError("version_not_loaded", f"version {version!r} is not a version number", 404)
+        return pinned
 
     def metadata(self) -> dict[str, Any]:
         loaded = self.loaded_version()
@@ -94,7 +108,7 @@ class OipModel:
         """Score ``request`` (on the scoring thread); with ``version``, only if that one is loaded."""
         batch = self.inputs.batch(request.inputs)
         result = self.replica.scorer.score(batch, version)
-        by_task = result.scores_by_task or {self.tasks[0]: result.scores}
+        by_task = result.scores_of(self.tasks)
         if request.outputs is None:
             outputs = [
                 (task, np.asarray(by_task[task], np.float32), request.binary_output) for task in self.tasks

@@ -29,9 +29,9 @@ from fastapi.requests import Request
 from fastapi.responses import JSONResponse, Response
 
 from kelp.errors import KelpError
-from kelp.serving.dispatch import VERSION_HEADER, ScoreRoutes
+from kelp.serving.dispatch import VERSION_HEADER
 from kelp.serving.errors import RequestError, error_answer
-from kelp.serving.oip.model import OipModel, version_number
+from kelp.serving.oip.model import OipModel
 from kelp.serving.oip.schemas import (
     InferResponseBody,
     ModelMetadata,
@@ -39,7 +39,6 @@ from kelp.serving.oip.schemas import (
     ServerMetadata,
 )
 from kelp.serving.oip.tensors import BINARY_HEADER, encode_response, parse_request
-from kelp.serving.replica import ServingReplica
 from kelp.serving.request_log import REQUEST_ID_HEADER
 
 __all__ = ["OIP_ENDPOINTS", "add_oip_routes", "endpoint_label"]
@@ -90,9 +89,13 @@ def _refused(error: RequestError) -> JSONResponse:
     return _oip_error(error.status, error.reason, str(error))
 
 
-def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, server_version: str) -> None:
-    """Declare the ``/v2`` endpoints on ``app``; inference runs on ``routes``' scoring thread."""
-    model = OipModel(replica, routes)
+def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
+    """Declare the ``/v2`` endpoints of ``model`` on ``app``; inference runs on its routes' scoring thread."""
+    routes = model.routes
+
+    def readiness() -> Response:
+        is_ready, reason = model.replica.readiness()
+        return Response(status_code=200) if is_ready else _oip_error(503, "not_ready", reason or "")
 
     @app.get("/v2", response_model=ServerMetadata, summary="Server metadata (Open Inference Protocol)")
     async def server_metadata() -> dict[str, Any]:
@@ -109,8 +112,7 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
         response_class=Response,
     )
     def ready() -> Response:
-        is_ready, reason = replica.readiness()
-        return Response(status_code=200) if is_ready else _oip_error(503, "not_ready", reason or "")
+        return readiness()
 
     def metadata(name: str, version: str | None) -> JSONResponse:
         problem = model.problem(name, version)
@@ -133,10 +135,7 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
 
     def model_ready(name: str, version: str | None) -> Response:
         problem = model.problem(name, version)
-        if problem is not None:
-            return _refused(problem)
-        is_ready, reason = replica.readiness()
-        return Response(status_code=200) if is_ready else _oip_error(503, "not_ready", reason or "")
+        return _refused(problem) if problem is not None else readiness()
 
     @app.get(
         "/v2/models/{name}/ready",
@@ -177,12 +176,10 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
             return _oip_error(
                 401, refusal["error"], refusal["detail"], {"WWW-Authenticate": 'Bearer realm="kelp"'}
             )
-        problem = model.problem(name)
-        if problem is not None:
-            return _refused(problem)
-        pinned = None if version is None else version_number(version)
-        if version is not None and pinned is None:
-            return _oip_error(404, "version_not_loaded", f"version {version!r} is not a version number")
+        try:
+            pinned = model.requested_version(name, version)
+        except RequestError as exc:
+            return _refused(exc)
         declared = request.headers.get(BINARY_HEADER)
         if declared is not None and not (declared.isascii() and declared.isdigit()):
             return _oip_error(
@@ -202,7 +199,7 @@ def add_oip_routes(app: FastAPI, replica: ServingReplica, routes: ScoreRoutes, s
             return _oip_error(status, payload["error"], payload["detail"])
         if header_length is None:
             return Response(body, media_type="application/json", headers=headers)
-        headers["Inference-Header-Content-Length"] = str(header_length)
+        headers[BINARY_HEADER] = str(header_length)
         return Response(body, media_type="application/octet-stream", headers=headers)
 
     infer_doc: dict[str, Any] = {
