@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kelp.cli.commands.demo_cmd",
     "kelp.cli.commands.train_cmd",
     "kelp.cli.commands.serve_cmd",
+    "kelp.cli.commands.join_cmd",
     "kelp.cli.commands.probe_cmd",
     "kelp.cli.commands.model_cmd",
     "kelp.cli.commands.produce_cmd",

@@ -10,6 +10,7 @@ its own module:
 * :mod:`~kelp.config.store`: the embedding store and its hot-row cache;
 * :mod:`~kelp.config.trainer`: model, optimizers, checkpoints, pipeline;
 * :mod:`~kelp.config.processes`: publisher, serving, metrics, logging;
+* :mod:`~kelp.config.join`: ``kelp join`` (impressions and actions to labelled events);
 * :mod:`~kelp.config.root`: :class:`KelpConfig` and the rules that span sections.
 """
 
@@ -29,6 +30,7 @@ from kelp.config.features import (
     TableDefaults,
     TableSpec,
 )
+from kelp.config.join import ActionStream, JoinConfig
 from kelp.config.loader import apply_env_overrides, format_validation_error, load_config, parse_config
 from kelp.config.processes import (
     LoggingConfig,
@@ -63,6 +65,7 @@ __all__ = [
     "CONFIG_VERSION",
     "FALLBACK_SUFFIX",
     "MODEL_NAMES",
+    "ActionStream",
     "AdmissionSpec",
     "BatchingConfig",
     "ClipTransform",
@@ -78,6 +81,7 @@ __all__ = [
     "FlagColumns",
     "HotCacheConfig",
     "InitSpec",
+    "JoinConfig",
     "JsonMapping",
     "KafkaSecurity",
     "KafkaSourceConfig",

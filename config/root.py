@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from kelp.config.base import StrictModel
 from kelp.config.features import FeatureSpec
+from kelp.config.join import JoinConfig
 from kelp.config.processes import LoggingConfig, MetricsConfig, PublisherConfig, ServingConfig
 from kelp.config.sources import BatchingConfig, SourceConfig
 from kelp.config.store import StoreConfig
@@ -43,6 +44,7 @@ class KelpConfig(StrictModel):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     publisher: PublisherConfig = Field(default_factory=PublisherConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
+    join: JoinConfig = Field(default_factory=JoinConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
@@ -68,6 +70,35 @@ class KelpConfig(StrictModel):
                 "serving.request_log.enabled: the request log goes to the source's Kafka brokers, but "
                 f"source.kind is {self.source.kind!r}; use a kafka source, or turn the request log off"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _join_names_known_tasks_and_features(self) -> Self:
+        tasks = [t.name for t in self.features.tasks]
+        for i, action in enumerate(self.join.actions):
+            if action.task not in tasks:
+                raise ValueError(
+                    f"join.actions[{i}].task: {action.task!r} is not a label of features.labels "
+                    f"(expected one of {', '.join(tasks)})"
+                )
+            if action.item_field is not None and self.join.item_feature is None:
+                raise ValueError(
+                    f"join.actions[{i}].item_field: matching an item needs join.item_feature, the sparse "
+                    "feature that names each candidate"
+                )
+        sparse = [f.name for f in self.features.sparse]
+        if self.join.item_feature is not None and self.join.item_feature not in sparse:
+            raise ValueError(
+                f"join.item_feature: {self.join.item_feature!r} is not a sparse feature "
+                f"(expected one of {', '.join(sparse) or 'none configured'})"
+            )
+        if self.join.actions:
+            missing = [t for t in tasks if t not in self.join.windows()]
+            if missing:
+                raise ValueError(
+                    f"join.actions: no action topic for task(s) {', '.join(missing)}; every label needs one, "
+                    "or its events would never be labelled"
+                )
         return self
 
     @model_validator(mode="after")

@@ -21,9 +21,10 @@ from kelp.store import check_store_config
 
 __all__ = ["Role", "preflight", "problems"]
 
-Role = Literal["train", "serve"]
+Role = Literal["train", "serve", "join"]
 """Which process the config is for: a trainer reads the source; a serving replica does not, and talks to
-Kafka only with ``serving.request_log`` on (so only then does it need the Kafka credentials)."""
+Kafka only with ``serving.request_log`` on (so only then does it need the Kafka credentials); a joiner
+reads and writes Kafka topics and keeps its waiting impressions in Redis."""
 
 
 _TABLE_FIELD = re.compile(r"^features\.tables\[(\d+)\](.*)$")
@@ -32,12 +33,33 @@ _TABLE_FIELD = re.compile(r"^features\.tables\[(\d+)\](.*)$")
 def problems(cfg: KelpConfig, role: Role = "train") -> list[tuple[str, str]]:
     """``(field, message)`` for everything the given process would refuse (empty: good to go)."""
     found = list(check_source(cfg.source, cfg.features)) if role == "train" else []
-    connects_to_kafka = role == "train" or cfg.serving.request_log.enabled
+    if role == "join":
+        found += _join_problems(cfg)
+    connects_to_kafka = role in ("train", "join") or cfg.serving.request_log.enabled
     if connects_to_kafka and isinstance(cfg.source, KafkaSourceConfig):
         missing = cfg.source.security.missing_credentials()
         if missing is not None:
             found.append(("source.security", missing))
     found += _as_written(cfg, check_store_config(cfg.store, list(cfg.features.tables)))
+    return found
+
+
+def _join_problems(cfg: KelpConfig) -> list[tuple[str, str]]:
+    found = []
+    if not isinstance(cfg.source, KafkaSourceConfig):
+        found.append(
+            ("source.kind", f"kelp join reads and writes Kafka topics; source.kind is {cfg.source.kind!r}")
+        )
+    if not cfg.join.actions:
+        found.append(("join.actions", "no action topic: a join needs at least one (topic, task, window_s)"))
+    if cfg.join.redis_url is None and cfg.store.backend != "redis":
+        found.append(
+            (
+                "join.redis_url",
+                f"the waiting impressions need a standalone Redis; store.backend is {cfg.store.backend!r}, "
+                "so set join.redis_url",
+            )
+        )
     return found
 
 

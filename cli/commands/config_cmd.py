@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     validate.add_argument(
         "--for",
         dest="role",
-        choices=["train", "serve"],
+        choices=["train", "serve", "join"],
         default="train",
         help="the process it is for: train also checks the source (files, CSV columns); default train",
     )

@@ -1,0 +1,331 @@
+"""The join's decisions: one step turns input records and the state they touch into outputs and changes.
+
+A step is pure apart from reading the :class:`~kelp.join.state.WaitingStore`:
+it returns what to send (:class:`Output`), what to dead-letter, and the
+:class:`~kelp.join.state.Changes` to apply once the sends are acknowledged.
+The process (:mod:`kelp.join.process`) owns Kafka, acknowledgements and commits.
+
+Per impression, task and candidate (docs/join.md draws the timeline):
+
+* an action inside the task's window makes the candidate POSITIVE for the task
+  (once: a repeat is counted and ignored);
+* when the watermark passes ``ts + window`` the task's window closes, and every
+  candidate still UNDECIDED becomes NEGATIVE for it;
+* a candidate is emitted once every task is decided: at its positive when
+  there is one task, at the last window's close otherwise;
+* an action inside its window that arrives after the candidate was emitted
+  with a negative is *late*: with ``late_actions: correct`` the candidate is
+  emitted again with that task positive and ``join.late`` set;
+* an action whose impression is not there yet waits ``action_grace_s`` of
+  event time, then is an orphan;
+* a candidate with every label 0 is kept with probability ``negative_keep_rate``
+  (decided by a hash of its sample id) and weighs ``1 / negative_keep_rate``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from kelp.config import JoinConfig
+from kelp.join.records import Action, Impression, InputError, read_action, sample_id
+from kelp.join.state import NEGATIVE, POSITIVE, UNDECIDED, Changes, Waiting, WaitingStore
+from kelp.join.watermark import Watermark
+
+__all__ = ["InputRecord", "Joiner", "Output", "Rejected", "Step"]
+
+_DUE_PER_STEP = 5000
+"""Impressions closed per step at most: a watermark jump (a replay catching up) is spread over steps."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """One record read from an input topic."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One labelled event to send: its key (the request id) and value, and what it counts as.
+
+    ``labels[task]`` is f32 per emitted candidate; ``knowable_at`` the event time at
+    which its labels could first be known (the action, or the window's close), for
+    the label-delay histogram.
+    """
+
+    key: bytes
+    value: bytes
+    rows: int
+    labels: dict[str, np.ndarray]
+    late: bool
+    knowable_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """An input record the joiner could not read, for the dead-letter topic."""
+
+    record: InputRecord
+    input: str
+    reason: str
+    detail: str
+
+
+@dataclass
+class Step:
+    """What one step decided."""
+
+    outputs: list[Output] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
+    changes: Changes = field(default_factory=Changes)
+    impressions: Counter[str] = field(default_factory=Counter)
+    actions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    negatives_dropped: int = 0
+    watermark: float | None = None
+
+
+@dataclass
+class _Work:
+    """What one step has read and changed so far."""
+
+    step: Step
+    waiting: dict[str, Waiting]
+    early: dict[str, list[Action]]
+    touched: dict[str, Waiting] = field(default_factory=dict)
+    early_changed: set[str] = field(default_factory=set)
+
+
+class Joiner:
+    """Decides steps for one ``join`` config against one store; keeps only the watermark in memory."""
+
+    def __init__(self, config: JoinConfig, tasks: list[str], store: WaitingStore) -> None:
+        self.config = config
+        self.tasks = tasks
+        self.store = store
+        self.windows = config.windows()
+        self._streams = {a.topic: a for a in config.actions}
+        self._keep = config.negative_keep_rate
+        self._keep_below = int(self._keep * 2**64) if self._keep < 1 else None
+        self._expire_after = config.longest_window_s + config.late_horizon_s
+        self.watermark = Watermark(config.allowed_lateness_s, config.advance_when_idle, store.watermark())
+
+    def step(
+        self,
+        records: list[InputRecord],
+        now: float,
+        assigned: list[Hashable] | None = None,
+        idle: set[Hashable] | None = None,
+    ) -> Step:
+        """Decide ``records`` (in the order read) and close what the watermark now allows.
+
+        ``assigned`` are the input partitions as ``(topic, partition)`` (None: those of
+        ``records``); ``idle`` the ones that stop holding the watermark back.
+        """
+        step = Step()
+        impressions: list[Impression] = []
+        actions: list[Action] = []
+        order: list[Impression | Action] = []
+        for rec in records:
+            item = self._read(rec, step)
+            if item is None:
+                continue
+            self.watermark.observe((rec.topic, rec.partition), item.ts)
+            order.append(item)
+            (impressions if isinstance(item, Impression) else actions).append(item)
+        rids = list(dict.fromkeys(i.request_id for i in order))
+        work = _Work(step, self.store.load(rids, self.tasks), self.store.load_early(rids))
+        for item in order:
+            if isinstance(item, Impression):
+                self._impression(item, work)
+            else:
+                self._action(item, work)
+        if assigned is None:
+            assigned = list(dict.fromkeys((r.topic, r.partition) for r in records))
+        wm = self.watermark.advance(assigned, idle or set(), now)
+        step.watermark = wm
+        if wm is not None:
+            self._close_due(wm, work)
+            self._orphans(wm, work)
+            step.changes.watermark = wm
+        self._stage(now, work)
+        return step
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def _read(self, rec: InputRecord, step: Step) -> Impression | Action | None:
+        try:
+            if rec.topic == self.config.impressions_topic:
+                if rec.value is None:
+                    raise InputError("bad_payload", "the record has no value")
+                return Impression.from_raw(rec.value, rec.timestamp_ms)
+            return read_action(self._streams[rec.topic], rec.value, rec.timestamp_ms)
+        except InputError as exc:
+            kind = "impressions" if rec.topic == self.config.impressions_topic else "actions"
+            step.rejected.append(Rejected(rec, kind, exc.reason, exc.detail))
+            return None
+
+    # -- impressions and actions -------------------------------------------------------------------
+
+    def _impression(self, imp: Impression, work: _Work) -> None:
+        if imp.request_id in work.waiting:
+            work.step.impressions["duplicate"] += 1  # read again after a restart, or a request id reused
+            return
+        w = Waiting.new(imp.request_id, imp.ts, imp.raw, imp.n, self.tasks)
+        work.waiting[imp.request_id] = work.touched[imp.request_id] = w
+        work.step.impressions["new"] += 1
+        for action in work.early.pop(imp.request_id, []):
+            work.early_changed.add(imp.request_id)
+            self._apply(action, w, work, matched_as="early")
+
+    def _action(self, action: Action, work: _Work) -> None:
+        w = work.waiting.get(action.request_id)
+        if w is None:
+            work.early.setdefault(action.request_id, []).append(action)
+            work.early_changed.add(action.request_id)
+            work.step.actions[(action.task, "waiting")] += 1
+            return
+        self._apply(action, w, work, matched_as="matched")
+
+    def _apply(self, action: Action, w: Waiting, work: _Work, matched_as: str) -> None:
+        step = work.step
+        if action.ts - w.ts > action.window_s:
+            step.actions[(action.task, "outside_window")] += 1
+            return
+        imp = _impression_of(w)
+        if action.item is None:
+            rows = np.arange(w.n)
+        else:
+            rows = imp.rows_of_item(self.config.item_feature or "", action.item)
+        if len(rows) == 0:
+            step.actions[(action.task, "no_candidate")] += 1
+            return
+        labels = w.labels[action.task]
+        fresh = rows[labels[rows] != POSITIVE]
+        if len(fresh) == 0:
+            step.actions[(action.task, "repeat")] += 1
+            return
+        work.touched[w.request_id] = w
+        was_emitted = fresh[w.emitted[fresh] == 1]
+        labels[fresh] = POSITIVE
+        if len(was_emitted):
+            step.actions[(action.task, "late")] += 1
+            if self.config.late_actions == "correct":
+                self._emit(w, imp, was_emitted, step, late=True, knowable_at=action.ts)
+            return
+        step.actions[(action.task, matched_as)] += 1
+        ready = fresh[self._decided(w, fresh)]
+        if len(ready):
+            w.emitted[ready] = 1
+            self._emit(w, imp, ready, step, late=False, knowable_at=action.ts)
+
+    def _decided(self, w: Waiting, rows: np.ndarray) -> np.ndarray:
+        done = np.ones(len(rows), dtype=bool)
+        for task in self.tasks:
+            done &= w.labels[task][rows] != UNDECIDED
+        return done
+
+    # -- windows closing ---------------------------------------------------------------------------
+
+    def _close_due(self, wm: float, work: _Work) -> None:
+        waiting, step = work.waiting, work.step
+        due = self.store.due(wm, _DUE_PER_STEP)
+        missing = [r for r in due if r not in waiting]
+        waiting.update(self.store.load(missing, self.tasks))
+        for rid in due:
+            w = waiting.get(rid)
+            if w is None:
+                continue  # expired by its TTL since it was listed
+            work.touched[rid] = w
+            newly_closed = [t for t in self.tasks if t not in w.closed and w.ts + self.windows[t] <= wm]
+            if not newly_closed:
+                continue
+            for task in newly_closed:
+                labels = w.labels[task]
+                labels[labels == UNDECIDED] = NEGATIVE
+                w.closed.add(task)
+            pending = np.flatnonzero(w.emitted == 0)
+            ready = pending[self._decided(w, pending)]
+            if len(ready):
+                w.emitted[ready] = 1
+                knowable = w.ts + max(self.windows[t] for t in newly_closed)
+                self._emit(w, _impression_of(w), ready, step, late=False, knowable_at=knowable)
+
+    def _orphans(self, wm: float, work: _Work) -> None:
+        for rid in self.store.early_due(wm, _DUE_PER_STEP):
+            if rid in work.early_changed and rid not in work.early:
+                continue  # its impression came in this step
+            stored = work.early.pop(rid, None)
+            if stored is None:
+                stored = self.store.load_early([rid]).get(rid, [])
+            for action in stored:
+                work.step.actions[(action.task, "orphan")] += 1
+            work.early_changed.add(rid)
+
+    # -- emitting ----------------------------------------------------------------------------------
+
+    def _emit(
+        self, w: Waiting, imp: Impression, rows: np.ndarray, step: Step, *, late: bool, knowable_at: float
+    ) -> None:
+        labels = {t: (w.labels[t][rows] == POSITIVE).astype(np.float32) for t in self.tasks}
+        weight = None
+        if self._keep_below is not None:
+            negative = np.ones(len(rows), dtype=bool)
+            for col in labels.values():
+                negative &= col == 0
+            hashes = [xxhash.xxh3_64_intdigest(sample_id(w.request_id, int(r)).encode()) for r in rows]
+            keep = ~negative | (np.array(hashes, dtype=np.uint64) < np.uint64(self._keep_below))
+            step.negatives_dropped += int((~keep).sum())
+            rows = rows[keep]
+            if len(rows) == 0:
+                return
+            labels = {t: col[keep] for t, col in labels.items()}
+            weight = np.where(negative[keep], 1.0 / self._keep, 1.0).astype(np.float32)
+        step.outputs.append(
+            Output(
+                key=w.request_id.encode(),
+                value=imp.labelled(rows, labels, weight, late),
+                rows=len(rows),
+                labels=labels,
+                late=late,
+                knowable_at=knowable_at,
+            )
+        )
+
+    # -- the step's changes ------------------------------------------------------------------------
+
+    def _stage(self, now: float, work: _Work) -> None:
+        step, ch = work.step, work.step.changes
+        margin = self.config.state_ttl_margin_s
+        for rid, w in work.touched.items():
+            open_ends = [w.ts + self.windows[t] for t in self.tasks if t not in w.closed]
+            if open_ends:
+                deadline = min(open_ends)
+            else:
+                deadline = w.ts + self._expire_after
+                if step.watermark is not None and deadline <= step.watermark:
+                    ch.delete[rid] = w
+                    continue
+            ttl = max(self._expire_after, w.ts + self._expire_after - now) + margin
+            ch.put[rid] = (w, deadline, ttl)
+        for rid in work.early_changed:
+            actions = work.early.get(rid)
+            if actions:
+                deadline = max(a.ts for a in actions) + self.config.action_grace_s
+                ttl = max(self.config.action_grace_s, deadline - now) + margin
+                ch.early_put[rid] = (actions, deadline, ttl)
+            else:
+                ch.early_delete.add(rid)
+
+
+def _impression_of(w: Waiting) -> Impression:
+    """The stored impression's message, read again (it was read once when it arrived)."""
+    return Impression.from_raw(w.raw)

@@ -1,0 +1,244 @@
+"""``kelp join`` as a process: Kafka in, decisions, Kafka out, state, commit, in that order.
+
+Each step of the loop:
+
+1. polls up to ``join.max_poll_records`` input records (impressions and actions);
+2. asks the :class:`~kelp.join.joiner.Joiner` what they and the watermark decide;
+3. sends the labelled events and dead letters, and waits until Kafka acknowledged
+   every one of them (a refused send is retried, never skipped);
+4. applies the step's state changes to the waiting store in one transaction;
+5. commits the input offsets the step covered.
+
+A crash after 3 sends the step's events again when the records are read again,
+with the same sample ids; after 4 the state already says what was emitted.
+Either way nothing acknowledged is lost, and what repeats is limited to the
+records after the last commit. SIGTERM finishes the step under way, then stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kelp.config import KafkaSourceConfig, KelpConfig
+from kelp.consumers.kafka_client import client_settings, consumer_settings
+from kelp.join.joiner import InputRecord, Joiner, Step
+from kelp.join.metrics import JoinMetrics
+from kelp.join.state import RedisWaitingStore, WaitingStore
+
+__all__ = ["JoinProcess", "join_redis_url"]
+
+log = logging.getLogger("kelp.join")
+
+_POLL_MS = 200
+_RETRY_S = 1.0
+_STATS_EVERY_S = 2.0
+
+
+def join_redis_url(cfg: KelpConfig) -> str:
+    """The Redis of the waiting impressions: ``join.redis_url``, else the store's first url."""
+    return cfg.join.redis_url or cfg.store.urls[0]
+
+
+class JoinProcess:
+    """The joiner's loop over one consumer, one producer and one waiting store.
+
+    ``consumer``, ``producer`` and ``store`` may be given (tests); otherwise they
+    are built from ``cfg`` when :meth:`run` starts.
+    """
+
+    def __init__(
+        self,
+        cfg: KelpConfig,
+        *,
+        store: WaitingStore | None = None,
+        consumer: Any = None,
+        producer: Any = None,
+        metrics: JoinMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not isinstance(cfg.source, KafkaSourceConfig):
+            raise ValueError("kelp join needs a kafka source")
+        self.cfg = cfg
+        self.join = cfg.join
+        self.output_topic = cfg.join.output_topic or cfg.source.topics[0]
+        self.metrics = metrics or JoinMetrics()
+        self.clock = clock
+        self._store = store
+        self._consumer = consumer
+        self._producer = producer
+        self._last_seen: dict[tuple[str, int], float] = {}
+        self._started = clock()
+        self._stats_at = 0.0
+        self.last_step_at = time.monotonic()
+        self.ready = False
+        self.steps = 0
+
+    # -- wiring ------------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        source = self.cfg.source
+        assert isinstance(source, KafkaSourceConfig)
+        if self._store is None:
+            from kelp.store.redis.connection import connect_node, connection_options
+
+            client = connect_node(join_redis_url(self.cfg), connection_options(self.cfg.store))
+            self._store = RedisWaitingStore(client, self.cfg.deployment)
+        if self._producer is None:
+            from kafka import KafkaProducer
+
+            self._producer = KafkaProducer(
+                **client_settings(source), acks="all", linger_ms=5, retries=5, max_request_size=16 << 20
+            )
+        if self._consumer is None:
+            from kafka import KafkaConsumer
+
+            settings = consumer_settings(source)
+            settings.update(group_id=self.join.group_id, max_poll_records=self.join.max_poll_records)
+            self._consumer = KafkaConsumer(**settings)
+        self._consumer.subscribe([self.join.impressions_topic, *(a.topic for a in self.join.actions)])
+        tasks = [t.name for t in self.cfg.features.tasks]
+        self.joiner = Joiner(self.join, tasks, self._store)
+        self.ready = True
+
+    def close(self) -> None:
+        for part in (self._consumer, self._producer, self._store):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception as exc:  # closing is best effort: the offsets and state are already safe
+                    log.debug("join: close: %s", exc)
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, until: Callable[[], bool] | None = None) -> None:
+        """Join until ``stop`` is set (or ``until()`` is true after a step)."""
+        self._open()
+        try:
+            while not stop.is_set():
+                self.step_once(stop)
+                if until is not None and until():
+                    break
+        finally:
+            self.close()
+
+    def step_once(self, stop: threading.Event) -> Step | None:
+        """One poll, decide, deliver, apply, commit; None when a delivery was cut short by ``stop``."""
+        started = time.perf_counter()
+        polled = self._consumer.poll(timeout_ms=_POLL_MS, max_records=self.join.max_poll_records)
+        now = self.clock()
+        records: list[InputRecord] = []
+        last: dict[Any, int] = {}
+        for tp, batch in polled.items():
+            self._last_seen[(tp.topic, tp.partition)] = now
+            for r in batch:
+                records.append(InputRecord(tp.topic, tp.partition, r.offset, r.value, r.timestamp))
+            last[tp] = batch[-1].offset
+        assigned = [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
+        step = self.joiner.step(records, now, assigned, self._idle(assigned, now))
+        if not self._deliver(step, stop):
+            return None
+        self.joiner.store.apply(step.changes)
+        if last:
+            self._commit(last)
+        self._count(step, now)
+        self.metrics.step_seconds.observe(time.perf_counter() - started)
+        self.last_step_at = time.monotonic()
+        self.steps += 1
+        return step
+
+    def _idle(self, assigned: list[tuple[str, int]], now: float) -> set[tuple[str, int]]:
+        """Partitions that are caught up and gave nothing for ``idle_partition_s``."""
+        from kafka.structs import TopicPartition
+
+        idle = set()
+        for topic, partition in assigned:
+            seen = self._last_seen.get((topic, partition), self._started)
+            if now - seen < self.join.idle_partition_s:
+                continue
+            tp = TopicPartition(topic, partition)
+            high = self._consumer.highwater(tp)
+            try:
+                position = self._consumer.position(tp, timeout_ms=100)
+            except Exception:  # no position yet (a fetch of its offset still under way)
+                position = None
+            if high is None or position is None or position >= high:
+                idle.add((topic, partition))
+        return idle
+
+    def _deliver(self, step: Step, stop: threading.Event) -> bool:
+        """Send the step's events and dead letters and wait for every ack; retry a refused step whole."""
+        while True:
+            futures = [
+                self._producer.send(self.output_topic, key=out.key, value=out.value) for out in step.outputs
+            ]
+            if self.join.dead_letter_topic is not None:
+                futures += [self._dead_letter(r) for r in step.rejected]
+            self._producer.flush()
+            failed = [f.exception for f in futures if f.failed()]
+            if not failed:
+                acked = self.clock()
+                for out in step.outputs:
+                    self.metrics.label_delay.labels(
+                        kind="late" if out.late else ("positive" if _any_positive(out) else "negative")
+                    ).observe(max(0.0, acked - out.knowable_at))
+                return True
+            self.metrics.send_failures.inc()
+            log.warning(
+                "join: %d of %d sends failed (%s); retrying the step", len(failed), len(futures), failed[0]
+            )
+            if stop.wait(_RETRY_S):
+                return False
+
+    def _dead_letter(self, rejected: Any) -> Any:
+        rec = rejected.record
+        headers = [
+            ("reason", rejected.reason.encode()),
+            ("error", rejected.detail[:1000].encode()),
+            ("source_topic", rec.topic.encode()),
+            ("source_partition", str(rec.partition).encode()),
+            ("source_offset", str(rec.offset).encode()),
+        ]
+        return self._producer.send(self.join.dead_letter_topic, value=rec.value or b"", headers=headers)
+
+    def _commit(self, last: dict[Any, int]) -> None:
+        from kafka.structs import OffsetAndMetadata
+
+        self._consumer.commit({tp: OffsetAndMetadata(offset + 1, "", -1) for tp, offset in last.items()})
+
+    def _count(self, step: Step, now: float) -> None:
+        m = self.metrics
+        for result, n in step.impressions.items():
+            m.impressions.labels(result=result).inc(n)
+        for (task, result), n in step.actions.items():
+            m.actions.labels(task=task, result=result).inc(n)
+        for rejected in step.rejected:
+            m.rejected.labels(input=rejected.input, reason=rejected.reason).inc()
+        for out in step.outputs:
+            if out.late:
+                m.late_corrections.inc(out.rows)
+                continue
+            for task, col in out.labels.items():
+                positives = int((col > 0).sum())
+                if positives:
+                    m.samples.labels(task=task, label="positive").inc(positives)
+                if out.rows - positives:
+                    m.samples.labels(task=task, label="negative").inc(out.rows - positives)
+        if step.negatives_dropped:
+            m.negatives_dropped.inc(step.negatives_dropped)
+        if step.watermark is not None:
+            m.watermark.set(step.watermark)
+            m.watermark_lag.set(now - step.watermark)
+        if now - self._stats_at >= _STATS_EVERY_S:
+            self._stats_at = now
+            waiting, stored, early = self.joiner.store.counts()
+            m.waiting.set(waiting)
+            m.waiting_bytes.set(stored)
+            m.early.set(early)
+
+
+def _any_positive(out: Any) -> bool:
+    return any(bool((col > 0).any()) for col in out.labels.values())

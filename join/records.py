@@ -1,0 +1,278 @@
+"""The joiner's two inputs and its output, as bytes on the wire.
+
+An *impression* is one served request: an event-v1 message (columnar with
+``batch: n``, or one sample) whose ``request`` map carries the request's
+``id``. The serving request log writes exactly that. Its ``n`` rows are the
+request's candidates; a labelled output is the same message cut down to the
+rows being emitted, with a ``labels`` map, an optional ``weight`` and a
+``join`` map (the stable sample ids, and whether the event corrects an
+earlier negative). Readers of event-v1 ignore ``request`` and ``join``, so
+``kelp train`` reads the output as it reads any columnar event.
+
+An *action* is one JSON object or msgpack map naming a request id, optionally
+an item id (matched against the candidates' ``join.item_feature`` ids by the
+one id rule, so an action may send the item as the request did), and an event
+time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import orjson
+
+from kelp.config import ActionStream
+from kelp.consumers.codec import SCHEMA_VERSION
+from kelp.consumers.ids import id_of
+
+__all__ = ["Action", "Impression", "InputError", "read_action", "sample_id"]
+
+
+class InputError(ValueError):
+    """An input record the joiner cannot read: ``reason`` (a short label for metrics) and a detail."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def sample_id(request_id: str, row: int) -> str:
+    """The stable id of candidate ``row`` of a request: the same in every replay of the same input."""
+    return f"{request_id}/{row}"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One action of ``task`` on request ``request_id`` (and item ``item``, None: every candidate)."""
+
+    task: str
+    window_s: float
+    request_id: str
+    item: int | None
+    ts: float
+
+
+def read_action(stream: ActionStream, value: bytes | None, record_ts_ms: int) -> Action:
+    """The action one record of ``stream`` holds; :class:`InputError` for one that names no request."""
+    if value is None:
+        raise InputError("bad_payload", "the record has no value")
+    try:
+        doc = orjson.loads(value) if stream.format == "json" else msgpack.unpackb(value, raw=False)
+    except (orjson.JSONDecodeError, ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        raise InputError("bad_payload", f"not {stream.format}") from None
+    if not isinstance(doc, dict):
+        raise InputError("bad_payload", f"a {type(doc).__name__}, expected an object")
+    rid = _path(doc, stream.request_id_field)
+    if rid is None or rid == "":
+        raise InputError("missing_field", f"no request id at {stream.request_id_field!r}")
+    if type(rid) is not str and type(rid) is not int:
+        raise InputError("bad_type", f"request id at {stream.request_id_field!r} is {type(rid).__name__}")
+    item: int | None = None
+    if stream.item_field is not None:
+        raw = _path(doc, stream.item_field)
+        if raw is None:
+            raise InputError("missing_field", f"no item at {stream.item_field!r}")
+        try:
+            item = id_of(raw)
+        except ValueError as exc:
+            raise InputError("bad_id", f"item at {stream.item_field!r}: {exc}") from None
+    if stream.ts_field is None:
+        ts = record_ts_ms / 1000.0
+    else:
+        t = _path(doc, stream.ts_field)
+        if (type(t) is not float and type(t) is not int) or not np.isfinite(t):
+            raise InputError("bad_type", f"event time at {stream.ts_field!r} is {t!r}, not epoch seconds")
+        ts = float(t)
+    return Action(stream.task, stream.window_s, str(rid), item, ts)
+
+
+def _path(doc: dict[str, Any], path: str) -> Any:
+    node: Any = doc
+    for part in path.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+class Impression:
+    """One served request as the joiner keeps it: the message, its id, time and candidate count.
+
+    The message is kept as read (``raw``), and decoded only when rows are cut
+    out of it or matched against an item.
+    """
+
+    __slots__ = ("_msg", "n", "raw", "request_id", "ts")
+
+    def __init__(self, raw: bytes, msg: dict[str, Any], request_id: str, ts: float, n: int) -> None:
+        self.raw = raw
+        self._msg = msg
+        self.request_id = request_id
+        self.ts = ts
+        self.n = n
+
+    @classmethod
+    def from_raw(cls, raw: bytes, record_ts_ms: int | None = None) -> Impression:
+        """Read an impression; :class:`InputError` when it is not one (the reason says why)."""
+        try:
+            msg = msgpack.unpackb(raw, raw=False)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            raise InputError("bad_msgpack", "not msgpack") from None
+        if not isinstance(msg, dict):
+            raise InputError("bad_msgpack", f"a {type(msg).__name__}, expected a map")
+        if msg.get("v") != SCHEMA_VERSION:
+            raise InputError("bad_version", f"v is {msg.get('v')!r}, expected {SCHEMA_VERSION}")
+        request = msg.get("request")
+        rid = request.get("id") if isinstance(request, dict) else None
+        if (type(rid) is not str and type(rid) is not int) or rid == "":
+            raise InputError("missing_field", "no request id (request.id)")
+        n = msg.get("batch", None)
+        if n is None:
+            n = 1
+        elif type(n) is not int or n < 1:
+            raise InputError("bad_type", f"batch is {n!r}, expected a count >= 1")
+        ts = _first_ts(msg.get("ts"), n)
+        if ts is None:
+            if record_ts_ms is None:
+                raise InputError("missing_field", "no event time (ts)")
+            ts = record_ts_ms / 1000.0
+        return cls(raw, msg, str(rid), ts, n)
+
+    def rows_of_item(self, feature: str, item: int) -> np.ndarray:
+        """The candidate rows whose ``feature`` ids include ``item`` (int64, ascending)."""
+        col = (self._msg.get("sparse") or {}).get(feature)
+        if col is None:
+            return np.empty(0, dtype=np.int64)
+        values, lengths = _jagged(col, self.n, feature)
+        rows = np.repeat(np.arange(self.n), lengths)
+        return np.unique(rows[values == np.uint64(item)])
+
+    def labelled(
+        self,
+        rows: np.ndarray,
+        labels: dict[str, np.ndarray],
+        weight: np.ndarray | None,
+        late: bool,
+    ) -> bytes:
+        """The event of candidates ``rows`` with their ``labels`` (task -> f32 per row), ready to train on."""
+        msg = self._msg
+        out: dict[str, Any] = {"v": SCHEMA_VERSION}
+        single = "batch" not in msg
+        if not single:
+            out["batch"] = len(rows)
+        for key, value in msg.items():
+            if key in ("v", "batch", "label", "labels", "weight", "join"):
+                continue
+            out[key] = value if single else _take_field(key, value, self.n, rows)
+        out["labels"] = {
+            task: float(col[0]) if single else np.ascontiguousarray(col, "<f4").tobytes()
+            for task, col in labels.items()
+        }
+        if weight is not None:
+            out["weight"] = float(weight[0]) if single else np.ascontiguousarray(weight, "<f4").tobytes()
+        out["join"] = {"sample_ids": [sample_id(self.request_id, int(r)) for r in rows], "late": late}
+        return msgpack.packb(out, use_bin_type=True)
+
+
+def _first_ts(t: Any, n: int) -> float | None:
+    if t is None:
+        return None
+    if type(t) is float or type(t) is int:
+        return float(t)
+    if type(t) is bytes and len(t) == 8 * n:
+        return float(np.frombuffer(t, "<f8", count=1)[0])
+    if type(t) is list and len(t) == n and (type(t[0]) is float or type(t[0]) is int):
+        return float(t[0])
+    raise InputError("bad_type", "ts is neither a number nor a column of the batch's length")
+
+
+def _take_field(key: str, value: Any, n: int, rows: np.ndarray) -> Any:
+    """``value`` (a top-level field of a columnar message) cut down to ``rows``."""
+    if key == "ts":
+        return value if type(value) in (float, int) else _take_column(value, n, rows, "<f8")
+    if key == "dense":
+        if isinstance(value, dict):
+            return {name: _take_column(col, n, rows, "<f4") for name, col in value.items()}
+        return _take_column(value, n, rows, "<f4")
+    if key == "sparse":
+        return {name: _take_ids(col, n, rows, name) for name, col in (value or {}).items()}
+    if key == "request" and isinstance(value, dict):
+        scores = value.get("scores")
+        out = dict(value)
+        if isinstance(scores, dict):
+            out["scores"] = {task: _take_column(col, n, rows, "<f4") for task, col in scores.items()}
+        return out
+    return value
+
+
+def _take_column(col: Any, n: int, rows: np.ndarray, dtype: str) -> Any:
+    """Rows of a per-sample column: a packed bin (any row width) or a list."""
+    if type(col) is bytes:
+        width = len(col) // max(n, 1)
+        if width * n != len(col):
+            raise InputError("bad_shape", f"a column of {len(col)} bytes for a batch of {n}")
+        arr = np.frombuffer(col, dtype=np.uint8).reshape(n, width)
+        return arr[rows].tobytes()
+    if isinstance(col, list):
+        if len(col) != n:
+            raise InputError("bad_shape", f"a column of {len(col)} values for a batch of {n}")
+        return [col[int(r)] for r in rows]
+    raise InputError("bad_type", f"a column is {type(col).__name__}")
+
+
+def _take_ids(col: Any, n: int, rows: np.ndarray, name: str) -> Any:
+    if isinstance(col, dict):
+        values, lengths = col.get("values"), col.get("lengths")
+        lens = _lengths(lengths, n, name)
+        starts = np.concatenate(([0], np.cumsum(lens)))
+        picked = [np.arange(starts[r], starts[r + 1]) for r in rows]
+        index = np.concatenate(picked) if picked else np.empty(0, dtype=np.int64)
+        if type(values) is bytes:
+            vals: Any = np.frombuffer(values, "<u8")[index].tobytes()
+        elif isinstance(values, list):
+            vals = [values[int(i)] for i in index]
+        else:
+            raise InputError("bad_type", f"sparse {name!r}: values is {type(values).__name__}")
+        kept = lens[rows].astype("<i4")
+        return {"values": vals, "lengths": kept.tobytes() if type(lengths) is bytes else kept.tolist()}
+    return _take_column(col, n, rows, "<u8")
+
+
+def _lengths(lengths: Any, n: int, name: str) -> np.ndarray:
+    if type(lengths) is bytes and len(lengths) == 4 * n:
+        return np.frombuffer(lengths, "<i4").astype(np.int64)
+    if isinstance(lengths, list) and len(lengths) == n:
+        return np.asarray(lengths, dtype=np.int64)
+    raise InputError("bad_shape", f"sparse {name!r}: lengths do not match the batch of {n}")
+
+
+def _jagged(col: Any, n: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids u64[N], lengths[n])`` of a sparse column in any event-v1 form, by the one id rule."""
+    if isinstance(col, dict):
+        lens = _lengths(col.get("lengths"), n, name)
+        values = col.get("values")
+    else:
+        values = col
+        lens = None
+    if type(values) is bytes:
+        ids = np.frombuffer(values, "<u8")
+    elif isinstance(values, list):
+        try:
+            ids = np.array([id_of(v) for v in values], dtype=np.uint64)
+        except ValueError as exc:
+            raise InputError("bad_id", f"sparse {name!r}: {exc}") from None
+    elif n == 1 and (type(values) is int or type(values) is str):
+        ids = np.array([id_of(values)], dtype=np.uint64)
+    else:
+        raise InputError("bad_type", f"sparse {name!r} is {type(values).__name__}")
+    if lens is None and n == 1 and isinstance(values, list):
+        lens = np.array([len(ids)], dtype=np.int64)
+    if lens is None:
+        if len(ids) != n:
+            raise InputError("bad_shape", f"sparse {name!r}: {len(ids)} ids for a batch of {n}")
+        lens = np.ones(n, dtype=np.int64)
+    return ids, lens
