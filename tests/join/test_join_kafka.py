@@ -1,0 +1,279 @@
+"""``kelp join`` on a real broker and redis-server: labels, late clicks, commits, kill -9, replays.
+
+Event times are in the past and ``advance_when_idle`` is off, so only the
+inputs' own event times move the watermark: a heartbeat impression and click
+far in event time close every window. That makes each run deterministic and
+lets a replay be compared with the live run exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer
+from kafka.structs import TopicPartition
+
+from kelp.harness import KafkaBroker
+from kelp.join import JoinProcess
+
+from .helpers import (
+    HEARTBEAT,
+    T0,
+    click,
+    impression,
+    join_config,
+    join_config_dict,
+    produce,
+    read_output,
+    wait_for,
+    write_config,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _topics(broker: KafkaBroker) -> dict[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    topics = {k: f"join-{k}-{tag}" for k in ("imp", "clicks", "out", "dlq")}
+    for name in topics.values():
+        broker.create_topic(name)
+    topics["group"] = f"join-{tag}"
+    return topics
+
+
+def _stream(n: int) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], dict[str, float]]:
+    """``n`` requests of three candidates; every third request's second candidate clicked in time.
+
+    Returns the impressions, the clicks, and the expected click label of every sample id.
+    """
+    imps, clicks, expected = [], [], {}
+    for i in range(n):
+        rid = f"r{i}"
+        imps.append((rid, impression(rid, T0 + i)))
+        for row in range(3):
+            expected[f"{rid}/{row}"] = 0.0
+        if i % 3 == 0:
+            clicks.append((rid, click(rid, T0 + i + 10, 102)))
+            expected[f"{rid}/1"] = 1.0
+    return imps, clicks, expected
+
+
+def _heartbeats(bootstrap: str, topics: dict[str, str], ts: float) -> None:
+    produce(bootstrap, topics["imp"], [(HEARTBEAT, impression(f"{HEARTBEAT}-{ts}", ts))])
+    produce(bootstrap, topics["clicks"], [(HEARTBEAT, click(f"{HEARTBEAT}-{ts}", ts, 1))])
+
+
+def _run_until(process: JoinProcess, done: threading.Event, timeout_s: float = 60.0) -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=process.run, args=(stop,), kwargs={"until": done.is_set}, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def _messages(bootstrap: str, topic: str) -> int:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        tp = TopicPartition(topic, 0)
+        return int(consumer.end_offsets([tp])[tp])
+    finally:
+        consumer.close()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except OSError:
+        return 0
+
+
+def _real(samples: list[dict]) -> list[dict]:
+    return [s for s in samples if not s["id"].startswith(HEARTBEAT)]
+
+
+def test_clicks_become_positives_the_rest_negatives_and_offsets_commit(
+    kafka_broker: KafkaBroker, redis_url: str
+) -> None:
+    topics = _topics(kafka_broker)
+    bootstrap = kafka_broker.bootstrap
+    imps, clicks, expected = _stream(30)
+    produce(bootstrap, topics["imp"], [*imps, ("bad", b"\xc1 not msgpack")])
+    produce(bootstrap, topics["clicks"], clicks)
+    _heartbeats(bootstrap, topics, T0 + 1000)
+    cfg = join_config(bootstrap, redis_url, topics)
+    process = JoinProcess(cfg)
+    done = threading.Event()
+    seen: list[dict] = []
+
+    def finished() -> bool:
+        seen[:] = _real(read_output(bootstrap, topics["out"], quiet_s=0.5))
+        return len(seen) >= len(expected)
+
+    stop = threading.Event()
+    thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(finished, 60, "every candidate labelled")
+    finally:
+        stop.set()
+        thread.join(15)
+    done.set()
+    assert {s["id"]: s["click"] for s in seen} == expected
+    assert len(seen) == len(expected)  # each once
+    assert not any(s["late"] for s in seen)
+    m = process.metrics
+    assert m.samples.labels(task="click", label="positive")._value.get() == 10
+    assert m.samples.labels(task="click", label="negative")._value.get() == 80
+    assert m.rejected.labels(input="impressions", reason="bad_msgpack")._value.get() == 1
+    dead = KafkaConsumer(
+        topics["dlq"], bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
+    )
+    letters = list(dead)
+    dead.close()
+    assert [dict(m.headers)["reason"] for m in letters] == [b"bad_msgpack"]
+    # Every input record that was read is committed: nothing is read twice on the next start.
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=topics["group"])
+    for topic in (topics["imp"], topics["clicks"]):
+        tp = TopicPartition(topic, 0)
+        end = consumer.end_offsets([tp])[tp]
+        assert consumer.committed(tp) == end
+    consumer.close()
+
+
+def test_a_late_click_is_emitted_again_as_a_flagged_positive(
+    kafka_broker: KafkaBroker, redis_url: str
+) -> None:
+    topics = _topics(kafka_broker)
+    bootstrap = kafka_broker.bootstrap
+    produce(bootstrap, topics["imp"], [("r1", impression("r1", T0))])
+    _heartbeats(bootstrap, topics, T0 + 500)
+    cfg = join_config(bootstrap, redis_url, topics)
+    process = JoinProcess(cfg)
+    stop = threading.Event()
+    thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) == 3, 60, "three negatives")
+        produce(bootstrap, topics["clicks"], [("r1", click("r1", T0 + 30, 103))])
+        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) == 4, 60, "the correction")
+    finally:
+        stop.set()
+        thread.join(15)
+    out = _real(read_output(bootstrap, topics["out"], 0.5))
+    assert sorted((s["id"], s["click"], s["late"]) for s in out) == [
+        ("r1/0", 0.0, False),
+        ("r1/1", 0.0, False),
+        ("r1/2", 0.0, False),
+        ("r1/2", 1.0, True),
+    ]
+    assert process.metrics.actions.labels(task="click", result="late")._value.get() == 1
+
+
+def test_kill_9_loses_nothing_and_a_replay_emits_the_same_events(
+    tmp_path: Path, kafka_broker: KafkaBroker, redis_url: str
+) -> None:
+    topics = _topics(kafka_broker)
+    bootstrap = kafka_broker.bootstrap
+    imps, clicks, expected = _stream(3000)
+    steps = 40  # records per step: the uncommitted tail a kill can repeat is about one step
+    doc = join_config_dict(bootstrap, redis_url, topics, max_poll_records=steps)
+    config = write_config(tmp_path / "join.yaml", doc)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    log = tmp_path / "join.log"
+
+    def launch() -> subprocess.Popen:
+        with log.open("ab") as sink:  # a file, not a pipe: nobody reads the log while it runs
+            return subprocess.Popen(
+                [sys.executable, "-m", "kelp.cli", "join", "--config", str(config)],
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    by_request = dict(clicks)
+
+    def feed(start: int, stop: int) -> None:
+        for first in range(start, stop, 50):
+            chunk = imps[first : first + 50]
+            produce(bootstrap, topics["imp"], chunk)
+            produce(bootstrap, topics["clicks"], [(r, by_request[r]) for r, _ in chunk if r in by_request])
+            time.sleep(0.1)
+
+    def feed_the_rest() -> None:  # the stream goes on while the joiner is killed and restarted
+        feed(50, len(imps))
+        _heartbeats(bootstrap, topics, T0 + 5000)
+
+    feeder = threading.Thread(target=feed_the_rest, daemon=True)
+    ready = f"http://127.0.0.1:{doc['join']['port']}/readyz"
+    first = launch()
+    try:
+        wait_for(lambda: _status(ready) == 200, 60, "the joiner ready")
+        feed(0, 50)
+        wait_for(lambda: _messages(bootstrap, topics["out"]) >= 1, 60, "the first output")
+        feeder.start()
+        wait_for(lambda: _messages(bootstrap, topics["out"]) >= 30, 90, "a first part of the output")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(10)
+    before = len(_real(read_output(bootstrap, topics["out"], 0.5)))
+    assert feeder.is_alive(), log.read_text()[-3000:]  # killed mid-stream
+    second = launch()
+    try:
+        wait_for(lambda: _status(ready) == 200, 60, "the restarted joiner ready")
+        wait_for(
+            lambda: {s["id"] for s in _real(read_output(bootstrap, topics["out"], 0.5))} >= set(expected),
+            120,
+            "every candidate labelled after the restart",
+        )
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(30) == 0, log.read_text()[-3000:]
+    live = _real(read_output(bootstrap, topics["out"], 1.0))
+    labels: dict[str, set[float]] = {}
+    for s in live:
+        labels.setdefault(s["id"], set()).add(s["click"])
+    assert {k: v.pop() for k, v in labels.items() if len(v) == 1} == expected  # one label per sample id
+    repeats = sum(Counter(s["id"] for s in live).values()) - len(expected)
+    assert before < len(expected)
+    assert repeats <= 3 * 2 * steps, f"{repeats} repeated sample ids"  # about a step's worth at most
+
+    # A replay of the same input topics (another group, another deployment's state) emits the same events.
+    replay_topics = {
+        **topics,
+        "out": topics["out"] + "-replay",
+        "group": topics["group"] + "-replay",
+        "deployment": "jt-replay",
+    }
+    kafka_broker.create_topic(replay_topics["out"])
+    process = JoinProcess(join_config(bootstrap, redis_url, replay_topics))
+    stop = threading.Event()
+    thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: len(_real(read_output(bootstrap, replay_topics["out"], 0.5))) >= len(expected),
+            120,
+            "the replay",
+        )
+    finally:
+        stop.set()
+        thread.join(15)
+    replay = _real(read_output(bootstrap, replay_topics["out"], 1.0))
+    assert sorted((s["id"], s["click"], s["late"]) for s in replay) == sorted(
+        {(s["id"], s["click"], s["late"]) for s in live}
+    )
