@@ -91,6 +91,7 @@ COPY cli/ cli/
 COPY demo/ demo/
 COPY examples/ examples/
 COPY harness/ harness/
+COPY join/ join/
 COPY bench/ bench/
 COPY plots/ plots/
 COPY publish/ publish/
@@ -121,7 +122,8 @@ ENV PATH=/opt/kelp/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1
 USER 10001:10001
 WORKDIR /var/lib/kelp
-# 8080: kelp serve HTTP API; 9400: /metrics, /healthz and /readyz of kelp train.
-EXPOSE 8080 9400
+# 8080: kelp serve HTTP API; 9400: /metrics, /healthz and /readyz of kelp train;
+# 9410: the same of kelp join.
+EXPOSE 8080 9400 9410
 ENTRYPOINT ["kelp"]
 CMD ["--help"]

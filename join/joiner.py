@@ -102,6 +102,21 @@ class _Work:
     early: dict[str, list[Action]]
     touched: dict[str, Waiting] = field(default_factory=dict)
     early_changed: set[str] = field(default_factory=set)
+    to_emit: dict[tuple[str, bool], tuple[list[np.ndarray], float]] = field(default_factory=dict)
+    """(request id, late) -> rows to emit and when their labels became knowable: one event each."""
+    decoded: dict[str, Impression] = field(default_factory=dict)
+
+    def impression(self, w: Waiting) -> Impression:
+        """The stored impression's message, decoded once per step."""
+        imp = self.decoded.get(w.request_id)
+        if imp is None:
+            imp = self.decoded[w.request_id] = Impression.from_raw(w.raw, int(w.ts * 1000))
+        return imp
+
+    def emit(self, w: Waiting, rows: np.ndarray, *, late: bool, knowable_at: float) -> None:
+        parts, known = self.to_emit.get((w.request_id, late), ([], knowable_at))
+        parts.append(rows)
+        self.to_emit[(w.request_id, late)] = (parts, max(known, knowable_at))
 
 
 class Joiner:
@@ -156,6 +171,10 @@ class Joiner:
             self._close_due(wm, work)
             self._orphans(wm, work)
             step.changes.watermark = wm
+        for (rid, late), (parts, knowable_at) in work.to_emit.items():
+            w = work.waiting[rid]
+            rows = np.unique(np.concatenate(parts))
+            self._emit(w, work.impression(w), rows, step, late=late, knowable_at=knowable_at)
         self._stage(now, work)
         return step
 
@@ -200,11 +219,10 @@ class Joiner:
         if action.ts - w.ts > action.window_s:
             step.actions[(action.task, "outside_window")] += 1
             return
-        imp = _impression_of(w)
         if action.item is None:
             rows = np.arange(w.n)
         else:
-            rows = imp.rows_of_item(self.config.item_feature or "", action.item)
+            rows = work.impression(w).rows_of_item(self.config.item_feature or "", action.item)
         if len(rows) == 0:
             step.actions[(action.task, "no_candidate")] += 1
             return
@@ -219,13 +237,13 @@ class Joiner:
         if len(was_emitted):
             step.actions[(action.task, "late")] += 1
             if self.config.late_actions == "correct":
-                self._emit(w, imp, was_emitted, step, late=True, knowable_at=action.ts)
+                work.emit(w, was_emitted, late=True, knowable_at=action.ts)
             return
         step.actions[(action.task, matched_as)] += 1
         ready = fresh[self._decided(w, fresh)]
         if len(ready):
             w.emitted[ready] = 1
-            self._emit(w, imp, ready, step, late=False, knowable_at=action.ts)
+            work.emit(w, ready, late=False, knowable_at=action.ts)
 
     def _decided(self, w: Waiting, rows: np.ndarray) -> np.ndarray:
         done = np.ones(len(rows), dtype=bool)
@@ -236,7 +254,7 @@ class Joiner:
     # -- windows closing ---------------------------------------------------------------------------
 
     def _close_due(self, wm: float, work: _Work) -> None:
-        waiting, step = work.waiting, work.step
+        waiting = work.waiting
         due = self.store.due(wm, _DUE_PER_STEP)
         missing = [r for r in due if r not in waiting]
         waiting.update(self.store.load(missing, self.tasks))
@@ -257,7 +275,7 @@ class Joiner:
             if len(ready):
                 w.emitted[ready] = 1
                 knowable = w.ts + max(self.windows[t] for t in newly_closed)
-                self._emit(w, _impression_of(w), ready, step, late=False, knowable_at=knowable)
+                work.emit(w, ready, late=False, knowable_at=knowable)
 
     def _orphans(self, wm: float, work: _Work) -> None:
         for rid in self.store.early_due(wm, _DUE_PER_STEP):
@@ -324,8 +342,3 @@ class Joiner:
                 ch.early_put[rid] = (actions, deadline, ttl)
             else:
                 ch.early_delete.add(rid)
-
-
-def _impression_of(w: Waiting) -> Impression:
-    """The stored impression's message, read again (it was read once when it arrived)."""
-    return Impression.from_raw(w.raw)

@@ -76,6 +76,7 @@ class JoinProcess:
         self.last_step_at = time.monotonic()
         self.ready = False
         self.steps = 0
+        self.last_step: Step | None = None
 
     # -- wiring ------------------------------------------------------------------------------------
 
@@ -147,6 +148,7 @@ class JoinProcess:
         self._count(step, now)
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         self.last_step_at = time.monotonic()
+        self.last_step = step
         self.steps += 1
         return step
 

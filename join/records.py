@@ -228,9 +228,7 @@ def _take_ids(col: Any, n: int, rows: np.ndarray, name: str) -> Any:
     if isinstance(col, dict):
         values, lengths = col.get("values"), col.get("lengths")
         lens = _lengths(lengths, n, name)
-        starts = np.concatenate(([0], np.cumsum(lens)))
-        picked = [np.arange(starts[r], starts[r + 1]) for r in rows]
-        index = np.concatenate(picked) if picked else np.empty(0, dtype=np.int64)
+        index = _id_index(lens, rows)
         if type(values) is bytes:
             vals: Any = np.frombuffer(values, "<u8")[index].tobytes()
         elif isinstance(values, list):
@@ -240,6 +238,16 @@ def _take_ids(col: Any, n: int, rows: np.ndarray, name: str) -> Any:
         kept = lens[rows].astype("<i4")
         return {"values": vals, "lengths": kept.tobytes() if type(lengths) is bytes else kept.tolist()}
     return _take_column(col, n, rows, "<u8")
+
+
+def _id_index(lens: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Positions in a jagged ``values`` column of the ids of ``rows``, in row order."""
+    if bool((lens == 1).all()):
+        return rows
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))[rows]
+    kept = lens[rows]
+    before = np.concatenate(([0], np.cumsum(kept)[:-1]))
+    return np.arange(int(kept.sum())) + np.repeat(starts - before, kept)
 
 
 def _lengths(lengths: Any, n: int, name: str) -> np.ndarray:

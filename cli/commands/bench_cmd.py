@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--broker",
         choices=("kafka", "tansu"),
         default=None,
-        help="ingest, train, pipeline, scale, freshness, chaos: the Kafka broker the suite starts "
+        help="ingest, train, pipeline, scale, freshness, join, chaos: the Kafka broker the suite starts "
         "(default: Apache Kafka where java runs, else Tansu; $KELP_BROKER)",
     )
     parser.set_defaults(handler=_bench)

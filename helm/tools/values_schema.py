@@ -5,8 +5,8 @@ from the pydantic models (unknown keys, enums and ranges then fail at
 ``helm install`` with the field's path, not later in a crash-looping pod).
 The chart then narrows a few fields to what works across pods: the store must be
 Redis (serving replicas read the trainer's rows), the source Kafka, the
-publisher channel Redis (its ``redis_url`` without credentials, which belong in
-a Secret), and the trainer's HTTP endpoint enabled (its probes).
+publisher channel Redis (its ``redis_url``, like the joiner's, without credentials,
+which belong in a Secret), and the trainer's HTTP endpoint enabled (its probes).
 
 Run after changing a config model under ``config/`` (``tests/deploy`` fails until you do)::
 
@@ -35,6 +35,15 @@ def _strip_titles(node: Any) -> Any:
     if isinstance(node, list):
         return [_strip_titles(v) for v in node]
     return node
+
+
+def _url_without_credentials(description: str) -> dict[str, Any]:
+    """An optional URL with no ``@`` (so no password): the config is rendered into a ConfigMap."""
+    return {
+        "anyOf": [{"type": "string", "pattern": "^[^@]*$"}, {"type": "null"}],
+        "default": None,
+        "description": description,
+    }
 
 
 def _narrow(config: dict[str, Any], defs: dict[str, Any]) -> None:
@@ -74,13 +83,16 @@ def _narrow(config: dict[str, Any], defs: dict[str, Any]) -> None:
         "const": "redis",
         "description": "Trainer and serving pods share no filesystem, so snapshots travel through Redis.",
     }
-    defs["PublisherConfig"]["properties"]["redis_url"] = {
-        "anyOf": [{"type": "string", "pattern": "^[^@]*$"}, {"type": "null"}],
-        "default": None,
-        "description": "The snapshot channel's own Redis (default: the store's first url); use one with "
+    defs["PublisherConfig"]["properties"]["redis_url"] = _url_without_credentials(
+        "The snapshot channel's own Redis (default: the store's first url); use one with "
         "maxmemory-policy noeviction. No credentials here (the config is a ConfigMap): put a URL with a "
-        "password in secrets.publisher.redisUrl.",
-    }
+        "password in secrets.publisher.redisUrl."
+    )
+    defs["JoinConfig"]["properties"]["redis_url"] = _url_without_credentials(
+        "Redis of the joiner's waiting impressions (default: the store's first url; a Redis Cluster "
+        "store needs a standalone one here). No credentials here (the config is a ConfigMap): put a URL "
+        "with a password in secrets.join.redisUrl."
+    )
     defs["MetricsConfig"]["properties"]["enabled"] = {
         "const": True,
         "description": "The trainer's liveness/readiness probes use /healthz and /readyz on metrics.port.",

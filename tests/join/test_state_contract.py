@@ -1,0 +1,106 @@
+"""One contract for both waiting stores: what a step writes, the next step reads, in deadline order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import redis
+
+from kelp.join.records import Action
+from kelp.join.state import (
+    NEGATIVE,
+    POSITIVE,
+    Changes,
+    MemoryWaitingStore,
+    RedisWaitingStore,
+    Waiting,
+    WaitingStore,
+)
+
+TASKS = ["click", "buy"]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> Iterator[WaitingStore]:
+    if request.param == "memory":
+        yield MemoryWaitingStore()
+        return
+    url = request.getfixturevalue("redis_url")
+    s = RedisWaitingStore(redis.Redis.from_url(url), "contract")
+    yield s
+    s.close()
+
+
+def _waiting(rid: str, ts: float, n: int = 3) -> Waiting:
+    return Waiting.new(rid, ts, b"raw-" + rid.encode(), n, TASKS)
+
+
+def test_a_put_impression_reads_back_with_its_decisions(store: WaitingStore) -> None:
+    w = _waiting("r1", 100.0)
+    w.labels["click"][1] = POSITIVE
+    w.labels["buy"][:] = NEGATIVE
+    w.emitted[1] = 1
+    w.closed.add("buy")
+    store.apply(Changes(put={"r1": (w, 160.0, 600.0)}))
+    got = store.load(["r1", "absent"], TASKS)
+    assert list(got) == ["r1"]
+    r1 = got["r1"]
+    assert (r1.ts, r1.raw, r1.n, r1.closed) == (100.0, b"raw-r1", 3, {"buy"})
+    np.testing.assert_array_equal(r1.labels["click"], [0, POSITIVE, 0])
+    np.testing.assert_array_equal(r1.labels["buy"], [NEGATIVE] * 3)
+    np.testing.assert_array_equal(r1.emitted, [0, 1, 0])
+    assert r1.stored_bytes == len(r1.pack())
+
+
+def test_a_task_added_to_the_config_starts_undecided(store: WaitingStore) -> None:
+    store.apply(Changes(put={"r1": (Waiting.new("r1", 1.0, b"x", 2, ["click"]), 61.0, 600.0)}))
+    got = store.load(["r1"], TASKS)["r1"]
+    np.testing.assert_array_equal(got.labels["buy"], [0, 0])
+
+
+def test_due_lists_deadlines_at_or_before_the_watermark_earliest_first(store: WaitingStore) -> None:
+    store.apply(
+        Changes(
+            put={
+                "late": (_waiting("late", 10.0), 300.0, 600.0),
+                "first": (_waiting("first", 1.0), 100.0, 600.0),
+                "second": (_waiting("second", 2.0), 200.0, 600.0),
+            }
+        )
+    )
+    assert store.due(99.0, 10) == []
+    assert store.due(200.0, 10) == ["first", "second"]
+    assert store.due(1000.0, 2) == ["first", "second"]
+    store.apply(Changes(put={"first": (_waiting("first", 1.0), 400.0, 600.0)}))  # a new deadline
+    assert store.due(1000.0, 10) == ["second", "late", "first"]
+
+
+def test_deleted_impressions_are_gone_with_their_deadline_and_bytes(store: WaitingStore) -> None:
+    a, b = _waiting("a", 1.0), _waiting("b", 2.0)
+    store.apply(Changes(put={"a": (a, 5.0, 600.0), "b": (b, 6.0, 600.0)}))
+    assert store.counts() == (2, len(a.pack()) + len(b.pack()), 0)
+    stored = store.load(["a"], TASKS)["a"]
+    store.apply(Changes(delete={"a": stored}))
+    assert store.load(["a", "b"], TASKS).keys() == {"b"}
+    assert store.due(100.0, 10) == ["b"]
+    assert store.counts() == (1, len(b.pack()), 0)
+
+
+def test_early_actions_wait_with_their_deadline_and_leave(store: WaitingStore) -> None:
+    actions = [Action("click", 60.0, "r9", 5, 10.0), Action("buy", 600.0, "r9", None, 11.0)]
+    store.apply(Changes(early_put={"r9": (actions, 71.0, 600.0)}))
+    assert store.load_early(["r9", "r8"]) == {"r9": actions}
+    assert store.early_due(70.0, 10) == []
+    assert store.early_due(71.0, 10) == ["r9"]
+    assert store.counts()[2] == 1
+    store.apply(Changes(early_delete={"r9"}))
+    assert store.load_early(["r9"]) == {}
+    assert store.early_due(1e12, 10) == []
+
+
+def test_the_watermark_is_kept_with_the_state(store: WaitingStore) -> None:
+    assert store.watermark() is None
+    store.apply(Changes(watermark=1_700_000_000.25))
+    assert store.watermark() == 1_700_000_000.25
