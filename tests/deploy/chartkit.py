@@ -75,8 +75,27 @@ def kelp_args(container: dict[str, Any]) -> list[str]:
     return args
 
 
+def join_values() -> dict[str, Any]:
+    """The production values with the joiner on: serving's request log in, one click topic out of it.
+
+    The store is a Redis Cluster, so the joiner's waiting impressions get a standalone Redis of their own.
+    """
+    values = load_values(PRODUCTION_VALUES)
+    values["join"] = {"enabled": True}
+    config = values["config"]
+    config["serving"]["request_log"] = {"enabled": True, "topic": "ctr-requests"}
+    config["join"] = {
+        "impressions_topic": "ctr-requests",
+        "actions": [{"topic": "ctr-clicks", "task": "click", "window_s": 1800}],
+        "redis_url": "rediss://kelp-join-redis.redis.svc:6379",
+    }
+    return values
+
+
 VALUE_SETS: dict[str, Callable[[], dict[str, Any]]] = {
     "default": dict,
     "production": lambda: load_values(PRODUCTION_VALUES),
     "group": group_values,
+    "join": join_values,
 }
+"""Every value set renders, lints and validates; those but "default" build on the production values."""

@@ -46,10 +46,16 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _assert_kelp_accepts(docs: list[dict[str, Any]], origin: str) -> None:
+    """The trainer (and the joiner, where the values run one) would start with the rendered config."""
     data = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
-    trainer = find(docs, "StatefulSet", "-trainer")["spec"]["template"]["spec"]["containers"][0]
-    env = {var["name"]: var.get("value", "from-secret") for var in trainer["env"]}
-    assert problems(parse_config(data, origin, env), "train") == []
+    workloads = [("train", find(docs, "StatefulSet", "-trainer"))]
+    workloads += [
+        ("join", d) for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-join")
+    ]
+    for role, workload in workloads:
+        container = workload["spec"]["template"]["spec"]["containers"][0]
+        env = {var["name"]: var.get("value", "from-secret") for var in container["env"]}
+        assert problems(parse_config(data, origin, env), role) == []
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))

@@ -44,7 +44,7 @@ from chartkit import (
 from torch.distributed.run import config_from_args, get_args_parser
 
 from kelp.config.loader import parse_config
-from kelp.daemon.preflight import problems
+from kelp.daemon.preflight import Role, problems
 
 # Custom resources of the Prometheus Operator: no upstream Kubernetes schema, checked separately.
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -57,6 +57,13 @@ def _kelp_containers(docs: list[Manifest]) -> list[tuple[Manifest, dict[str, Any
         if doc["kind"] in {"StatefulSet", "Deployment", "Pod"}
         for container in pod_spec(doc)["containers"]
     ]
+
+
+def _role(doc: Manifest) -> Role:
+    """What ``kelp config validate --for`` checks for the object's containers."""
+    if doc["kind"] == "StatefulSet":
+        return "train"
+    return "join" if doc["metadata"]["labels"]["app.kubernetes.io/component"] == "join" else "serve"
 
 
 def _fake_secret_env(container: dict[str, Any], pod_name: str = "kelp-trainer-0") -> dict[str, str]:
@@ -140,6 +147,9 @@ def test_values_schema_config_part_is_generated_from_kelp_config() -> None:
             {"monitoring": {"serviceMonitor": {"interval": "30 seconds"}}},
             "at '/monitoring/serviceMonitor/interval'",
         ),
+        ({"join": {"enabled": True, "replicas": 2}}, "at '/join': additional properties 'replicas'"),
+        ({"config": {"join": {"redis_url": "redis://:hunter2@redis:6379"}}}, "at '/config/join/redis_url'"),
+        ({"config": {"join": {"actions": [{"topic": "clicks", "task": "click"}]}}}, "window_s"),
     ],
 )
 def test_invalid_values_are_rejected_by_the_schema(
@@ -176,6 +186,17 @@ def test_invalid_values_are_rejected_by_the_schema(
         (
             {"trainer": {"replicas": 2, "distributed": {"rdzvPort": 9400}}},
             "trainer.distributed.rdzvPort (9400) must differ from config.metrics.port",
+        ),
+        ({"join": {"enabled": True}}, "join.enabled needs config.join.actions"),
+        (
+            {
+                "join": {"enabled": True},
+                "config": {
+                    "store": {"backend": "redis-cluster"},
+                    "join": {"actions": [{"topic": "clicks", "task": "click", "window_s": 600}]},
+                },
+            },
+            "set config.join.redis_url (or secrets.join.redisUrl)",
         ),
     ],
 )
@@ -218,7 +239,7 @@ def test_default_and_production_render_the_expected_objects(
         "ServiceAccount/kelp",
         "StatefulSet/kelp-trainer",
     ]
-    if value_set[0] in {"production", "group"}:
+    if value_set[0] != "default":
         expected += [
             "HorizontalPodAutoscaler/kelp-serving",
             "NetworkPolicy/kelp-serving",
@@ -228,6 +249,8 @@ def test_default_and_production_render_the_expected_objects(
         ]
     if value_set[0] == "group":
         expected += ["PodDisruptionBudget/kelp-trainer"]
+    if value_set[0] == "join":
+        expected += ["Deployment/kelp-join", "NetworkPolicy/kelp-join", "Service/kelp-join"]
     assert kinds == sorted(expected)
 
 
@@ -250,7 +273,7 @@ def test_every_object_has_the_standard_labels(manifests: list[Manifest]) -> None
 def test_rendered_config_is_accepted_by_kelp(manifests: list[Manifest]) -> None:
     """Each container's view: the ConfigMap plus its KELP_... env overrides, through Kelp's own loader.
 
-    And what the process would refuse at start (``kelp config validate --for train|serve``): nothing.
+    And what the process would refuse at start (``kelp config validate --for train|serve|join``): nothing.
     """
     config_map = find(manifests, "ConfigMap", "-config")
     data = yaml.safe_load(config_map["data"]["kelp.yaml"])
@@ -258,7 +281,7 @@ def test_rendered_config_is_accepted_by_kelp(manifests: list[Manifest]) -> None:
         cfg = parse_config(data, f"{doc['kind']}/{doc['metadata']['name']}", _fake_secret_env(container))
         assert cfg.store.backend in {"redis", "redis-cluster"}
         assert cfg.source.kind == "kafka"
-        assert problems(cfg, "train" if doc["kind"] == "StatefulSet" else "serve") == []
+        assert problems(cfg, _role(doc)) == []
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         args = kelp_args(container)
         assert mounts["config"] == "/etc/kelp" and args[args.index("--config") + 1] == "/etc/kelp/kelp.yaml"
@@ -537,7 +560,7 @@ def test_checkpoints_on_emptydir_by_default_and_pvc_in_production(
     mount = next(m for m in container["volumeMounts"] if m["name"] == "checkpoints")
     assert mount["mountPath"] == cfg["trainer"]["checkpoint_dir"]
     volumes = {v["name"]: v for v in pod_spec(trainer)["volumes"]}
-    if value_set[0] in {"production", "group"}:
+    if value_set[0] != "default":
         assert "checkpoints" not in volumes
         (claim,) = trainer["spec"]["volumeClaimTemplates"]
         assert claim["metadata"]["name"] == "checkpoints"
@@ -804,3 +827,118 @@ def test_a_grpc_port_in_the_config_is_opened_on_pod_and_service(render: Render) 
     kubernetes_validate.validate(service, K8S_VERSION, strict=True)
     policy = find(manifests, "NetworkPolicy", "-serving")
     assert all({"port": "grpc", "protocol": "TCP"} in rule["ports"] for rule in policy["spec"]["ingress"])
+
+
+# ------------------------------------------------------------------ the joiner (join.enabled)
+
+
+def _join_pod(docs: list[Manifest]) -> tuple[Manifest, dict[str, Any]]:
+    join = find(docs, "Deployment", "-join")
+    (container,) = pod_spec(join)["containers"]
+    return join, container
+
+
+@pytest.mark.parametrize("name", ["default", "production", "group"])
+def test_join_is_off_by_default(render: Render, name: str) -> None:
+    docs = render(VALUE_SETS[name]())
+    components = {d["metadata"]["labels"].get("app.kubernetes.io/component") for d in docs}
+    assert "join" not in components
+
+
+def test_join_runs_one_kelp_join_with_probes_on_its_metrics_port(render: Render) -> None:
+    docs = render(VALUE_SETS["join"]())
+    join, container = _join_pod(docs)
+    assert join["spec"]["replicas"] == 1
+    assert join["spec"]["strategy"] == {"type": "Recreate"}  # the old joiner stops before the new one starts
+    assert "command" not in container  # the image's entrypoint: kelp
+    assert container["args"] == ["join", "--config", "/etc/kelp/kelp.yaml"]
+    cfg = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    assert "port" not in cfg["join"]  # the config's default, which the chart must match
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9410, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+    spec = pod_spec(join)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == find(docs, "ConfigMap", "-config")["metadata"]["name"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    # The TLS files the chart wrote into the config (Redis, Kafka) are mounted where it points.
+    for path in (cfg["store"]["tls"]["ca_file"], cfg["source"]["security"]["ssl_cafile"]):
+        assert str(Path(path).parent) in mounts.values()
+    trainer = find(docs, "StatefulSet", "-trainer")
+    annotations = join["spec"]["template"]["metadata"]["annotations"]
+    assert (
+        annotations["checksum/config"]
+        == trainer["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    )
+
+    service = find(docs, "Service", "-join")
+    assert service["spec"]["selector"].items() <= join["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9410, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+
+
+def test_join_port_follows_the_config(render: Render) -> None:
+    values = VALUE_SETS["join"]()
+    values["config"]["join"]["port"] = 9500
+    docs = render(values)
+    _, container = _join_pod(docs)
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]
+    (port,) = find(docs, "Service", "-join")["spec"]["ports"]
+    assert port["port"] == 9500 and port["targetPort"] == "metrics"
+
+
+def test_join_gets_the_kafka_and_redis_secrets(render: Render) -> None:
+    """Like the trainer: the Kafka password and the store's; its own ACL user and Redis URL when set."""
+    secrets = load_values(PRODUCTION_VALUES)["secrets"]
+    _, container = _join_pod(render(VALUE_SETS["join"]()))
+    refs = _env_refs(container)
+    assert refs["KELP_SOURCE__SECURITY__SASL_PASSWORD"] == {
+        "name": secrets["kafka"]["saslPassword"]["existingSecret"],
+        "key": secrets["kafka"]["saslPassword"]["key"],
+    }
+    assert refs["KELP_STORE__PASSWORD"]["name"] == secrets["store"]["password"]["existingSecret"]
+    assert "KELP_STORE__USERNAME" not in refs and "KELP_JOIN__REDIS_URL" not in refs
+
+    values = VALUE_SETS["join"]()
+    values["secrets"]["store"]["joinAuth"] = {
+        "existingSecret": "redis-join", "usernameKey": "user", "passwordKey": "pass",
+    }  # fmt: skip
+    values["secrets"]["join"] = {"redisUrl": {"existingSecret": "join-redis", "key": "url"}}
+    del values["config"]["join"]["redis_url"]  # the Secret's URL stands in for it
+    docs = render(values)
+    _, container = _join_pod(docs)
+    refs = _env_refs(container)
+    assert refs["KELP_STORE__USERNAME"] == {"name": "redis-join", "key": "user"}
+    assert refs["KELP_STORE__PASSWORD"] == {"name": "redis-join", "key": "pass"}
+    assert refs["KELP_JOIN__REDIS_URL"] == {"name": "join-redis", "key": "url"}
+    data = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    cfg = parse_config(data, "join", _fake_secret_env(container))
+    assert cfg.join.redis_url == "secret:join-redis/url" and problems(cfg, "join") == []
+    for doc, other in _kelp_containers(docs):
+        if other is not container:  # the joiner's Redis and user are the joiner's alone
+            assert "KELP_JOIN__REDIS_URL" not in _env_refs(other), doc["metadata"]["name"]
+            assert _env_refs(other).get("KELP_STORE__USERNAME", {}).get("name") != "redis-join"
+
+
+def test_join_is_scraped_and_admits_only_prometheus(render: Render) -> None:
+    docs = render(VALUE_SETS["join"]())
+    monitor = find(docs, "ServiceMonitor")
+    service = find(docs, "Service", "-join")
+    labels = service["metadata"]["labels"]
+    selector = monitor["spec"]["selector"]
+    assert selector["matchLabels"].items() <= labels.items()
+    assert all(labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"])
+    assert {p["name"] for p in service["spec"]["ports"]} <= {e["port"] for e in monitor["spec"]["endpoints"]}
+
+    policy = find(docs, "NetworkPolicy", "-join")["spec"]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "join"
+    assert policy["policyTypes"] == ["Ingress"]  # egress to Kafka and Redis stays open
+    (rule,) = policy["ingress"]
+    assert _peers(rule) == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]

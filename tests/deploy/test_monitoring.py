@@ -19,6 +19,7 @@ from chartkit import ALERT_TESTS, ALERTS, DASHBOARD
 from prometheus_client import CollectorRegistry
 
 from kelp.consumers.metrics import ConsumerMetrics
+from kelp.join.metrics import JoinMetrics
 from kelp.metrics import registered_names
 from kelp.publish.metrics import PublisherMetrics
 from kelp.serving.metrics import ServingMetrics
@@ -79,7 +80,14 @@ def _metric_names(expr: str) -> set[str]:
 def _exposed_names() -> set[str]:
     """Every series name Kelp's registries expose, per family type, whether or not it has samples yet."""
     registry = CollectorRegistry()
-    for metrics in (ConsumerMetrics, StoreMetrics, TrainerMetrics, PublisherMetrics, ServingMetrics):
+    for metrics in (
+        ConsumerMetrics,
+        StoreMetrics,
+        TrainerMetrics,
+        PublisherMetrics,
+        ServingMetrics,
+        JoinMetrics,
+    ):
         metrics(registry)
     names = registered_names(registry)
     # Every sample that exists already is among them.
@@ -117,6 +125,9 @@ def test_every_alert_has_a_unit_test() -> None:
         "KelpServingErrorRate",
         "KelpStoreErrors",
         "KelpAUCDrop",
+        "KelpJoinRateCollapse",
+        "KelpJoinBacklog",
+        "KelpJoinSendFailing",
     }
     assert required <= alerts
 
@@ -168,7 +179,14 @@ def test_every_metric_name_is_exported_by_kelp(source: str) -> None:
 
 def test_dashboard_covers_every_subsystem() -> None:
     used = {name for _, expr in _dashboard_exprs() for name in _metric_names(expr)}
-    for prefix in ("kelp_consumer_", "kelp_store_", "kelp_trainer_", "kelp_publisher_", "kelp_serving_"):
+    for prefix in (
+        "kelp_consumer_",
+        "kelp_store_",
+        "kelp_trainer_",
+        "kelp_publisher_",
+        "kelp_serving_",
+        "kelp_join_",
+    ):
         assert any(name.startswith(prefix) for name in used), prefix
 
 
@@ -210,11 +228,16 @@ def test_dashboard_panels_do_not_overlap() -> None:
                 cells[(x, y)] = panel["title"]
 
 
+def _row_queries(title: str) -> tuple[list[dict[str, Any]], list[str], set[str]]:
+    """The panels of one dashboard row, their queries, and the Kelp metrics those read."""
+    panels = _rows()[title]
+    exprs = [target["expr"] for panel in panels for target in panel["targets"]]
+    return panels, exprs, {name for expr in exprs for name in _metric_names(expr)}
+
+
 def test_dashboard_has_a_trainer_group_row() -> None:
     """Per-rank throughput, all-reduce cost, group size, idle steps and the group's committed lag."""
-    group = _rows()["Trainer group"]
-    exprs = [target["expr"] for panel in group for target in panel["targets"]]
-    used = {name for expr in exprs for name in _metric_names(expr)}
+    group, exprs, used = _row_queries("Trainer group")
     assert {
         "kelp_trainer_samples_total",
         "kelp_trainer_allreduce_seconds_sum",
@@ -233,3 +256,27 @@ def test_dashboard_has_a_trainer_group_row() -> None:
         assert any(metric in e for e in per_rank), f"{metric}: no per-rank series"
     allreduce = next(p for p in group if "kelp_trainer_allreduce_seconds_sum" in p["targets"][0]["expr"])
     assert allreduce["fieldConfig"]["defaults"]["unit"] == "s"
+
+
+def test_dashboard_has_a_join_row() -> None:
+    """What the join alerts point at: samples per task and label, actions by result, late corrections
+    and orphans, the waiting state, the watermark's lag and the label delay's quantiles."""
+    join, exprs, used = _row_queries("Join")
+    assert {
+        "kelp_join_samples_total",
+        "kelp_join_impressions_total",
+        "kelp_join_actions_total",
+        "kelp_join_late_corrections_total",
+        "kelp_join_waiting_impressions",
+        "kelp_join_waiting_bytes",
+        "kelp_join_watermark_lag_seconds",
+        "kelp_join_label_delay_seconds_bucket",
+        "kelp_join_send_failures_total",
+    } <= used
+    assert any("sum by (task, label)" in e and "kelp_join_samples_total" in e for e in exprs)
+    assert any("sum by (task, result)" in e and "kelp_join_actions_total" in e for e in exprs)
+    assert any('result="orphan"' in e for e in exprs)
+    delay = [e for e in exprs if "kelp_join_label_delay_seconds_bucket" in e]
+    assert sorted(e.split(",")[0] for e in delay) == ["histogram_quantile(0.5", "histogram_quantile(0.99"]
+    units = {panel["title"]: panel["fieldConfig"]["defaults"]["unit"] for panel in join}
+    assert units["Watermark lag"] == units["Label delay"] == "s" and units["Waiting state size"] == "bytes"

@@ -44,9 +44,11 @@ KEY_DOCS = (
 CHART_DOCS = (ROOT / "helm" / "README.md",)
 
 # Chart values (helm/kelp/values.yaml) that docs outside the chart name, spelled
-# like config keys because the chart's sections share the names `trainer` and
-# `serving`. Each entry must still be a value of the chart (checked below).
-CHART_VALUES_IN_DOCS = frozenset({"trainer.image", "serving.image"})
+# like config keys because the chart's sections share the names `trainer`,
+# `serving` and `join`. Each entry must still be a value of the chart (checked below).
+CHART_VALUES_IN_DOCS = frozenset(
+    {"trainer.image", "serving.image", "join.enabled", "join.terminationGracePeriodSeconds"}
+)
 
 # Layout 1's top-level `kafka:` section: the loader refuses it with a hint, so a key
 # under it in the docs is stale by definition. Matched to be reported, never resolved.

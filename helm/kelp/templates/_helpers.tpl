@@ -1,6 +1,6 @@
 {{/*
 Names. Kubernetes names are DNS labels (63 characters); the longest suffix
-the chart appends is "-trainer" / "-serving" / "-dashboard".
+the chart appends is "-trainer" / "-serving" / "-join" / "-dashboard".
 */}}
 {{- define "kelp.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
@@ -80,6 +80,10 @@ Image reference. Call with (dict "root" $ "override" .Values.trainer.image).
 {{- (.Values.config.metrics | default dict).port | default 9400 }}
 {{- end }}
 
+{{- define "kelp.joinPort" -}}
+{{- (.Values.config.join | default dict).port | default 9410 }}
+{{- end }}
+
 {{/*
 The trainer group (trainer.replicas > 1): every pod runs torchrun, whose c10d
 rendezvous store is hosted by pod 0's torchrun. Pods are named through the
@@ -142,6 +146,15 @@ names the value to change.
 {{- if and (gt $replicas 1) (eq (int $dist.rdzvPort) (int (include "kelp.metricsPort" .))) }}
 {{- fail (printf "trainer.distributed.rdzvPort (%d) must differ from config.metrics.port." (int $dist.rdzvPort)) }}
 {{- end }}
+{{- if .Values.join.enabled }}
+{{- $join := $cfg.join | default dict }}
+{{- if not $join.actions }}
+{{- fail "join.enabled needs config.join.actions: at least one action topic ({topic, task, window_s}) for every label of config.features." }}
+{{- end }}
+{{- if and (eq ($store.backend | default "redis") "redis-cluster") (not $join.redis_url) (not .Values.secrets.join.redisUrl.existingSecret) }}
+{{- fail "join.enabled with config.store.backend redis-cluster: the joiner keeps its waiting impressions in a standalone Redis; set config.join.redis_url (or secrets.join.redisUrl)." }}
+{{- end }}
+{{- end }}
 {{- $hpa := .Values.serving.autoscaling }}
 {{- if and $hpa.enabled (gt (int $hpa.minReplicas) (int $hpa.maxReplicas)) }}
 {{- fail (printf "serving.autoscaling.minReplicas (%d) must not exceed maxReplicas (%d)." (int $hpa.minReplicas) (int $hpa.maxReplicas)) }}
@@ -188,21 +201,23 @@ that must match the mounts below).
 {{- end }}
 
 {{/*
-Secrets as KELP_... config overrides (config/loader.py). Every process loads
-the whole config, and KafkaSecurity requires the SASL password whenever a
-PLAIN/SCRAM mechanism is configured, so every Kelp container gets the Kafka
-set. The Redis credentials depend on the workload: with
-secrets.store.trainerAuth / servingAuth set, the trainer / serving pods log in
-as their own ACL user (KELP_STORE__USERNAME and KELP_STORE__PASSWORD from that
-Secret); otherwise every pod uses secrets.store.password. secrets.publisher.redisUrl
-(the snapshot channel's own Redis, its URL with the password) goes to every pod.
-Call with (dict "root" . "role" "trainer"|"serving"|"probe").
+Secrets as KELP_... config overrides (config/loader.py). The Kafka set goes to
+the processes that talk to Kafka: the trainer, the joiner, and serving only
+with config.serving.request_log on. The Redis credentials depend on the
+workload: with secrets.store.trainerAuth / servingAuth / joinAuth set, the
+trainer / serving / joiner pods log in as their own ACL user
+(KELP_STORE__USERNAME and KELP_STORE__PASSWORD from that Secret); otherwise
+every pod uses secrets.store.password. secrets.publisher.redisUrl (the snapshot
+channel's own Redis, its URL with the password) goes to every pod,
+secrets.join.redisUrl (the joiner's own Redis) to the joiner only.
+Call with (dict "root" . "role" "trainer"|"serving"|"join"|"probe").
 */}}
 {{- define "kelp.env" -}}
 {{- $root := .root }}
 {{- $auth := dict }}
 {{- if eq .role "trainer" }}{{ $auth = $root.Values.secrets.store.trainerAuth }}{{ end }}
 {{- if eq .role "serving" }}{{ $auth = $root.Values.secrets.store.servingAuth }}{{ end }}
+{{- if eq .role "join" }}{{ $auth = $root.Values.secrets.store.joinAuth }}{{ end }}
 - name: XDG_CACHE_HOME
   value: /tmp/.cache
 {{- with $root.Values.pythonPath }}
@@ -225,7 +240,10 @@ Call with (dict "root" . "role" "trainer"|"serving"|"probe").
   (list "KELP_PUBLISHER__REDIS_URL" (($root.Values.secrets.publisher | default dict).redisUrl | default dict)) }}
 {{- /* Serving pods talk to Kafka only to write the request log: without it they get no Kafka secret. */}}
 {{- $requestLog := ((($root.Values.config.serving | default dict).request_log | default dict).enabled) | default false }}
-{{- if or (eq .role "trainer") $requestLog }}
+{{- if eq .role "join" }}
+{{- $refs = append $refs (list "KELP_JOIN__REDIS_URL" (($root.Values.secrets.join | default dict).redisUrl | default dict)) }}
+{{- end }}
+{{- if or (has .role (list "trainer" "join")) $requestLog }}
 {{- $refs = concat (list
   (list "KELP_SOURCE__SECURITY__SASL_PASSWORD" $root.Values.secrets.kafka.saslPassword)
   (list "KELP_SOURCE__SECURITY__SSL_PASSWORD" $root.Values.secrets.kafka.sslKeyPassword)) $refs }}
