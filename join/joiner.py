@@ -278,14 +278,17 @@ class Joiner:
                 work.emit(w, ready, late=False, knowable_at=knowable)
 
     def _orphans(self, wm: float, work: _Work) -> None:
+        grace = self.config.action_grace_s
         for rid in self.store.early_due(wm, _DUE_PER_STEP):
             if rid in work.early_changed and rid not in work.early:
                 continue  # its impression came in this step
-            stored = work.early.pop(rid, None)
-            if stored is None:
-                stored = self.store.load_early([rid]).get(rid, [])
-            for action in stored:
+            waiting = work.early.get(rid)
+            if waiting is None:
+                waiting = self.store.load_early([rid]).get(rid, [])
+            expired = [a for a in waiting if a.ts + grace <= wm]
+            for action in expired:
                 work.step.actions[(action.task, "orphan")] += 1
+            work.early[rid] = [a for a in waiting if a.ts + grace > wm]
             work.early_changed.add(rid)
 
     # -- emitting ----------------------------------------------------------------------------------
@@ -337,8 +340,9 @@ class Joiner:
         for rid in work.early_changed:
             actions = work.early.get(rid)
             if actions:
-                deadline = max(a.ts for a in actions) + self.config.action_grace_s
-                ttl = max(self.config.action_grace_s, deadline - now) + margin
+                deadline = min(a.ts for a in actions) + self.config.action_grace_s  # the first to expire
+                last = max(a.ts for a in actions) + self.config.action_grace_s
+                ttl = max(self.config.action_grace_s, last - now) + margin
                 ch.early_put[rid] = (actions, deadline, ttl)
             else:
                 ch.early_delete.add(rid)

@@ -11,6 +11,7 @@
 ``kelp_join_negatives_dropped_total``            negatives left out by negative_keep_rate
 ``kelp_join_rejected_total``                     input records that could not be read, by input, reason
 ``kelp_join_send_failures_total``                steps whose sends Kafka refused (retried)
+``kelp_join_commit_failures_total``              steps whose offsets were not committed (read again)
 ``kelp_join_waiting_impressions``                gauge: impressions in the waiting store
 ``kelp_join_waiting_bytes``                      gauge: their packed bytes in the store
 ``kelp_join_early_actions``                      gauge: requests with actions waiting for the impression
@@ -48,6 +49,9 @@ class JoinMetrics:
         self.negatives_dropped = m.counter("negatives_dropped", "Negatives left out by negative_keep_rate.")
         self.rejected = m.counter("rejected", "Input records that could not be read.", ["input", "reason"])
         self.send_failures = m.counter("send_failures", "Steps whose sends Kafka refused (then retried).")
+        self.commit_failures = m.counter(
+            "commit_failures", "Steps whose input offsets were not committed (their records are read again)."
+        )
         self.waiting = m.gauge("waiting_impressions", "Impressions in the waiting store.")
         self.waiting_bytes = m.gauge("waiting", "Packed bytes of the waiting impressions.", unit="bytes")
         self.early = m.gauge("early_actions", "Requests with actions waiting for their impression.")

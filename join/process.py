@@ -25,9 +25,11 @@ from typing import Any
 
 from kelp.config import KafkaSourceConfig, KelpConfig
 from kelp.consumers.kafka_client import client_settings, consumer_settings
+from kelp.errors import StoreUnavailableError
 from kelp.join.joiner import InputRecord, Joiner, Step
 from kelp.join.metrics import JoinMetrics
 from kelp.join.state import RedisWaitingStore, WaitingStore
+from kelp.redaction import redact_url
 
 __all__ = ["JoinProcess", "join_redis_url"]
 
@@ -116,13 +118,25 @@ class JoinProcess:
     # -- the loop ----------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event, until: Callable[[], bool] | None = None) -> None:
-        """Join until ``stop`` is set (or ``until()`` is true after a step)."""
+        """Join until ``stop`` is set (or ``until()`` is true after a step).
+
+        A waiting store that stops answering ends the run with a
+        :class:`~kelp.errors.StoreUnavailableError` (exit 1): nothing after the last
+        commit was lost, and a restart (the kubelet's) reads it again.
+        """
+        import redis
+
         self._open()
         try:
             while not stop.is_set():
                 self.step_once(stop)
                 if until is not None and until():
                     break
+        except redis.RedisError as exc:
+            raise StoreUnavailableError(
+                f"join: the waiting store ({redact_url(join_redis_url(self.cfg))}) failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         finally:
             self.close()
 
@@ -167,8 +181,8 @@ class JoinProcess:
                 position = self._consumer.position(tp, timeout_ms=100)
             except Exception:  # no position yet (a fetch of its offset still under way)
                 position = None
-            if high is None or position is None or position >= high:
-                idle.add((topic, partition))
+            if high is not None and position is not None and position >= high:
+                idle.add((topic, partition))  # not yet fetched (no high watermark) is not caught up
         return idle
 
     def _deliver(self, step: Step, stop: threading.Event) -> bool:
@@ -209,7 +223,11 @@ class JoinProcess:
     def _commit(self, last: dict[Any, int]) -> None:
         from kafka.structs import OffsetAndMetadata
 
-        self._consumer.commit({tp: OffsetAndMetadata(offset + 1, "", -1) for tp, offset in last.items()})
+        try:
+            self._consumer.commit({tp: OffsetAndMetadata(offset + 1, "", -1) for tp, offset in last.items()})
+        except Exception as exc:  # a rebalance moved the partitions: their next owner reads these again
+            self.metrics.commit_failures.inc()
+            log.warning("join: offsets not committed (%s); the records will be read again", exc)
 
     def _count(self, step: Step, now: float) -> None:
         m = self.metrics

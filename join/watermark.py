@@ -46,6 +46,9 @@ class Watermark:
 
     def advance(self, assigned: Iterable[Hashable], idle: set[Hashable], now: float) -> float | None:
         """Move the watermark as far as the ``assigned`` partitions allow (``idle`` ones aside)."""
+        assigned = list(assigned)
+        if not assigned:
+            return self._value  # no partitions yet (the group is still joining): nothing is known
         holding = [p for p in assigned if p not in idle]
         candidate: float | None
         if holding:

@@ -23,7 +23,8 @@ import pytest
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
-from kelp.harness import KafkaBroker
+from kelp.errors import StoreUnavailableError
+from kelp.harness import KafkaBroker, RedisServer
 from kelp.join import JoinProcess
 
 from .helpers import (
@@ -277,3 +278,36 @@ def test_kill_9_loses_nothing_and_a_replay_emits_the_same_events(
     assert sorted((s["id"], s["click"], s["late"]) for s in replay) == sorted(
         {(s["id"], s["click"], s["late"]) for s in live}
     )
+
+
+def test_a_redis_that_goes_away_stops_the_joiner_in_one_line_and_loses_nothing(
+    kafka_broker: KafkaBroker,
+) -> None:
+    topics = _topics(kafka_broker)
+    bootstrap = kafka_broker.bootstrap
+    produce(bootstrap, topics["imp"], [("r1", impression("r1", T0))])
+    with RedisServer() as redis_server:
+        process = JoinProcess(join_config(bootstrap, redis_server.url, topics))
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                process.run(threading.Event())
+            except BaseException as exc:  # the test asserts on it
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        wait_for(lambda: process.metrics.impressions.labels(result="new")._value.get() == 1, 60, "r1 read")
+        redis_server.kill()
+        produce(bootstrap, topics["clicks"], [("r1", click("r1", T0 + 1, 101))])
+        thread.join(60)
+    assert not thread.is_alive()
+    assert len(failure) == 1 and isinstance(failure[0], StoreUnavailableError), failure
+    assert "the waiting store" in str(failure[0])
+    # The click's step failed before its commit: the group reads it again on the next start.
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=topics["group"])
+    try:
+        assert consumer.committed(TopicPartition(topics["clicks"], 0)) in (None, 0)
+    finally:
+        consumer.close()

@@ -298,3 +298,18 @@ def test_idle_partitions_stop_holding_the_watermark_and_all_idle_follows_the_clo
     step = rig.joiner.step([], T0 + 70, assigned, idle=set(assigned))
     assert step.watermark == T0 + 70
     assert len(step.outputs) == 1
+
+
+def test_each_early_action_expires_on_its_own_time() -> None:
+    rig = Rig(action_grace_s=30)
+    rig.feed((CLICKS, action("r1", T0, item=101)))
+    rig.feed((CLICKS, action("r1", T0 + 20, item=102)))
+    assert rig.tick(T0 + 31).actions[("click", "orphan")] == 1  # the first one's grace is over
+    rig.feed((IMP, impression("r1", T0 + 15)))
+    assert [(e["id"], e["labels"]["click"]) for e in rig.emitted()] == [("r1/1", 1.0)]
+
+
+def test_no_assigned_partition_moves_no_watermark() -> None:
+    rig = Rig(advance_when_idle=True)
+    step = rig.joiner.step([], T0 + 1000, assigned=[], idle=set())
+    assert step.watermark is None
