@@ -311,3 +311,25 @@ def test_a_redis_that_goes_away_stops_the_joiner_in_one_line_and_loses_nothing(
         assert consumer.committed(TopicPartition(topics["clicks"], 0)) in (None, 0)
     finally:
         consumer.close()
+
+
+def test_a_click_read_before_its_impression_waits_for_it(kafka_broker: KafkaBroker, redis_url: str) -> None:
+    topics = _topics(kafka_broker)
+    bootstrap = kafka_broker.bootstrap
+    produce(bootstrap, topics["clicks"], [("r1", click("r1", T0 + 2, 102))])
+    process = JoinProcess(join_config(bootstrap, redis_url, topics, action_grace_s=30))
+    stop = threading.Event()
+    thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        waiting = process.metrics.actions.labels(task="click", result="waiting")
+        wait_for(lambda: waiting._value.get() == 1, 60, "the click waiting")
+        produce(bootstrap, topics["imp"], [("r1", impression("r1", T0))])
+        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) == 1, 60, "the positive")
+    finally:
+        stop.set()
+        thread.join(15)
+    assert [(s["id"], s["click"]) for s in _real(read_output(bootstrap, topics["out"], 0.5))] == [
+        ("r1/1", 1.0)
+    ]
+    assert process.metrics.actions.labels(task="click", result="early")._value.get() == 1
