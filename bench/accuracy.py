@@ -42,17 +42,26 @@ import numpy as np
 import torch
 from prometheus_client import CollectorRegistry
 
+from kelp.bench.accuracy_admission import ROWS_TARGET, admission_sweep, memory_auc, taobao_config
 from kelp.bench.accuracy_kelp import Trained, default_data_dir, kelp_config, train_daemon
 from kelp.bench.accuracy_tasks import RUNS, multitask_parity
 from kelp.bench.reference import ReferenceOptions, train_reference
 from kelp.bench.runner import progress
 from kelp.bench.store import bytes_per_counter, bytes_per_row
-from kelp.bench.streams import CRITEO_ATTRIBUTION, MOVIELENS, Stream, load_stream
+from kelp.bench.streams import (
+    CRITEO_ATTRIBUTION,
+    MOVIELENS,
+    TAOBAO,
+    TAOBAO_FILE,
+    Stream,
+    load_stream,
+    stream_folder,
+)
 from kelp.config import KelpConfig
 from kelp.consumers import build_source
 from kelp.daemon.stages import training_pull
 from kelp.harness import RedisServer
-from kelp.plots import curve_from_logits, plot_accuracy
+from kelp.plots import curve_from_logits, plot_accuracy, plot_admission
 from kelp.store.memory import MemoryStore
 from kelp.trainer import ProgressiveValidator, TrainStep, build_model
 from kelp.trainer.evaluation import exact_auc, log_loss_from_logits
@@ -285,6 +294,9 @@ def _sweep(
             for t in cfg.features.tables:
                 t.eviction.max_rows = max(1, int(p.lfu_fraction * distinct[t.name]))
         run = train_on_event_time(cfg)
+        reference = None
+        if not (p.fallback or p.ttl_days or p.lfu_fraction):  # admission alone: the reference can do it too
+            reference = train_reference(stream, ReferenceOptions(kind="deepfm", min_count=p.min_count))
         per_row = costs["bytes_per_row_ttl"] if p.ttl_days else costs["bytes_per_row"]
         entry = {
             "name": p.name,
@@ -302,6 +314,11 @@ def _sweep(
             "auc": _round(run.auc),
             "log_loss": _round(run.log_loss),
         }
+        if reference is not None:
+            entry["reference_auc"] = _round(exact_auc(reference.labels, reference.logits))
+            entry["reference_log_loss"] = _round(
+                log_loss_from_logits(reference.labels, reference.logits).mean()
+            )
         if base_auc is None:
             base_auc, base_rows = run.auc, run.rows_stored
         entry["auc_loss_vs_min_count_1"] = _round(base_auc - run.auc)
@@ -346,8 +363,58 @@ def run(quick: bool, data_dir: Path | None = None, out_dir: Path | None = None) 
         result["sweep"] = _sweep(
             streams[MOVIELENS], data_dir=data_dir, work=work, limit=limit, quick=quick, costs=costs
         )
-    path = out_dir / ("accuracy-quick.png" if quick else "accuracy.png")
-    plot_accuracy(result["sweep"], curves, path, "kelp bench accuracy" + (" --quick" if quick else ""))
+        result["movielens_memory_auc"] = _movielens_memory_auc(result["sweep"])
+        taobao = _taobao(data_dir, limit)
+        if isinstance(taobao, str):
+            progress(f"Taobao admission sweep: skipped: {taobao}")
+            result["taobao_skipped"] = taobao
+        else:
+            progress("Taobao admission sweep (long tail): Kelp with and without fallback rows, the reference")
+            result["taobao_sweep"] = admission_sweep(
+                taobao,
+                lambda admission, first_order: taobao_config(data_dir, work, limit, admission, first_order),
+                train_on_event_time,
+                min_counts=(1, 3) if quick else (1, 2, 3, 5),
+                fallback_buckets=FALLBACK_BUCKETS,
+                counter_ttl_s=COUNTER_TTL_S,
+                costs=costs,
+            )
+            result["taobao_memory_auc"] = memory_auc(result["taobao_sweep"])
+    suffix = "-quick" if quick else ""
+    title = "kelp bench accuracy" + (" --quick" if quick else "")
+    path = out_dir / f"accuracy{suffix}.png"
+    plot_accuracy(result["sweep"], curves, path, title)
     result["plot_path"] = str(path.resolve())
     progress(f"wrote {path.resolve()}")
+    if "taobao_sweep" in result:
+        admission_path = out_dir / f"admission{suffix}.png"
+        plot_admission(
+            {"Taobao UserBehavior (engaged)": result["taobao_sweep"]}, admission_path, title, ROWS_TARGET
+        )
+        result["admission_plot_path"] = str(admission_path.resolve())
+        progress(f"wrote {admission_path.resolve()}")
     return result
+
+
+def _taobao(data_dir: Path, limit: int | None) -> Stream | str:
+    """The Taobao stream's first ``limit`` samples, or why it is not there (Kelp does not ship it)."""
+    folder = stream_folder(TAOBAO, data_dir)
+    if not (folder / TAOBAO_FILE).is_file():
+        return f"{folder / TAOBAO_FILE} not found (Kelp does not ship Taobao UserBehavior: Tianchi's terms)"
+    return load_stream(TAOBAO, data_dir).head(limit)
+
+
+def _movielens_memory_auc(sweep: list[dict[str, Any]]) -> dict[str, Any]:
+    """MovieLens's answer to the memory–AUC question: admission alone (no fallback, TTL or LFU)."""
+    plain = [
+        {
+            "min_count": e["min_count"],
+            "fallback": 0,
+            "rows_stored": e["rows_stored"],
+            "auc_cost": e["auc_loss_vs_min_count_1"],
+            "reference_auc_cost": None,
+        }
+        for e in sweep
+        if not e["fallback"] and e["ttl_s"] is None and e["max_rows"] is None
+    ]
+    return memory_auc(plain)

@@ -9,6 +9,6 @@ image need not carry it.
 """
 
 from kelp.plots.curves import Curve, curve_from_logits
-from kelp.plots.figures import plot_accuracy, plot_learning
+from kelp.plots.figures import plot_accuracy, plot_admission, plot_learning
 
-__all__ = ["Curve", "curve_from_logits", "plot_accuracy", "plot_learning"]
+__all__ = ["Curve", "curve_from_logits", "plot_accuracy", "plot_admission", "plot_learning"]

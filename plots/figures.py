@@ -10,7 +10,7 @@ from typing import Any
 from kelp.errors import UserError
 from kelp.plots.curves import Curve
 
-__all__ = ["plot_accuracy", "plot_learning"]
+__all__ = ["plot_accuracy", "plot_admission", "plot_learning"]
 
 
 def _pyplot() -> Any:
@@ -95,6 +95,61 @@ def plot_accuracy(
                 c.samples, c.auc_cumulative, color=f"C{i}", linestyle="--", label=f"{c.label} (cumulative)"
             )
         ax.set(xlabel="samples", ylabel="progressive AUC", title=stream)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_admission(
+    sweeps: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str, rows_target: float
+) -> Path:
+    """The memory–AUC curve: AUC lost against the share of rows kept, per stream, Kelp beside the reference.
+
+    Each sweep entry has ``min_count``, ``fallback``, ``rows_stored``, ``auc_cost`` and, where the
+    reference ran, ``reference_rows`` and ``reference_auc_cost``.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(6 * len(sweeps), 5), squeeze=False)
+    for ax, (stream, sweep) in zip(axes[0], sweeps.items(), strict=True):
+        per_id = [e for e in sweep if not e["fallback"] and e.get("first_order") == "per_id"]
+        projection = [
+            e for e in sweep if not e["fallback"] and e.get("first_order", "projection") == "projection"
+        ]
+        fallback = [e for e in sweep if e["fallback"]]
+        plain = per_id or projection
+        full = plain[0]["rows_stored"] if plain else 1
+        lines = (
+            (per_id, "Kelp deepfm, per-id first order", "o-"),
+            (projection, "Kelp deepfm, projected first order (default)", "^-"),
+            (projection[:1] + fallback, "Kelp, projected + fallback rows", "s--"),
+        )
+        for entries, label, style in lines:
+            if entries:
+                xs = [e["rows_stored"] / full for e in entries]
+                ax.plot(xs, [e["auc_cost"] for e in entries], style, label=label)
+                for e, x in zip(entries, xs, strict=True):
+                    ax.annotate(
+                        f"k={e['min_count']}",
+                        (x, e["auc_cost"]),
+                        fontsize=7,
+                        xytext=(3, 3),
+                        textcoords="offset points",
+                    )
+        ref = [e for e in plain if "reference_auc_cost" in e]
+        if ref:
+            ref_full = ref[0]["reference_rows"] or 1
+            ax.plot(
+                [e["reference_rows"] / ref_full for e in ref],
+                [e["reference_auc_cost"] for e in ref],
+                "x:",
+                label="reference FM + MLP",
+            )
+        ax.axvline(rows_target, color="grey", alpha=0.5, linestyle=":")
+        ax.set(
+            xlabel="rows kept (share of min_count 1's)", ylabel="AUC lost against min_count 1", title=stream
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title)

@@ -35,11 +35,20 @@ when there are dense features; all of one width ``k``)::
           + 1/2 * sum_k[(sum_f v_fk)^2 - sum_f v_fk^2]       pairwise <v_f, v_g>, f < g
           + deep(x)                                          top MLP -> 1
 
-Kelp keeps one row per id, so DeepFM's per-id first-order weight becomes a
-learned projection ``w_f . v_f`` of the id's row (docs/accuracy.md measures what
-that costs against a reference with per-id weights: under 0.001 AUC). On the
-criteo-attribution and MovieLens streams the pairwise term is where ``dlrm-small``'s
-concatenation loses AUC to a plain FM+MLP.
+Kelp keeps one row per id, so by default (``first_order: projection``) DeepFM's
+per-id first-order weight becomes a learned projection ``w_f . v_f`` of the id's
+row. With ``model_args: {first_order: per_id}`` each row carries the weight
+itself, as its last element: a table of ``dim`` k + 1 holds the k-wide field
+vector and the id's own weight ``w_id``, stored, admitted, evicted and updated
+(row-wise Adagrad) with it::
+
+    row_id = [v_id (k), w_id]       logit = sum_f w_{id_f} + b + pairwise(v) + deep(v)
+
+Under frequency admission the projection loses more AUC than per-id weights do
+(an admitted id's weight starts at its init, not trained through a shared ``w``):
+docs/accuracy.md measures both. On the criteo-attribution and MovieLens streams
+the pairwise term is where ``dlrm-small``'s concatenation loses AUC to a plain
+FM+MLP.
 """
 
 from __future__ import annotations
@@ -196,6 +205,10 @@ class DCNv2(nn.Module):
         return self.deep(self.cross(x0)).squeeze(1)
 
 
+FIRST_ORDER = ("projection", "per_id")
+"""DeepFM's first-order term: a learned projection of each field vector, or each id's own weight."""
+
+
 def pairwise_interaction(fields: Tensor) -> Tensor:
     """FM's second-order term ``sum_{f<g} <v_f, v_g>`` for ``fields`` f32[B, F, k] -> f32[B], in O(F k).
 
@@ -214,30 +227,65 @@ class DeepFM(nn.Module):
     when there are dense features (the bottom MLP's output is one more field).
     """
 
-    def __init__(self, inputs: ModelInputs, bottom_mlp: Sequence[int], top_mlp: Sequence[int]) -> None:
+    def __init__(
+        self,
+        inputs: ModelInputs,
+        bottom_mlp: Sequence[int],
+        top_mlp: Sequence[int],
+        first_order: str = "projection",
+    ) -> None:
         super().__init__()
-        widths = set(inputs.feature_dims) | ({bottom_mlp[-1]} if inputs.n_dense else set())
+        if first_order not in FIRST_ORDER:
+            raise UserError(
+                f"trainer.model_args.first_order: got {first_order!r}: "
+                f"expected one of {', '.join(FIRST_ORDER)}"
+            )
+        self.per_id = first_order == "per_id"
+        extra = 1 if self.per_id else 0  # the row's last element is the id's first-order weight
+        widths = {d - extra for d in inputs.feature_dims} | ({bottom_mlp[-1]} if inputs.n_dense else set())
         if len(widths) != 1:
             raise UserError(
                 "trainer.model deepfm needs one width for every field: each table's dim"
+                + (
+                    " minus 1 (first_order: per_id: the row's last element is the id's weight)"
+                    if extra
+                    else ""
+                )
                 + (" and bottom_mlp's last layer" if inputs.n_dense else "")
                 + f" (got {sorted(widths)})"
             )
         self.inputs = inputs
         self.bottom = mlp(inputs.n_dense, bottom_mlp, relu_last=True) if inputs.n_dense else None
         self.field_width = widths.pop()
-        self.interaction_width = self.field_width * (len(inputs.feature_dims) + (1 if inputs.n_dense else 0))
-        self.linear = nn.Linear(self.interaction_width, 1)
+        if self.field_width < 1:
+            raise UserError("trainer.model deepfm with first_order: per_id needs tables of dim 2 or more")
+        self.n_fields = len(inputs.feature_dims) + (1 if inputs.n_dense else 0)
+        self.interaction_width = self.field_width * self.n_fields
+        # per_id: the ids' own weights replace the projection of the sparse fields; the dense
+        # field (the bottom MLP's output) keeps a projection, as it has no id.
+        linear_in = (self.field_width if inputs.n_dense else 0) if self.per_id else self.interaction_width
+        self.linear = nn.Linear(linear_in, 1) if linear_in else None
+        self.bias = nn.Parameter(torch.zeros(1)) if self.linear is None else None
         self.deep = mlp(self.interaction_width, [*top_mlp, 1], relu_last=False)
 
     def forward(self, batch: ModelInput) -> Tensor:
-        """``batch.dense`` f32[B, n_dense], ``batch.sparse`` {name: f32[B, k]} -> logits f32[B]."""
+        """``batch.dense`` f32[B, n_dense], ``batch.sparse`` {name: f32[B, dim]} -> logits f32[B]."""
         pooled = self.inputs.pooled(batch)
-        fields = [self.bottom(batch.dense)] if self.bottom is not None else []
-        fields.extend(pooled)
+        dense = [self.bottom(batch.dense)] if self.bottom is not None else []
+        if self.per_id:
+            k = self.field_width
+            first = torch.stack([p[:, k] for p in pooled], dim=1).sum(dim=1)
+            pooled = [p[:, :k] for p in pooled]
+        fields = [*dense, *pooled]
         x = torch.cat(fields, dim=1)
         pairwise = pairwise_interaction(x.view(x.shape[0], len(fields), self.field_width))
-        return (self.linear(x) + self.deep(x)).squeeze(1) + pairwise
+        logit = self.deep(x).squeeze(1) + pairwise
+        if not self.per_id:
+            return logit + self.linear(x).squeeze(1)
+        logit = logit + first
+        if self.linear is not None:
+            return logit + self.linear(dense[0]).squeeze(1)
+        return logit + self.bias
 
 
 def dlrm_small(
@@ -258,10 +306,16 @@ def dcn_v2(
 
 
 def deepfm(
-    spec: ModelSpec, bottom_mlp: Sequence[int] = (64, 16), top_mlp: Sequence[int] = (256, 64)
+    spec: ModelSpec,
+    bottom_mlp: Sequence[int] = (64, 16),
+    top_mlp: Sequence[int] = (256, 64),
+    first_order: str = "projection",
 ) -> DeepFM:
-    """``kelp.trainer.models:deepfm`` (alias ``deepfm``): :class:`DeepFM`."""
-    return DeepFM(ModelInputs.from_spec(spec, "deepfm"), bottom_mlp, top_mlp)
+    """``kelp.trainer.models:deepfm`` (alias ``deepfm``): :class:`DeepFM`.
+
+    ``first_order``: ``projection`` (a learned ``w . x``) or ``per_id`` (each row's last element).
+    """
+    return DeepFM(ModelInputs.from_spec(spec, "deepfm"), bottom_mlp, top_mlp, first_order)
 
 
 MODELS: dict[str, str] = dict(BUILTIN_MODELS)

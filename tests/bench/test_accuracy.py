@@ -75,3 +75,34 @@ def test_quick_run_reports_parity_sweep_and_writes_the_png(tmp_path: Path) -> No
 def test_missing_data_names_the_option(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="pass --data DIR"):
         run_suite("accuracy", quick=True, data_dir=tmp_path, out_dir=tmp_path)
+
+
+def test_memory_auc_names_the_smallest_min_count_within_a_third_of_the_rows() -> None:
+    from kelp.bench.accuracy_admission import memory_auc
+
+    def entry(k: int, rows: int, cost: float, fallback: int = 0, form: str = "per_id") -> dict:
+        return {
+            "min_count": k,
+            "fallback": fallback,
+            "first_order": form,
+            "rows_stored": rows,
+            "auc_cost": cost,
+            "reference_auc_cost": round(cost + 0.001, 4),
+        }
+
+    sweep = [
+        entry(1, 1000, 0.0),
+        entry(1, 1000, 0.0, form="projection"),
+        entry(2, 400, 0.004),
+        entry(2, 300, 0.009, fallback=64),  # fallback entries never answer
+        entry(3, 300, 0.008),
+        entry(3, 200, 0.010, form="projection"),
+        entry(5, 100, 0.015),
+    ]
+    assert memory_auc(sweep) == {
+        "min_count": 3,
+        "rows_ratio": 0.3,
+        "auc_cost": 0.008,
+        "reference_auc_cost": 0.009,
+    }
+    assert memory_auc(sweep[:3])["min_count"] is None

@@ -188,7 +188,7 @@ def test_kill_9_loses_nothing_and_a_replay_emits_the_same_events(
 ) -> None:
     topics = _topics(kafka_broker)
     bootstrap = kafka_broker.bootstrap
-    imps, clicks, expected = _stream(3000)
+    imps, clicks, expected = _stream(1500)
     steps = 40  # records per step: the uncommitted tail a kill can repeat is about one step
     doc = join_config_dict(bootstrap, redis_url, topics, max_poll_records=steps)
     config = write_config(tmp_path / "join.yaml", doc)

@@ -96,6 +96,39 @@ def test_deepfm_refuses_fields_of_different_widths() -> None:
         build_model(small_spec(dims=(4, 4, 8)), small_config(model="deepfm", bottom_mlp=[8, 4]))
 
 
+def test_deepfm_per_id_first_order_is_each_rows_last_element() -> None:
+    spec = small_spec(dims=(5, 5, 5))  # 4-wide field vectors, each row's fifth element its id's weight
+    cfg = small_config(model="deepfm", bottom_mlp=[8, 4])
+    cfg.model_args = {"first_order": "per_id"}
+    model = build_model(spec, cfg)
+    assert isinstance(model, DeepFM) and model.per_id and model.field_width == 4
+    dense, pooled = torch.randn(2, 3), [torch.randn(2, 5) for _ in range(3)]
+    bottom = model.bottom(dense)
+    fields = torch.stack([bottom, *(p[:, :4] for p in pooled)], dim=1)
+    x = fields.flatten(1)
+    first = sum(p[:, 4] for p in pooled) + model.linear(bottom).squeeze(
+        1
+    )  # the dense field keeps a projection
+    expected = first + model.deep(x).squeeze(1) + pairwise_interaction(fields)
+    torch.testing.assert_close(model(model_input(dense, pooled)), expected)
+    # An id not admitted reads a zero row: it adds nothing, its weight included.
+    zero = [torch.zeros(2, 5), *pooled[1:]]
+    no_first = sum(p[:, 4] for p in pooled[1:]) + model.linear(bottom).squeeze(1)
+    fields = torch.stack([bottom, torch.zeros(2, 4), *(p[:, :4] for p in pooled[1:])], dim=1)
+    expected = no_first + model.deep(fields.flatten(1)).squeeze(1) + pairwise_interaction(fields)
+    torch.testing.assert_close(model(model_input(dense, zero)), expected)
+
+
+def test_deepfm_per_id_needs_rows_one_wider_than_the_fields_and_a_known_form() -> None:
+    cfg = small_config(model="deepfm", bottom_mlp=[8, 4])
+    cfg.model_args = {"first_order": "per_id"}
+    with pytest.raises(UserError, match=r"minus 1 .*bottom_mlp's last layer \(got \[3, 4\]\)"):
+        build_model(small_spec(dims=(4, 4, 4)), cfg)
+    cfg.model_args = {"first_order": "both"}
+    with pytest.raises(UserError, match=r"first_order: got 'both': expected one of projection, per_id"):
+        build_model(small_spec(dims=(4, 4, 4)), cfg)
+
+
 def test_trainer_seed_fixes_the_initial_weights_without_reseeding_torch() -> None:
     spec = small_spec()
     torch.manual_seed(123)
