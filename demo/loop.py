@@ -44,6 +44,7 @@ import orjson
 import yaml
 
 from kelp.errors import KelpError
+from kelp.harness import KafkaBroker
 
 __all__ = ["LoopReport", "run_loop"]
 
@@ -280,92 +281,109 @@ class _Users:
         self._pending = keep
 
 
-def run_loop(out: Printer = print, seconds: float = 60.0, period_s: float = 10.0) -> LoopReport:
-    """Steps 1-5 of the module docstring."""
-    from kelp.harness import RedisServer, free_port, make_broker
+def run_loop(
+    out: Printer = print,
+    seconds: float = 60.0,
+    period_s: float = 10.0,
+    services: tuple[KafkaBroker, str] | None = None,
+) -> LoopReport:
+    """Steps 1-5 of the module docstring.
 
-    workdir = Path(tempfile.mkdtemp(prefix="kelp-loop-"))
-    ports = {"serve": free_port(), "join": free_port(), "train": free_port()}
+    ``services``: a running broker and the URL of an empty Redis to use instead of starting both
+    (the loop's topics must not exist on that broker yet).
+    """
+    from kelp.harness import RedisServer, make_broker
+
+    if services is not None:
+        return _loop(out, seconds, period_s, *services)
     broker = make_broker()
     out(f"starting {broker.label} and redis-server")
     with broker, RedisServer() as redis:
-        for topic in ("loop-events", "loop-requests", "loop-clicks"):
-            broker.create_topic(topic)
-        config = workdir / "loop.yaml"
-        config.write_text(yaml.safe_dump(_config(broker.bootstrap, redis.url, workdir, ports)))
-        procs: dict[str, subprocess.Popen[bytes]] = {}
-        logs: dict[str, Path] = {}
+        return _loop(out, seconds, period_s, broker, redis.url)
 
-        def launch(name: str) -> None:
-            logs[name] = workdir / f"{name}.log"
-            with logs[name].open("wb") as sink:
-                procs[name] = subprocess.Popen(
-                    [sys.executable, "-m", "kelp.cli", name, "--config", str(config)],
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                )
 
-        serve, join, train = (f"http://127.0.0.1:{ports[p]}" for p in ("serve", "join", "train"))
-        report = LoopReport(periods=[])
-        try:
-            out("seeding the training topic with a history that prefers nothing; starting kelp train")
-            _seed(broker.bootstrap)
-            launch("train")
-            _wait(
-                lambda: _metric(train + "/metrics", "kelp_publisher_version") >= 1,
-                120,
-                "a first snapshot",
-                procs,
-                logs,
+def _loop(out: Printer, seconds: float, period_s: float, broker: KafkaBroker, redis_url: str) -> LoopReport:
+    from kelp.harness import free_port
+
+    workdir = Path(tempfile.mkdtemp(prefix="kelp-loop-"))
+    ports = {"serve": free_port(), "join": free_port(), "train": free_port()}
+    for topic in ("loop-events", "loop-requests", "loop-clicks"):
+        broker.create_topic(topic)
+    config = workdir / "loop.yaml"
+    config.write_text(yaml.safe_dump(_config(broker.bootstrap, redis_url, workdir, ports)))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs: dict[str, Path] = {}
+
+    def launch(name: str) -> None:
+        logs[name] = workdir / f"{name}.log"
+        with logs[name].open("wb") as sink:
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "kelp.cli", name, "--config", str(config)],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
             )
-            out("first snapshot published; starting kelp serve (request log on) and kelp join")
-            launch("serve")
-            launch("join")
-            _wait(
-                lambda: _get(serve + "/readyz")[0] == 200 and _get(join + "/readyz")[0] == 200,
-                120,
-                "serve and join ready",
-                procs,
-                logs,
-            )
-            users = _Users(serve, broker.bootstrap, period_s)
-            out(f"the loop runs for {seconds:g}s: {REQUESTS_PER_S:g} requests/s of {CANDIDATES} candidates")
-            runner = threading.Thread(target=users.run, args=(seconds,), daemon=True)
-            runner.start()
-            shown = 0
-            while runner.is_alive():
-                runner.join(0.5)
-                while len(users.periods) - 1 > shown:  # a period is done once the next began
-                    _print_period(out, users.periods[shown])
-                    shown += 1
-            for period in users.periods[shown:]:
-                _print_period(out, period)
-            time.sleep(CLICK_WINDOW_S + 2.0)  # the last windows close and their labels go out
-            report.periods = users.periods
-            report.requests = sum(p.requests for p in users.periods)
-            report.clicks = users.clicks
-            report.joined = {
-                label: _metric(join + "/metrics", "kelp_join_samples_total", f'label="{label}"')
-                for label in ("positive", "negative")
-            }
-            report.trained_samples = _metric(train + "/metrics", "kelp_trainer_samples_total")
-            report.versions = sorted({v for p in users.periods for v in p.versions})
-            out(
-                f"requests {report.requests}, clicks {report.clicks}; joined {report.joined['positive']:.0f} "
-                f"positives and {report.joined['negative']:.0f} negatives; trainer trained "
-                f"{report.trained_samples:.0f} samples; the replica served versions {_span(report.versions)}"
-            )
-        finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for name, proc in procs.items():
-                try:
-                    report.exits[name] = proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    report.exits[name] = proc.wait()
-        out("stopped with SIGTERM: " + ", ".join(f"kelp {n} exit {c}" for n, c in report.exits.items()))
+
+    serve, join, train = (f"http://127.0.0.1:{ports[p]}" for p in ("serve", "join", "train"))
+    report = LoopReport(periods=[])
+    try:
+        out("seeding the training topic with a history that prefers nothing; starting kelp train")
+        _seed(broker.bootstrap)
+        launch("train")
+        _wait(
+            lambda: _metric(train + "/metrics", "kelp_publisher_version") >= 1,
+            120,
+            "a first snapshot",
+            procs,
+            logs,
+        )
+        out("first snapshot published; starting kelp serve (request log on) and kelp join")
+        launch("serve")
+        launch("join")
+        _wait(
+            lambda: _get(serve + "/readyz")[0] == 200 and _get(join + "/readyz")[0] == 200,
+            120,
+            "serve and join ready",
+            procs,
+            logs,
+        )
+        users = _Users(serve, broker.bootstrap, period_s)
+        out(f"the loop runs for {seconds:g}s: {REQUESTS_PER_S:g} requests/s of {CANDIDATES} candidates")
+        runner = threading.Thread(target=users.run, args=(seconds,), daemon=True)
+        runner.start()
+        shown = 0
+        while runner.is_alive():
+            runner.join(0.5)
+            while len(users.periods) - 1 > shown:  # a period is done once the next began
+                _print_period(out, users.periods[shown])
+                shown += 1
+        for period in users.periods[shown:]:
+            _print_period(out, period)
+        time.sleep(CLICK_WINDOW_S + 2.0)  # the last windows close and their labels go out
+        report.periods = users.periods
+        report.requests = sum(p.requests for p in users.periods)
+        report.clicks = users.clicks
+        report.joined = {
+            label: _metric(join + "/metrics", "kelp_join_samples_total", f'label="{label}"')
+            for label in ("positive", "negative")
+        }
+        report.trained_samples = _metric(train + "/metrics", "kelp_trainer_samples_total")
+        report.versions = sorted({v for p in users.periods for v in p.versions})
+        out(
+            f"requests {report.requests}, clicks {report.clicks}; joined {report.joined['positive']:.0f} "
+            f"positives and {report.joined['negative']:.0f} negatives; trainer trained "
+            f"{report.trained_samples:.0f} samples; the replica served versions {_span(report.versions)}"
+        )
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in procs.items():
+            try:
+                report.exits[name] = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                report.exits[name] = proc.wait()
+    out("stopped with SIGTERM: " + ", ".join(f"kelp {n} exit {c}" for n, c in report.exits.items()))
     return report
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 
 from kelp.demo.loop import CANDIDATES, run_loop
+from kelp.harness import KafkaBroker
 
 pytestmark = pytest.mark.integration
 
 
-def test_the_loop_learns_what_users_click_from_what_it_served() -> None:
+def test_the_loop_learns_what_users_click_from_what_it_served(
+    kafka_broker: KafkaBroker, redis_url: str
+) -> None:
     lines: list[str] = []
-    report = run_loop(out=lines.append, seconds=24.0, period_s=6.0)
+    report = run_loop(out=lines.append, seconds=18.0, period_s=6.0, services=(kafka_broker, redis_url))
     assert report.exits == {"train": 0, "serve": 0, "join": 0}, "\n".join(lines)
     assert report.requests > 0 and report.clicks > 0
     candidates = report.requests * CANDIDATES
