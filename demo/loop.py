@@ -165,16 +165,19 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
         return json.loads(resp.read())
 
 
-def _metric(url: str, name: str, labels: str = "") -> float:
-    """The sum of ``name``'s samples whose labels contain ``labels``, from a /metrics page."""
+def _metric(url: str, name: str, **labels: str) -> float:
+    """The sum of the ``name`` samples carrying ``labels``, from a /metrics page (NaN: no page)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     status, body = _get(url)
     if status != 200:
         return float("nan")
-    total = 0.0
-    for line in body.decode().splitlines():
-        if line.startswith(name) and (line[len(name)] in " {") and labels in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 def _wait(
@@ -363,7 +366,7 @@ def _loop(out: Printer, seconds: float, period_s: float, broker: KafkaBroker, re
         report.requests = sum(p.requests for p in users.periods)
         report.clicks = users.clicks
         report.joined = {
-            label: _metric(join + "/metrics", "kelp_join_samples_total", f'label="{label}"')
+            label: _metric(join + "/metrics", "kelp_join_samples_total", label=label)
             for label in ("positive", "negative")
         }
         report.trained_samples = _metric(train + "/metrics", "kelp_trainer_samples_total")

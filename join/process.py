@@ -77,7 +77,6 @@ class JoinProcess:
         self._stats_at = 0.0
         self.last_step_at = time.monotonic()
         self.ready = False
-        self.steps = 0
         self.last_step: Step | None = None
 
     # -- wiring ------------------------------------------------------------------------------------
@@ -163,7 +162,6 @@ class JoinProcess:
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         self.last_step_at = time.monotonic()
         self.last_step = step
-        self.steps += 1
         return step
 
     def _idle(self, assigned: list[tuple[str, int]], now: float) -> set[tuple[str, int]]:

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import msgpack
 import numpy as np
+import redis
 
 from kelp.join.records import Action
 
@@ -225,7 +226,7 @@ class RedisWaitingStore:
     ``...:wm`` the watermark and the hash ``...:stats`` the impressions' stored bytes.
     """
 
-    def __init__(self, client: object, deployment: str) -> None:
+    def __init__(self, client: redis.Redis, deployment: str) -> None:
         self._r = client
         tag = "{kelp:" + deployment + ":join}"
         self._imp = tag + ":i:"
@@ -238,14 +239,14 @@ class RedisWaitingStore:
     def load(self, request_ids: list[str], tasks: list[str]) -> dict[str, Waiting]:
         if not request_ids:
             return {}
-        blobs = self._r.mget([self._imp + r for r in request_ids])  # type: ignore[attr-defined]
+        blobs = self._r.mget([self._imp + r for r in request_ids])
         found = zip(request_ids, blobs, strict=True)
         return {r: Waiting.unpack(r, b, tasks) for r, b in found if b is not None}
 
     def load_early(self, request_ids: list[str]) -> dict[str, list[Action]]:
         if not request_ids:
             return {}
-        blobs = self._r.mget([self._act + r for r in request_ids])  # type: ignore[attr-defined]
+        blobs = self._r.mget([self._act + r for r in request_ids])
         return {r: unpack_actions(b) for r, b in zip(request_ids, blobs, strict=True) if b is not None}
 
     def due(self, watermark: float, limit: int) -> list[str]:
@@ -255,17 +256,17 @@ class RedisWaitingStore:
         return self._range(self._early, watermark, limit)
 
     def _range(self, key: str, watermark: float, limit: int) -> list[str]:
-        found = self._r.zrangebyscore(key, "-inf", watermark, start=0, num=limit)  # type: ignore[attr-defined]
+        found = self._r.zrangebyscore(key, "-inf", watermark, start=0, num=limit)
         return [m.decode() if isinstance(m, bytes) else m for m in found]
 
     def watermark(self) -> float | None:
-        value = self._r.get(self._wm)  # type: ignore[attr-defined]
+        value = self._r.get(self._wm)
         return None if value is None else float(value)
 
     def apply(self, changes: Changes) -> None:
         if not changes:
             return
-        pipe = self._r.pipeline(transaction=True)  # type: ignore[attr-defined]
+        pipe = self._r.pipeline(transaction=True)
         byte_delta = 0
         due: dict[str, float] = {}
         for rid, (waiting, deadline, ttl_s) in changes.put.items():
@@ -295,7 +296,7 @@ class RedisWaitingStore:
         pipe.execute()
 
     def counts(self) -> tuple[int, int, int]:
-        pipe = self._r.pipeline(transaction=False)  # type: ignore[attr-defined]
+        pipe = self._r.pipeline(transaction=False)
         pipe.zcard(self._due)
         pipe.hget(self._stats, "bytes")
         pipe.zcard(self._early)
@@ -303,4 +304,4 @@ class RedisWaitingStore:
         return int(waiting), int(stored or 0), int(early)
 
     def close(self) -> None:
-        self._r.close()  # type: ignore[attr-defined]
+        self._r.close()

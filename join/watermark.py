@@ -41,9 +41,6 @@ class Watermark:
         if newest is None or event_ts > newest:
             self._newest[partition] = event_ts
 
-    def newest(self, partition: Hashable) -> float | None:
-        return self._newest.get(partition)
-
     def advance(self, assigned: Iterable[Hashable], idle: set[Hashable], now: float) -> float | None:
         """Move the watermark as far as the ``assigned`` partitions allow (``idle`` ones aside)."""
         assigned = list(assigned)

@@ -15,28 +15,12 @@ import orjson
 import pytest
 
 from kelp.config import FeatureSpec, JoinConfig, SparseFeature
-from kelp.consumers.codec import encode_request_record
 from kelp.consumers.decode import Decoder, Rec
 from kelp.join import InputRecord, Joiner, MemoryWaitingStore, Step
 
+from .helpers import T0, impression
+
 IMP, CLICKS, BUYS = "requests", "clicks", "buys"
-T0 = 1_700_000_000.0
-ITEMS = [101, 102, 103]
-
-
-def impression(rid: str, ts: float, items: list[int] = ITEMS, user: int = 7) -> bytes:
-    n = len(items)
-    return encode_request_record(
-        request_id=rid,
-        model_version=3,
-        ts=ts,
-        dense=np.full((n, 1), 0.5, dtype=np.float32),
-        sparse={
-            "user": (np.full(n, user, dtype=np.uint64), np.ones(n, dtype=np.int32)),
-            "item": (np.array(items, dtype=np.uint64), np.ones(n, dtype=np.int32)),
-        },
-        scores={"click": np.linspace(0.1, 0.3, n, dtype=np.float32)},
-    )
 
 
 def action(rid: str, ts: float, item: Any = None) -> bytes:
