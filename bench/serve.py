@@ -16,9 +16,12 @@ candidates (C14..C26 each), drawn from criteo-synth (synthetic; Zipf ids), so
 one request reads ~1,300 unique rows from 26 tables. After the 2-client run
 with hot swaps: 8 clients for half as long (``p99_ms_8_clients``), then 2
 clients sending the compact form, msgpack bodies with packed candidate id
-columns and msgpack replies (``p99_ms_msgpack``). Last, a second ``kelp
+columns and msgpack replies (``p99_ms_msgpack``). Then a second ``kelp
 serve`` with ``serving.workers: 2`` takes 8 clients for as long
-(``rps_8_clients_2_workers``, ``p99_ms_8_clients_2_workers``).
+(``rps_8_clients_2_workers``, ``p99_ms_8_clients_2_workers``). Last, a third
+with the local row cache on (``serving.local_cache_ttl_ms``: ``CACHE_TTL_MS``)
+takes 2 JSON clients for as long (``*_cached``, with ``cache_hit_rate``: the
+share of rows the cache answered; the 64 requests cycle, so it is high).
 
 The client is cheap on purpose, because it shares the machine (2 cores in the
 documented runs) with the replica and Redis: each request is encoded once
@@ -82,6 +85,7 @@ USER_FEATURES = SPARSE_NAMES[:13]
 ITEM_FEATURES = SPARSE_NAMES[13:]
 POOL = 64  # distinct requests, cycled
 SWAPS = 6
+CACHE_TTL_MS = 1000  # the cached run's serving.local_cache_ttl_ms: one second of added staleness
 DEPLOYMENT = "bench-serve"
 
 
@@ -475,6 +479,22 @@ def run(quick: bool = False) -> dict[str, Any]:
         finally:
             _stop_serve(proc)
             publisher.close()
+        progress(f"measuring {extra:.0f} s, {CONCURRENCY} clients (JSON), local row cache {CACHE_TTL_MS} ms")
+        cached_cfg = cfg.model_copy(
+            update={"serving": cfg.serving.model_copy(update={"local_cache_ttl_ms": CACHE_TTL_MS})}
+        )
+        cached_path = workdir / "kelp-cached.yaml"
+        cached_path.write_text(yaml.safe_dump(cached_cfg.model_dump(mode="json", exclude_none=True)))
+        proc = _start_serve(cached_path)
+        try:
+            _wait_ready(port, proc)
+            _load(port, bodies, warmup)
+            lookups_before = _cache_lookups(port)
+            cached = _load(port, bodies, extra, server_pid=proc.pid)
+            (hits_after, misses_after), (hits_before, misses_before) = _cache_lookups(port), lookups_before
+            hits, misses = hits_after - hits_before, misses_after - misses_before
+        finally:
+            _stop_serve(proc)
         progress("floor: raw MGET + bare forward, in-process")
         floor = _floor(cfg, requests, reps=200 if quick else 1000)
     rps = result["requests"] / result["elapsed_s"]
@@ -486,7 +506,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         "p50_ms": round(result["p50_ms"], 3),
         "p99_ms": round(result["p99_ms"], 3),
         "rps": round(rps, 1),
-        "errors": result["errors"] + eight["errors"] + packed["errors"] + workers["errors"],
+        "errors": result["errors"]
+        + eight["errors"]
+        + packed["errors"]
+        + workers["errors"]
+        + cached["errors"],
         "p50_ms_8_clients": round(eight["p50_ms"], 3),
         "p99_ms_8_clients": round(eight["p99_ms"], 3),
         "rps_8_clients": round(eight["requests"] / eight["elapsed_s"], 1),
@@ -498,6 +522,12 @@ def run(quick: bool = False) -> dict[str, Any]:
         "rps_8_clients_2_workers": round(workers["requests"] / workers["elapsed_s"], 1),
         "cpu_ms_per_request_2_workers": _rounded(workers["server_cpu_ms"]),
         "server_cpu_ms_per_request_msgpack": _rounded(packed["server_cpu_ms"]),
+        "cpu_ms_per_request_cached": _rounded(cached["server_cpu_ms"]),
+        "p50_ms_cached": round(cached["p50_ms"], 3),
+        "p99_ms_cached": round(cached["p99_ms"], 3),
+        "rps_cached": round(cached["requests"] / cached["elapsed_s"], 1),
+        "cache_ttl_ms": CACHE_TTL_MS,
+        "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
         "client_cpu_ms_per_request": _rounded(result["client_cpu_ms"]),
         "swaps": int(swaps),
         "floor_p50_ms": round(floor, 3),
@@ -508,7 +538,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         "duration_s": duration,
         "versions_seen": result["versions"],
         "workload": "criteo-synth (synthetic), user C1..C13 + I1..I13, 100 candidates C14..C26",
-        "server": "kelp serve, 1 uvicorn worker, torch 1 thread, gc frozen after start, local cache off",
+        "server": (
+            "kelp serve, 1 uvicorn worker, torch 1 thread, gc frozen after start, local cache off "
+            f"(on, {CACHE_TTL_MS} ms, in the *_cached run)"
+        ),
     }
 
 
@@ -516,9 +549,22 @@ def _rounded(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def _swaps(port: int) -> float:
+def _cache_lookups(port: int) -> tuple[float, float]:
+    """The replica's row-cache lookups so far: (hits, misses)."""
+    text = _metrics_text(port)
+    found = dict(
+        re.findall(r'^kelp_serving_row_cache_lookups_total\{result="(\w+)"\} ([0-9.e+]+)$', text, re.M)
+    )
+    return float(found.get("hit", 0.0)), float(found.get("miss", 0.0))
+
+
+def _metrics_text(port: int) -> str:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
+    return conn.getresponse().read().decode()
+
+
+def _swaps(port: int) -> float:
+    text = _metrics_text(port)
     m = re.search(r"^kelp_serving_swaps_total ([0-9.e+]+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0

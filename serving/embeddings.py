@@ -1,8 +1,10 @@
 """Embedding rows for a request: one batched, read-only store call, plus an optional local TTL cache.
 
 Per request the fetcher receives each table's *unique* ids (the batch already
-deduplicated them) and makes one ``store.pull_many(..., count=False)``: a
-serving read never counts a sighting, admits an id, or writes anything. Ids
+deduplicated them) and makes one ``store.read_many(...)``, which is
+``pull_many(..., count=False)`` with every table's results side by side (no
+split per table in the store, no concatenation again here): a serving read
+never counts a sighting, admits an id, or writes anything. Ids
 without a stored row (never admitted, or evicted) read their fallback bucket's
 row when the table has ``admission.fallback_buckets`` (what the trainer trained
 for them, pulled in the same round trip), else the table's default row (zeros,
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kelp.serving.metrics import ServingMetrics
-from kelp.store.base import EmbeddingStore, PullResult
+from kelp.store.base import EmbeddingStore, ReadRows
 from kelp.store.policy.fallback import Fallback
 from kelp.store.rows.index import MAX_TAG
 from kelp.store.rows.slots import Column, SlotTable
@@ -130,6 +132,8 @@ class RowFetcher:
         self.fallback = Fallback(t.spec for t in store.tables.values())
         self._rows_stored = metrics.rows.labels(result="stored")  # labels() per request takes a lock
         self._rows_default = metrics.rows.labels(result="default")
+        self._cache_hits = metrics.row_cache.labels(result="hit")
+        self._cache_misses = metrics.row_cache.labels(result="miss")
 
     def _fresh_cache(self, now: float) -> dict[str, SlotTable]:
         """The current generation, emptied first if it is as old as the TTL or full."""
@@ -146,19 +150,17 @@ class RowFetcher:
         ``admission.fallback_buckets`` (pulled in the same round trip), else the default row.
         """
         plan = self.fallback.expand(unique_ids)
-        parts = self._fetch_tables(plan.ids)
-        rows = {t: p[0] for t, p in parts.items()}
+        read = self._read(plan.ids)
+        rows = read.rows
         if self.fallback:
-            rows = self.fallback.compose(rows, {t: p[1] for t, p in parts.items()}, plan)
-        return self._result({t: (rows[t], *parts[t][1:]) for t in unique_ids})
+            admitted = {t: read.admitted[read.span(t)] for t in read.tables}
+            rows = self.fallback.compose(rows, admitted, plan)
+        return self._result(read, rows, unique_ids)
 
-    def _fetch_tables(
-        self, unique_ids: Mapping[str, np.ndarray]
-    ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-        """``{table: (rows, admitted, updated_s)}`` as stored, through the cache when it is on."""
+    def _read(self, unique_ids: Mapping[str, np.ndarray]) -> ReadRows:
+        """What the store holds for ``unique_ids``, through the cache when it is on."""
         if self.ttl_s <= 0:
-            got = self._pull(unique_ids)
-            return {t: (g.rows, g.admitted, g.updated_s) for t, g in got.items()}
+            return self._pull(unique_ids)
         groups: dict[tuple[int, int], list[str]] = {}
         for table in unique_ids:
             groups.setdefault(self._group[table][0], []).append(table)
@@ -174,18 +176,35 @@ class RowFetcher:
                     missed = ~probe.hit[lo:hi]
                     if missed.any():
                         need[table] = probe.ids[lo:hi][missed]
-        got = self._pull(need) if need else {}
-        if got:
+        missed = sum(len(ids) for ids in need.values())
+        self._cache_hits.inc(sum(len(p.ids) for p in probes.values()) - missed)
+        self._cache_misses.inc(missed)
+        if need:
+            got = self._pull(need)
             with self._lock:
                 cache = self._fresh_cache(self._clock())
                 for key, probe in probes.items():
                     self._fill(cache, key, probe, got)
-        out = {}
-        for probe in probes.values():
+        return self._probed(list(probes.values()))
+
+    @staticmethod
+    def _probed(probes: list[_Probe]) -> ReadRows:
+        """The probes' arrays (hits and filled misses) as one :class:`ReadRows`."""
+        rows: dict[str, np.ndarray] = {}
+        names: list[str] = []
+        bounds = [0]
+        for probe in probes:
             for i, table in enumerate(probe.tables):
                 lo, hi = probe.bounds[i], probe.bounds[i + 1]
-                out[table] = (probe.rows[lo:hi], probe.admitted[lo:hi], probe.updated[lo:hi])
-        return out
+                rows[table] = probe.rows[lo:hi]
+                names.append(table)
+                bounds.append(bounds[-1] + hi - lo)
+        if len(probes) == 1:
+            admitted, updated = probes[0].admitted, probes[0].updated
+        else:
+            admitted = np.concatenate([p.admitted for p in probes]) if probes else np.zeros(0, bool)
+            updated = np.concatenate([p.updated for p in probes]) if probes else np.zeros(0, np.uint32)
+        return ReadRows(rows, tuple(names), tuple(bounds), admitted, updated)
 
     def _probe(
         self, tc: SlotTable | None, dim: int, tables: list[str], unique_ids: Mapping[str, np.ndarray]
@@ -213,18 +232,18 @@ class RowFetcher:
         cache: dict[tuple[int, int], SlotTable],
         key: tuple[int, int],
         probe: _Probe,
-        got: Mapping[str, PullResult],
+        got: ReadRows,
     ) -> None:
         """Put the pulled rows into the request's arrays and the cache (one insert for the group)."""
         positions = []
         for i, table in enumerate(probe.tables):
-            if table not in got:
+            if table not in got.rows:
                 continue
             lo = probe.bounds[i]
             where = lo + np.flatnonzero(~probe.hit[lo : probe.bounds[i + 1]])
-            g = got[table]
-            probe.rows[where], probe.admitted[where] = g.rows, g.admitted
-            probe.updated[where] = g.updated_s if g.updated_s is not None else 0
+            span = got.span(table)
+            probe.rows[where], probe.admitted[where] = got.rows[table], got.admitted[span]
+            probe.updated[where] = got.updated_s[span] if got.updated_s is not None else 0
             positions.append(where)
         if not positions:  # every table of the group was a full hit
             return
@@ -243,31 +262,34 @@ class RowFetcher:
             )
             self._cache_rows += len(fresh)
 
-    def _pull(self, ids: Mapping[str, np.ndarray]) -> dict[str, PullResult]:
+    def _pull(self, ids: Mapping[str, np.ndarray]) -> ReadRows:
         started = time.perf_counter()
-        got = self.store.pull_many(ids, count=False)
+        got = self.store.read_many(ids)
         self.metrics.store_fetch_seconds.observe(time.perf_counter() - started)
         return got
 
-    def _result(self, parts: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> FetchedRows:
-        """Counts and ages over all tables at once: a request has 26 tables of ~50 rows, and a dozen
-        numpy calls per table cost more than the same calls once on the concatenation."""
-        now = self._wall()
-        admitted = [p[1] for p in parts.values()]
-        stamped = [(p[1], p[2]) for p in parts.values() if p[2] is not None]
-        total = sum(len(a) for a in admitted)
-        stored = int(np.concatenate(admitted).sum()) if admitted else 0
+    def _result(
+        self, read: ReadRows, rows: Mapping[str, np.ndarray], asked: Mapping[str, np.ndarray]
+    ) -> FetchedRows:
+        """Counts and ages over the tables asked for (a fallback's bucket tables are left out), on the
+        read's flat arrays: a dozen numpy calls per table would cost more than the same calls once."""
+        if len(read.tables) == len(asked):  # no fallback tables: the flat arrays are the tables asked
+            admitted, updated = read.admitted, read.updated_s
+        else:
+            spans = [read.span(t) for t in asked]
+            admitted = np.concatenate([read.admitted[s] for s in spans]) if spans else np.zeros(0, bool)
+            updated = None if read.updated_s is None else np.concatenate([read.updated_s[s] for s in spans])
+        total = len(admitted)
+        stored = int(np.count_nonzero(admitted))
         default = total - stored
         all_ages = np.zeros(0)
-        if stamped and stored:
-            had = np.concatenate([a for a, _ in stamped])
-            updated = np.concatenate([u for _, u in stamped])
-            known = updated[had & (updated > 0)]
-            all_ages = np.maximum(now - known.astype(np.float64), 0.0)
+        if updated is not None and stored:
+            known = updated[admitted & (updated > 0)]
+            all_ages = np.maximum(self._wall() - known.astype(np.float64), 0.0)
         self._rows_stored.inc(stored)
         self._rows_default.inc(default)
         if all_ages.size:
             # One observation per request (the mean), not per row: a histogram observe per row would
             # cost more than the store call itself.
             self.metrics.embedding_age.observe(float(all_ages.mean()))
-        return FetchedRows({t: p[0] for t, p in parts.items()}, stored, default, all_ages)
+        return FetchedRows({t: rows[t] for t in asked}, stored, default, all_ages)

@@ -71,6 +71,12 @@ class ServingMetrics:
         )
         self.store_fetch_seconds = m.histogram("store_fetch_seconds", "One batched embedding fetch.")
         self.rows = m.counter("rows", "Embedding rows used by requests.", ["result"])
+        self.row_cache = m.counter(
+            "row_cache_lookups",
+            "Rows looked up in the local row cache (serving.local_cache_ttl_ms), by result: hit or miss "
+            "(read from the store).",
+            ["result"],
+        )
         self.embedding_age = m.histogram(
             "embedding_age_seconds",
             "Age of the stored rows a request used (now - last update).",

@@ -39,7 +39,7 @@ from kelp.store.policy.eviction import EvictionPolicy, LfuCapacity, TtlEviction,
 from kelp.store.policy.initial_rows import init_rows
 from kelp.store.rows.codec import RowCodec
 
-__all__ = ["EmbeddingStore", "PullResult", "StoreStats", "Table", "UnknownTableError"]
+__all__ = ["EmbeddingStore", "PullResult", "ReadRows", "StoreStats", "Table", "UnknownTableError"]
 
 
 class UnknownTableError(UserError, KeyError):
@@ -75,6 +75,50 @@ class PullResult:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+@dataclass(frozen=True)
+class ReadRows:
+    """What :meth:`EmbeddingStore.read_many` returns: a read-only pull of several tables, side by side.
+
+    * ``rows``: per table float32[n, dim], in the order of the ids given (the
+      stored row, else the table's default row);
+    * ``tables``: the table names in the order of the flat arrays below (a
+      backend's reading order, not necessarily the order asked), and
+      ``bounds``: table ``tables[i]`` is positions ``bounds[i]:bounds[i + 1]`` of them;
+    * ``admitted``: bool[N], all tables' ids concatenated; True where a valid row is stored;
+    * ``updated_s``: uint32[N] or None, the stored rows' last update (unix s, 0 where none).
+
+    Serving reads ~1,300 rows from 26 tables per request and wants counts and
+    ages over all of them: flat arrays spare it a split per table in the store
+    and a concatenation again in the caller.
+    """
+
+    rows: dict[str, np.ndarray]
+    tables: tuple[str, ...]
+    bounds: tuple[int, ...]
+    admitted: np.ndarray
+    updated_s: np.ndarray | None
+
+    def span(self, table: str) -> slice:
+        """Where ``table``'s ids sit in ``admitted`` and ``updated_s``."""
+        i = self.tables.index(table)
+        return slice(self.bounds[i], self.bounds[i + 1])
+
+    @classmethod
+    def of(cls, pulled: Mapping[str, PullResult]) -> ReadRows:
+        """The flat form of :meth:`EmbeddingStore.pull_many`'s per-table results."""
+        tables = tuple(pulled)
+        bounds = (0, *np.cumsum([len(p) for p in pulled.values()]).tolist())
+        results = list(pulled.values())
+        admitted = np.concatenate([p.admitted for p in results]) if results else np.zeros(0, bool)
+        stamps = [p.updated_s for p in results]
+        updated = (
+            np.concatenate(stamps).astype(np.uint32, copy=False)
+            if results and all(s is not None for s in stamps)
+            else None
+        )
+        return cls({t: p.rows for t, p in pulled.items()}, tables, bounds, admitted, updated)
 
 
 @dataclass
@@ -193,6 +237,14 @@ class EmbeddingStore(Closeable, abc.ABC):
         occurrences: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, PullResult]:
         """:meth:`pull` for several tables at once, one round trip per shard where the backend can."""
+
+    def read_many(self, ids_by_table: Mapping[str, np.ndarray]) -> ReadRows:
+        """``pull_many(ids_by_table, count=False)`` in the flat form serving uses (:class:`ReadRows`).
+
+        Never writes, counts or admits. A backend may answer it without building
+        per-table results; what it returns must equal this default's.
+        """
+        return ReadRows.of(self.pull_many(ids_by_table, count=False))
 
     def push(self, table: str, ids: np.ndarray, rows: np.ndarray, state: np.ndarray) -> int:
         """Store float32[n, dim] ``rows`` and float32[n] ``state`` for uint64[n] unique ``ids``.

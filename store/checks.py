@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kelp.config import TableSpec
-from kelp.store.base import EmbeddingStore
+from kelp.store.base import EmbeddingStore, ReadRows
 from kelp.store.flow import FlowStore, RowWrite
 from kelp.store.policy.initial_rows import init_rows
 
@@ -383,6 +383,54 @@ def check_backend_row_ops_count_the_rows_moved(make_store: MakeStore) -> None:
         assert _row_ops(store) == {"read": 10.0, "count": 10.0, "write": 10.0}
 
 
+def _assert_same_read(got: ReadRows, want: ReadRows) -> None:
+    """The same per table (a backend may order the tables in its flat arrays as it reads them)."""
+    assert sorted(got.tables) == sorted(want.tables) and got.bounds[-1] == want.bounds[-1]
+    assert (got.updated_s is None) == (want.updated_s is None)
+    for table in want.tables:
+        np.testing.assert_array_equal(got.rows[table], want.rows[table], err_msg=table)
+        np.testing.assert_array_equal(got.admitted[got.span(table)], want.admitted[want.span(table)])
+        if want.updated_s is not None and got.updated_s is not None:
+            np.testing.assert_array_equal(got.updated_s[got.span(table)], want.updated_s[want.span(table)])
+
+
+def check_read_many_is_a_serving_pull(make_store: MakeStore) -> None:
+    """``read_many`` answers exactly what ``pull_many(count=False)`` does, flat: stored rows, the
+    default row (zeros or init) where none is stored, quarantined values not admitted, across tables
+    of several widths and dtypes, and never counts or admits."""
+    specs = [
+        TableSpec(name="a", dim=3, admission={"min_count": 2}),
+        TableSpec(name="b", dim=5, dtype="float16"),
+        TableSpec(name="c", dim=3, default_row="init", admission={"min_count": 2}),
+        TableSpec(name="d", dim=3),
+    ]
+    with make_store(specs) as store:
+        ids = np.arange(1, 41, dtype=np.uint64)
+        stored = ids[::2]
+        for name, dim in (("a", 3), ("b", 5), ("c", 3)):
+            store.pull(name, stored)
+            store.pull(name, stored)  # admitted where admission counts
+            store.push(name, stored, *_rows(len(stored), dim, seed=dim))
+        asked = {"a": ids, "b": ids[::-1].copy(), "c": ids[5:], "d": np.zeros(0, np.uint64)}
+        want = ReadRows.of(store.pull_many(asked, count=False))
+        got = store.read_many(asked)
+        _assert_same_read(got, want)
+        assert got.admitted.sum() == 20 + 20 + 17
+        for _ in range(3):
+            store.read_many(asked)
+        assert not store.pull("a", ids[1::2], count=False).admitted.any()  # no sightings were counted
+        assert not store.pull("a", ids[1::2]).admitted.any()  # the first counted sighting
+        if isinstance(store, FlowStore):  # a stored value that is no valid row: quarantined alike
+            rows, state = _rows(2, 3, seed=9)
+            rows[0, 0] = np.nan
+            store._write_rows({"d": RowWrite(ids[:2], rows, state, create=True)}, store._clock())
+            asked = {"d": ids[:4], "a": ids[:4]}
+            _assert_same_read(store.read_many(asked), ReadRows.of(store.pull_many(asked, count=False)))
+            expected = [False, True, False, False, True, False, True, False]
+            assert store.read_many(asked).admitted.tolist() == expected
+            assert _quarantined(store, "d", "nonfinite") == 3.0  # one bad row, read three times
+
+
 ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_push_then_pull_roundtrip,
     check_push_tickets_rise_and_become_durable,
@@ -397,6 +445,7 @@ ALL_CHECKS: list[Callable[[MakeStore], None]] = [
     check_probability_admission,
     check_multi_table,
     check_one_id_table_first,
+    check_read_many_is_a_serving_pull,
     check_float16_error_bound,
     check_delete,
     check_empty_batch,

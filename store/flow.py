@@ -38,12 +38,12 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from kelp.config import TableSpec
-from kelp.store.base import EmbeddingStore, PullResult, Table
+from kelp.store.base import EmbeddingStore, PullResult, ReadRows, Table
 from kelp.store.metrics import StoreMetrics
 from kelp.store.quarantine import Quarantine
 from kelp.store.rows.codec import FAULT_REASONS, NONFINITE, finite_rows
 
-__all__ = ["FlowStore", "InitRows", "RowWrite", "StoredRows"]
+__all__ = ["FlowStore", "InitRows", "RowWrite", "StoredBlock", "StoredRows"]
 
 
 @dataclass
@@ -68,6 +68,35 @@ class StoredRows:
     updated_s: np.ndarray
     handle: Any = None
     fault: np.ndarray | None = None
+
+    def part(self, start: int, end: int) -> StoredRows:
+        """Positions ``start:end`` (views: what the flow writes into them lands in this read)."""
+        fault = None if self.fault is None else self.fault[start:end]
+        return StoredRows(
+            self.present[start:end],
+            self.rows[start:end],
+            self.state[start:end],
+            self.updated_s[start:end],
+            fault=fault,
+        )
+
+
+@dataclass
+class StoredBlock:
+    """Several tables' stored rows side by side, one row width: what :meth:`FlowStore._read_blocks` found.
+
+    Table ``names[i]`` is positions ``bounds[i]:bounds[i + 1]`` of ``ids`` and of ``stored``.
+    """
+
+    names: list[str]
+    bounds: list[int]
+    ids: np.ndarray
+    stored: StoredRows
+
+    def counts(self, mask: np.ndarray) -> list[int]:
+        """How many positions of each table ``mask`` holds (one cumulative sum, no call per table)."""
+        running = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+        return (running[self.bounds[1:]] - running[self.bounds[:-1]]).tolist()
 
 
 @dataclass
@@ -138,6 +167,30 @@ class FlowStore(EmbeddingStore):
     ) -> dict[str, StoredRows]:
         """Stored rows of each table's ids; ``touch`` (a training read) may update access bookkeeping."""
 
+    def _read_blocks(self, ids_by_table: Mapping[str, np.ndarray], now: float) -> list[StoredBlock]:
+        """Hook: :meth:`_read_rows` (``touch=False``) with the tables of one row width side by side.
+
+        This default reads per table and concatenates; a backend that decodes
+        several tables' replies in one pass overrides it to skip the split.
+        """
+        stored = self._read_rows(ids_by_table, now, touch=False)
+        by_dim: dict[int, list[str]] = {}
+        for name in ids_by_table:
+            by_dim.setdefault(self.tables[name].dim, []).append(name)
+        blocks = []
+        for names in by_dim.values():
+            parts = [stored[n] for n in names]
+            faults = [p.fault for p in parts]
+            joined = StoredRows(
+                *(np.concatenate([getattr(p, f) for p in parts]) for f in ("present", "rows", "state")),
+                np.concatenate([p.updated_s for p in parts]),
+                fault=None if any(f is None for f in faults) else np.concatenate(faults),  # type: ignore[arg-type]
+            )
+            bounds = [0, *np.cumsum([len(p.present) for p in parts]).tolist()]
+            ids = np.concatenate([ids_by_table[n] for n in names])
+            blocks.append(StoredBlock(names, bounds, ids, joined))
+        return blocks
+
     @abc.abstractmethod
     def _count_sightings(
         self, requests: Mapping[str, tuple[np.ndarray, np.ndarray, float]], now: float
@@ -202,6 +255,66 @@ class FlowStore(EmbeddingStore):
                         result.admitted_now[new] = True
         self.metrics.op_latency("pull").observe(time.perf_counter() - started)
         return out
+
+    def read_many(self, ids_by_table: Mapping[str, np.ndarray]) -> ReadRows:
+        """``pull_many(count=False)``, flat: the same rows, checks and metrics, without a split per table."""
+        started = time.perf_counter()
+        self._ready()
+        batch = {name: self.table(name).check_ids(raw) for name, raw in ids_by_table.items()}
+        with self._op_lock:
+            blocks = self._read_blocks(batch, self._clock())
+        self.metrics.row_ops("read").inc(sum(len(ids) for ids in batch.values()))
+        rows: dict[str, np.ndarray] = {}
+        admitted, updated, names, bounds = [], [], [], [0]
+        for block in blocks:
+            admitted.append(self._settle(block))
+            updated.append(block.stored.updated_s)
+            for i, name in enumerate(block.names):
+                lo, hi = block.bounds[i], block.bounds[i + 1]
+                rows[name] = block.stored.rows[lo:hi]
+                names.append(name)
+                bounds.append(bounds[-1] + hi - lo)
+        flat = (lambda parts: parts[0]) if len(blocks) == 1 else np.concatenate
+        result = ReadRows(
+            rows,
+            tuple(names),
+            tuple(bounds),
+            flat(admitted) if blocks else np.zeros(0, bool),
+            flat(updated).astype(np.uint32, copy=False) if blocks else np.zeros(0, np.uint32),
+        )
+        self.metrics.op_latency("pull").observe(time.perf_counter() - started)
+        return result
+
+    def _settle(self, block: StoredBlock) -> np.ndarray:
+        """A serving read's rules on one block, as :meth:`pull_many` applies them with ``count=False``:
+        invalid values quarantined and not admitted, missing ids on the default row, row metrics
+        counted. Returns the block's ``admitted``."""
+        stored = block.stored
+        admitted = stored.present.copy()
+        if self._has_fault(stored):  # rare: the per-table path names each table's bad rows
+            for i, name in enumerate(block.names):
+                lo, hi = block.bounds[i], block.bounds[i + 1]
+                bad = self._quarantined(self.tables[name], block.ids[lo:hi], stored.part(lo, hi), False)
+                admitted[lo + bad] = False
+        missing = ~stored.present
+        per_table = block.counts(missing)
+        for i, name in enumerate(block.names):
+            lo, hi = block.bounds[i], block.bounds[i + 1]
+            self.metrics.pulled_rows(name).inc(hi - lo)
+            if per_table[i]:
+                t = self.tables[name]
+                self.metrics.missed_rows(name).inc(per_table[i])
+                where = lo + np.flatnonzero(missing[lo:hi])
+                stored.rows[where] = t.default_rows(block.ids[where])
+                stored.state[where] = t.initial_state
+        return admitted
+
+    @staticmethod
+    def _has_fault(stored: StoredRows) -> bool:
+        """Whether any present value is no valid finite row (one reduction in the common case)."""
+        if stored.fault is None:
+            return not bool((finite_rows(stored.rows, stored.state) | ~stored.present).all())
+        return bool(stored.fault.any())
 
     def _quarantined(self, t: Table, ids: np.ndarray, stored: StoredRows, count: bool) -> np.ndarray:
         """Positions whose stored value is no valid finite row (:mod:`kelp.store.quarantine`): counted,

@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 
 from kelp.config import StoreConfig, TableSpec
 from kelp.store.base import Table
-from kelp.store.flow import InitRows, RowWrite, StoredRows
+from kelp.store.flow import InitRows, RowWrite, StoredBlock, StoredRows
 from kelp.store.redis._wire.packing import pack_commands, pack_grouped
 from kelp.store.redis._wire.row_replies import RowReplies
 from kelp.store.redis.bucket_scripts import set_rows_if_args, sweep_args
@@ -55,6 +55,7 @@ from kelp.store.redis.keys import BucketLayout, quote_key
 from kelp.store.redis.plan import Gathered, Plan, adder, chunks, scatter, split_replies
 from kelp.store.redis.shared import TypedKeys
 from kelp.store.redis.standalone import RedisStore
+from kelp.store.rows.codec import DecodedRows
 from kelp.store.rows.hashing import rendezvous, splitmix64
 
 __all__ = ["BucketSweeper", "RedisBucketStore"]
@@ -213,6 +214,42 @@ class RedisBucketStore(RedisStore):
     def _read_rows(
         self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
     ) -> dict[str, StoredRows]:
+        stored: dict[str, StoredRows] = {}
+        for fused, decoded in self._read_fused(ids_by_table, touch):
+            b = fused.bounds.tolist()
+            for i, name in enumerate(fused.names):
+                rows = self._stored(self.tables[name], decoded.part(b[i], b[i + 1]))
+                self._hide_expired(self.tables[name], rows, now)
+                stored[name] = rows
+        return stored
+
+    def _read_blocks(self, ids_by_table: Mapping[str, np.ndarray], now: float) -> list[StoredBlock]:
+        """The fused groups as they were decoded: no split per table (a serving read)."""
+        blocks = []
+        for fused, decoded in self._read_fused(ids_by_table, touch=False):
+            names = fused.names
+            bounds = fused.bounds.tolist()
+            ids = np.concatenate([ids_by_table[n] for n in names])
+            block = StoredBlock(
+                names,
+                bounds,
+                np.asarray(ids, np.uint64),
+                StoredRows(
+                    decoded.present, decoded.rows, decoded.state, decoded.updated_s, fault=decoded.fault
+                ),
+            )
+            nbytes = self.tables[names[0]].codec.nbytes
+            for name, present in zip(names, block.counts(decoded.present), strict=True):
+                self.metrics.received(name).inc(present * nbytes)
+            self._hide_expired_block(block, now)
+            blocks.append(block)
+        return blocks
+
+    def _read_fused(
+        self, ids_by_table: Mapping[str, np.ndarray], touch: bool
+    ) -> list[tuple[_Fused, DecodedRows]]:
+        """Every table's rows in one run per shard and row width, decoded once per fused group, in id
+        order within the group."""
         reads = []
         runs: dict[tuple[int, int], list[tuple[bytes, int, Callable[[Any], None]]]] = {}
         for fused in self._fuse(ids_by_table):
@@ -227,7 +264,7 @@ class RedisBucketStore(RedisStore):
             payload = [p for p, _, _ in parts]
             plan.add_packed(shard, payload, sum(n for n, _ in counts), split_replies(counts), width)
         self._runner.run(plan, "pull", readonly=not touch)
-        stored: dict[str, StoredRows] = {}
+        out = []
         for fused, gathered in reads:
             t = self.tables[fused.names[0]]  # every table of a fused group shares the row format
             values = gathered.values()
@@ -235,12 +272,23 @@ class RedisBucketStore(RedisStore):
                 decoded = t.codec.decode_present(values.present, values.values).in_order(gathered.order)
             else:
                 decoded = t.codec.decode(values).in_order(gathered.order)
-            b = fused.bounds.tolist()
-            for i, name in enumerate(fused.names):
-                rows = self._stored(self.tables[name], decoded.part(b[i], b[i + 1]))
-                self._hide_expired(self.tables[name], rows, now)
-                stored[name] = rows
-        return stored
+            out.append((fused, decoded))
+        return out
+
+    def _hide_expired_block(self, block: StoredBlock, now: float) -> None:
+        """:meth:`_hide_expired` for a whole block: one comparison against each row's table cutoff."""
+        tables = [self.tables[n] for n in block.names]
+        if all(t.ttl is None for t in tables):
+            return
+        lengths = np.diff(block.bounds)
+        cutoff = np.repeat(np.array([self._cutoff(t, now) for t in tables], dtype=np.int64), lengths)
+        rows = block.stored
+        expired = rows.present & (rows.updated_s.astype(np.int64) < cutoff)
+        if rows.fault is not None:
+            expired &= rows.fault == 0
+        if expired.any():
+            rows.present[expired] = False
+            rows.updated_s[expired] = 0
 
     def _hide_expired(self, t: Table, rows: StoredRows, now: float) -> None:
         """Rows past the table's TTL read as absent (the sweep deletes them later). A value that is no

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 from kelp.config import StoreConfig, TableSpec
 from kelp.errors import KelpError
 from kelp.retry import RetryPolicy
-from kelp.store.base import PullResult, StoreStats, Table
+from kelp.store.base import PullResult, ReadRows, StoreStats, Table
 from kelp.store.errors import StoreCommandError, WrongTypeError
 from kelp.store.flow import FlowStore, InitRows, RowWrite, StoredRows
 from kelp.store.policy.eviction import EvictionPolicy, LfuCapacity, TtlEviction
@@ -150,6 +150,10 @@ class RedisStoreBase(FlowStore):
     ) -> dict[str, PullResult]:
         with self._naming_wrong_type(ids_by_table):
             return super().pull_many(ids_by_table, count=count, occurrences=occurrences)
+
+    def read_many(self, ids_by_table: Mapping[str, np.ndarray]) -> ReadRows:
+        with self._naming_wrong_type(ids_by_table):
+            return super().read_many(ids_by_table)
 
     def push_many(self, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> int:
         with self._naming_wrong_type({name: u[0] for name, u in updates.items()}):

@@ -25,6 +25,7 @@ from kelp.config import KelpConfig
 from kelp.publish import Snapshot, build_snapshot
 from kelp.publish.snapshot import _checksum
 from kelp.serving import ServingReplica
+from kelp.store.base import ReadRows
 from kelp.store.factory import build_store
 
 from .conftest import Live
@@ -95,14 +96,13 @@ class _PoisonedStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def pull_many(self, ids: Mapping[str, np.ndarray], **kwargs: Any) -> dict[str, Any]:
-        got = self._inner.pull_many(ids, **kwargs)
-        out = {}
-        for table, result in got.items():
-            rows = result.rows.copy()
-            rows[ids[table] == POISON] = np.nan
-            out[table] = dataclasses.replace(result, rows=rows)
-        return out
+    def read_many(self, ids: Mapping[str, np.ndarray]) -> ReadRows:
+        got = self._inner.read_many(ids)
+        rows = {}
+        for table, table_rows in got.rows.items():
+            rows[table] = table_rows.copy()
+            rows[table][ids[table] == POISON] = np.nan
+        return dataclasses.replace(got, rows=rows)
 
 
 def _poisoned_replica(cfg: KelpConfig) -> ServingReplica:

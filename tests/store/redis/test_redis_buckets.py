@@ -71,6 +71,25 @@ def test_rows_past_the_ttl_read_as_absent_and_pushes_do_not_revive_them(redis_se
         assert _bucket_fields(redis_server, store, "t") == 0  # the script deleted what it found expired
 
 
+def test_a_serving_read_of_several_tables_hides_only_the_expired_tables_rows(
+    redis_server: RedisServer,
+) -> None:
+    """read_many judges each row against its own table's TTL, tables side by side in one block."""
+    redis_server.client().flushall()
+    clock = Clock()
+    specs = [TableSpec(name="short", dim=4, eviction={"ttl_s": 60}), TableSpec(name="long", dim=4)]
+    with _store(redis_server.url, specs, clock) as store:
+        ids = np.arange(10, dtype=np.uint64)
+        store.push_many({name: (ids, *_rows(10, 4, 2.0)) for name in ("short", "long")})
+        clock.now += 61
+        got = store.read_many({"short": ids, "long": ids})
+        assert not got.admitted[got.span("short")].any()
+        assert (got.rows["short"] == 0).all() and (got.updated_s[got.span("short")] == 0).all()  # type: ignore[index]
+        assert got.admitted[got.span("long")].all() and (got.rows["long"] == 2.0).all()
+        pulled = store.pull_many({"short": ids, "long": ids}, count=False)
+        assert not pulled["short"].admitted.any() and pulled["long"].admitted.all()
+
+
 def test_the_sweep_frees_expired_rows_a_few_buckets_per_push(redis_server: RedisServer) -> None:
     redis_server.client().flushall()
     clock = Clock()
