@@ -171,6 +171,8 @@ class RowFetcher:
             for key, tables in groups.items():
                 probe = self._probe(cache.get(key), key[0], tables, unique_ids)
                 probes[key] = probe
+                if probe.hit.all():  # the common case once the cache is warm: nothing to read
+                    continue
                 for i, table in enumerate(tables):
                     lo, hi = probe.bounds[i], probe.bounds[i + 1]
                     missed = ~probe.hit[lo:hi]

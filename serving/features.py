@@ -271,10 +271,11 @@ class RequestParser:
             sparse.append(c["sparse"])
         if type(sparse[0]) is not dict or len(set(map(type, sparse))) != 1:
             return None
-        names = set(map(tuple, sparse))
-        if len(names) != 1:
+        keys = tuple(sparse[0])
+        # Every candidate names the same features in the same order: one comparison of the flattened
+        # names (orjson hands out the same key objects, so it is mostly identity checks).
+        if list(chain.from_iterable(sparse)) != list(keys) * len(sparse):
             return None
-        (keys,) = names
         index = [self.sparse_index.get(k) for k in keys]
         if not keys or None in index or not all(self.id_limits[i] for i in index):  # type: ignore[index]
             return None

@@ -58,6 +58,11 @@ def test_ttl_cache_serves_the_copy_until_the_ttl(store) -> None:  # type: ignore
     assert fetcher.fetch(ids).rows["C3"][0, 0] == 2.0  # at the TTL: re-read
     # only cache misses went to the store: 2 fetches of 3 ids, the cached one needed none
     assert registry.get_sample_value("kelp_serving_store_fetch_seconds_count") == 2
+    lookups = {
+        result: registry.get_sample_value("kelp_serving_row_cache_lookups_total", {"result": result})
+        for result in ("hit", "miss")
+    }
+    assert lookups == {"hit": 3.0, "miss": 6.0}  # the first fetch and the one at the TTL missed all 3
 
 
 def test_partial_hits_merge_in_order(store) -> None:  # type: ignore[no-untyped-def]
@@ -113,3 +118,8 @@ def test_tables_of_several_widths_share_a_cache_per_width_and_match_the_store(
         assert cached._cache_rows == 5  # (A,5) (B,5) (B,6) (W,5), then (A,7)
         # first: all missed; second: only (A, 7) missed; the repeat: nothing to pull
         assert registry.get_sample_value("kelp_serving_store_fetch_seconds_count") == 2
+    lookups = {
+        result: registry.get_sample_value("kelp_serving_row_cache_lookups_total", {"result": result})
+        for result in ("hit", "miss")
+    }
+    assert lookups == {"hit": 9.0, "miss": 5.0}  # 0 + 4 + 5 rows hit
