@@ -1,5 +1,6 @@
 """``kelp store stats --config F``, ``kelp store inspect --config F TABLE ID...`` and
-``kelp store acl --deployment D --role trainer|serving`` (the Redis ACL users, see kelp.store.redis.acl)."""
+``kelp store acl --deployment D --role trainer|serving|join`` (the Redis ACL users, see
+kelp.store.redis.acl)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.set_defaults(handler=_inspect)
 
     acl = verbs.add_parser(
-        "acl", help="print the ACL SETUSER line of a least-privilege Redis user (trainer or serving)"
+        "acl", help="print the ACL SETUSER line of a least-privilege Redis user (trainer, serving or join)"
     )
     acl.add_argument("--deployment", required=True, help="the config's deployment name")
-    acl.add_argument("--role", required=True, choices=["trainer", "serving"])
+    acl.add_argument("--role", required=True, choices=["trainer", "serving", "join"])
     acl.add_argument("--user", default=None, help="user name (default kelp-<deployment>-<role>)")
     acl.add_argument(
         "--password-file",

@@ -1,5 +1,5 @@
 """Least-privilege Redis ACL users for one deployment: a trainer that may only touch its own keys, a
-serving replica that may only read them.
+serving replica that may only read them, and a joiner that may only touch its waiting state.
 
 Every key Kelp writes for a deployment ``D`` (``D`` is 1-64 of ``[a-z0-9-]``,
 so it can hold neither ``:`` nor a glob character, and ``k1:a:*`` can never
@@ -26,6 +26,9 @@ a script cannot reach past these patterns either.
 * ``serving``: read-only key selectors (``%R~``) and read commands only; a row
   or snapshot write is refused with ``NOPERM``, which Kelp reports as
   :class:`~kelp.errors.RedisAuthError` naming the ACL rules.
+* ``join``: ``kelp join``'s waiting state only, every key under the hash tag
+  ``{kelp:D:join}`` (kelp.join.state), with the commands one step's ``MULTI``
+  and reads use. It sees no row, counter or snapshot key.
 
 A password is given as its SHA-256 (``#<hex>``) so the printed line never
 holds the secret; without one the line carries the placeholder ``><password>``.
@@ -38,8 +41,8 @@ from typing import Literal
 
 __all__ = ["ROLES", "Role", "acl_rules", "default_user", "key_patterns", "setuser_line"]
 
-Role = Literal["trainer", "serving"]
-ROLES: tuple[Role, ...] = ("trainer", "serving")
+Role = Literal["trainer", "serving", "join"]
+ROLES: tuple[Role, ...] = ("trainer", "serving", "join")
 
 _CONNECTION = (
     "ping",
@@ -99,6 +102,24 @@ _WRITE = (
 )
 """The trainer's extra commands: row and counter writes, the Lua scripts, snapshot publish, stats."""
 
+_JOIN = (
+    "get",
+    "mget",
+    "set",
+    "del",
+    "zadd",
+    "zrem",
+    "zrangebyscore",
+    "zcard",
+    "hget",
+    "hincrby",
+    "multi",
+    "exec",
+    "discard",
+)
+"""The joiner's commands: impressions and early actions (GET, MGET, SET with PX, DEL), the deadline
+sets (ZADD, ZREM, ZRANGEBYSCORE, ZCARD), the watermark and byte count, and one MULTI per step."""
+
 
 def key_patterns(deployment: str) -> tuple[str, ...]:
     """The glob patterns covering every key of ``deployment`` (see the module docstring)."""
@@ -113,6 +134,8 @@ def acl_rules(deployment: str, role: Role) -> list[str]:
     """The ACL rules (after ``reset on`` and the password) of ``role`` for ``deployment``."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    if role == "join":
+        return [f"~{{kelp:{deployment}:join}}:*", *("+" + c for c in _CONNECTION + _JOIN)]
     selector = "~" if role == "trainer" else "%R~"
     rules = [selector + p for p in key_patterns(deployment)]
     rules.append(f"&{{k1:{deployment}:model}}:notify")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import redis
 
+from kelp.harness import RedisServer
 from kelp.join.records import Action
 from kelp.join.state import (
     NEGATIVE,
@@ -18,19 +19,37 @@ from kelp.join.state import (
     Waiting,
     WaitingStore,
 )
+from kelp.store.redis.acl import default_user, setuser_line
 
 TASKS = ["click", "buy"]
 
 
-@pytest.fixture(params=["memory", "redis"])
+JOIN_PASSWORD = "j0in-pw"
+
+
+@pytest.fixture(params=["memory", "redis", "redis-join-user"])
 def store(request: pytest.FixtureRequest) -> Iterator[WaitingStore]:
+    """``redis-join-user``: the same Redis, logged in as ``kelp store acl --role join``'s user, so the
+    contract also proves that the role allows every command a joiner sends."""
     if request.param == "memory":
         yield MemoryWaitingStore()
         return
     url = request.getfixturevalue("redis_url")
-    s = RedisWaitingStore(redis.Redis.from_url(url), "contract")
+    if request.param == "redis":
+        client = redis.Redis.from_url(url)
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        server.client().execute_command(*setuser_line("contract", "join", password=JOIN_PASSWORD).split())
+        client = _join_client(server)
+    s = RedisWaitingStore(client, "contract")
     yield s
     s.close()
+
+
+def _join_client(server: RedisServer) -> redis.Redis:
+    return redis.Redis(
+        host=server.host, port=server.port, username=default_user("contract", "join"), password=JOIN_PASSWORD
+    )
 
 
 def _waiting(rid: str, ts: float, n: int = 3) -> Waiting:
@@ -104,3 +123,18 @@ def test_the_watermark_is_kept_with_the_state(store: WaitingStore) -> None:
     assert store.watermark() is None
     store.apply(Changes(watermark=1_700_000_000.25))
     assert store.watermark() == 1_700_000_000.25
+
+
+def test_the_join_user_reaches_only_the_waiting_state(redis_server: RedisServer) -> None:
+    """``--role join`` touches ``{kelp:D:join}`` keys and nothing else: no row, counter or snapshot key
+    of its deployment, no key of another deployment, no server command."""
+    admin = redis_server.client()
+    admin.flushall()
+    admin.execute_command(*setuser_line("contract", "join", password=JOIN_PASSWORD).split())
+    joiner = _join_client(redis_server)
+    assert joiner.set("{kelp:contract:join}:w", b"1") and joiner.get("{kelp:contract:join}:w") == b"1"
+    for key in ("k2:contract:C1:0", "{k1:contract:model}:latest", "{kelp:other:join}:w", "kelp:contract:x"):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            joiner.get(key)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        joiner.flushall()

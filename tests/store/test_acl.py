@@ -101,6 +101,14 @@ def test_rules_cover_only_this_deployment() -> None:
     )
     assert "#" + "0" * 4 not in setuser_line("d", "trainer", password="x")
     assert setuser_line("d", "trainer").split()[2] == "kelp-d-trainer"
+    join = acl_rules("shop-eu", "join")
+    assert [r for r in join if not r.startswith("+")] == ["~{kelp:shop-eu:join}:*"]  # its state, no channel
+    assert "+eval" not in join and "+hset" not in join and "+multi" in join
+
+
+def test_the_cli_prints_the_join_user(tmp_path: Path) -> None:
+    line = _cli_line("shop-eu", "join", "j0in-pw", tmp_path)
+    assert line == setuser_line("shop-eu", "join", password="j0in-pw")
 
 
 def test_trainer_trains_and_serving_reads(acl_server: RedisServer, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
