@@ -185,6 +185,24 @@ class Children(Generic[M]):
             child = self._children[values] = self.metric.labels(*values)
         return child
 
+    def inc(self, amount: float, *values: str) -> None:
+        """``self(*values).inc(amount)`` for a counter, straight to the child's value.
+
+        A child is always observable, and a counter's amount is checked here, so
+        prometheus-client's checks on every ``inc`` (a quarter of a serving
+        read's metric cost, 50-odd increments per request) are skipped. A
+        prometheus-client without the ``_value`` it has held since its first
+        releases takes the public path.
+        """
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        child = self(*values)
+        value = getattr(child, "_value", None)
+        if value is None:
+            child.inc(amount)  # type: ignore[attr-defined]
+        else:
+            value.inc(amount)
+
 
 class FunctionGauge(Collector):
     """One unlabelled gauge whose value is ``function()`` at collection (0 until a function is set)."""

@@ -229,7 +229,7 @@ class FlowStore(EmbeddingStore):
         with self._op_lock:
             now = self._clock()
             stored = self._read_rows(batch, now, touch=count)
-            self.metrics.row_ops("read").inc(sum(len(ids) for ids in batch.values()))
+            self.metrics.row_ops.inc(sum(len(ids) for ids in batch.values()), "read")
             bad = {
                 name: self._quarantined(self.tables[name], batch[name], s, count)
                 for name, s in stored.items()
@@ -263,7 +263,7 @@ class FlowStore(EmbeddingStore):
         batch = {name: self.table(name).check_ids(raw) for name, raw in ids_by_table.items()}
         with self._op_lock:
             blocks = self._read_blocks(batch, self._clock())
-        self.metrics.row_ops("read").inc(sum(len(ids) for ids in batch.values()))
+        self.metrics.row_ops.inc(sum(len(ids) for ids in batch.values()), "read")
         rows: dict[str, np.ndarray] = {}
         admitted, updated, names, bounds = [], [], [], [0]
         for block in blocks:
@@ -300,10 +300,10 @@ class FlowStore(EmbeddingStore):
         per_table = block.counts(missing)
         for i, name in enumerate(block.names):
             lo, hi = block.bounds[i], block.bounds[i + 1]
-            self.metrics.pulled_rows(name).inc(hi - lo)
+            self.metrics.pulled_rows.inc(hi - lo, name)
             if per_table[i]:
                 t = self.tables[name]
-                self.metrics.missed_rows(name).inc(per_table[i])
+                self.metrics.missed_rows.inc(per_table[i], name)
                 where = lo + np.flatnonzero(missing[lo:hi])
                 stored.rows[where] = t.default_rows(block.ids[where])
                 stored.state[where] = t.initial_state
@@ -345,9 +345,9 @@ class FlowStore(EmbeddingStore):
         """Positions without a stored row; their state reads ``initial_state``. Counts the row metrics."""
         missing = np.flatnonzero(~stored.present)
         stored.state[missing] = t.initial_state
-        self.metrics.pulled_rows(t.name).inc(len(stored.present))
+        self.metrics.pulled_rows.inc(len(stored.present), t.name)
         if len(missing):
-            self.metrics.missed_rows(t.name).inc(len(missing))
+            self.metrics.missed_rows.inc(len(missing), t.name)
         return missing
 
     def _admit(
@@ -369,7 +369,7 @@ class FlowStore(EmbeddingStore):
         }
         sightings = self._count_sightings(counting, now) if counting else {}
         if counting:
-            self.metrics.row_ops("count").inc(sum(len(c[0]) for c in counting.values()))
+            self.metrics.row_ops.inc(sum(len(c[0]) for c in counting.values()), "count")
         qualified: dict[str, np.ndarray] = {}
         admits: dict[str, InitRows] = {}
         for name, m in missing.items():
@@ -391,7 +391,7 @@ class FlowStore(EmbeddingStore):
                 admits[name] = InitRows(ids, init, state, policy.counter_ttl_s is not None, stored[name])
         if admits:
             self._store_init_rows(admits, now)
-            self.metrics.row_ops("write").inc(sum(len(a.ids) for a in admits.values()))
+            self.metrics.row_ops.inc(sum(len(a.ids) for a in admits.values()), "write")
             for name, a in admits.items():
                 stored[name].updated_s[missing[name][qualified[name]]] = np.uint32(now)
                 self.metrics.admissions.labels(table=name).inc(len(a.ids))
@@ -446,7 +446,7 @@ class FlowStore(EmbeddingStore):
         self._ready()
         with self._op_lock:
             kept = write(self._clock())
-        self.metrics.row_ops("write").inc(sum(len(w.ids) for w in writes.values()))
+        self.metrics.row_ops.inc(sum(len(w.ids) for w in writes.values()), "write")
         for name, w in writes.items():
             self.metrics.rows_pushed.labels(table=name).inc(kept[name])
             if kept[name] < len(w.ids):

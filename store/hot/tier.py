@@ -337,8 +337,8 @@ class HotRowCache(EmbeddingStore):
     def _count_hits(self, batch: RowBatch, miss: np.ndarray) -> None:
         hits = batch.counts(~miss)
         for name, h, n in zip(batch.names, hits, np.diff(batch.bounds).tolist(), strict=True):
-            self.metrics.hot_hits_by(name).inc(h)
-            self.metrics.hot_misses_by(name).inc(n - h)
+            self.metrics.hot_hits_by.inc(h, name)
+            self.metrics.hot_misses_by.inc(n - h, name)
         self._lookups += len(miss)
         self._hits += sum(hits)
 

@@ -96,6 +96,18 @@ class BucketSweeper:
         return out
 
 
+@dataclass(frozen=True)
+class _FuseGroup:
+    """Tables fused into one run (same bucket-key width and row format) and their constants."""
+
+    names: list[str]
+    key_dtype: np.dtype
+    seeds: np.ndarray  # uint64 per table: the bucket hash seed
+    counts: np.ndarray  # uint64 per table: buckets
+    prefixes: np.ndarray  # S<n> per table: the bucket keys' prefix
+    table_seeds: np.ndarray  # uint64 per table: the shard hash seed
+
+
 @dataclass
 class _Fused:
     """Ids of tables that share a bucket-key width and a row format, concatenated in table order."""
@@ -141,6 +153,7 @@ class RedisBucketStore(RedisStore):
             if t.ttl is not None
         }
         self._configure_server = cfg.layout.configure_server
+        self._fuse_cache: dict[tuple[str, ...], list[_FuseGroup]] = {}
 
     def _first_contact(self) -> None:
         super()._first_contact()
@@ -167,37 +180,57 @@ class RedisBucketStore(RedisStore):
         """The ids of ``arrays``' tables, fused per (bucket-key width, row format): one packed run of
         commands per shard for all of them (a serving request reads ~50 rows from each of 26 tables;
         26 runs cost more in numpy's per-call overhead than the rows do)."""
-        by_kind: dict[tuple[int, int, str], list[str]] = {}
-        for name in arrays:
-            codec = self.tables[name].codec
-            by_kind.setdefault((self.buckets[name].key_width, codec.dim, codec.dtype), []).append(name)
         out = []
-        for names in by_kind.values():
-            layouts = [self.buckets[n] for n in names]
+        for group in self._fuse_groups(tuple(arrays)):
+            names = group.names
             parts = [np.asarray(arrays[n], dtype=np.uint64) for n in names]
             lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
             table = np.repeat(np.arange(len(names)), lengths)
             ids = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            seeds = np.array([lay.seed for lay in layouts], dtype=np.uint64)[table]
-            counts = np.array([lay.buckets for lay in layouts], dtype=np.uint64)[table]
-            bucket = (splitmix64(ids ^ seeds) % counts).astype(np.int64)
-            keys = np.empty(len(ids), dtype=layouts[0].key_dtype)
-            keys["p"] = np.array([lay.prefix for lay in layouts])[table]
+            bucket = (splitmix64(ids ^ group.seeds[table]) % group.counts[table]).astype(np.int64)
+            keys = np.empty(len(ids), dtype=group.key_dtype)
+            keys["p"] = group.prefixes[table]
             keys["b"] = bucket
-            table_seeds = np.array([self._table_seeds[n] for n in names], dtype=np.uint64)[table]
-            shard = rendezvous(bucket.astype(np.uint64) ^ table_seeds, self._seeds)
+            shard = rendezvous(bucket.astype(np.uint64) ^ group.table_seeds[table], self._seeds)
             bounds = np.concatenate([[0], np.cumsum(lengths)])
             out.append(
                 _Fused(
                     names,
                     bounds,
-                    keys.view(f"V{layouts[0].key_width}"),
+                    keys.view(f"V{group.key_dtype.itemsize}"),
                     (table.astype(np.int64) << 32) | bucket,
                     BucketLayout.fields(ids),
                     shard,
                 )
             )
         return out
+
+    def _fuse_groups(self, names: tuple[str, ...]) -> list[_FuseGroup]:
+        """``names`` grouped per (bucket-key width, row format), with each group's per-table constants
+        as arrays; worked out once per set of tables asked together (a replica asks the same one)."""
+        groups = self._fuse_cache.get(names)
+        if groups is not None:
+            return groups
+        by_kind: dict[tuple[int, int, str], list[str]] = {}
+        for name in names:
+            codec = self.tables[name].codec
+            by_kind.setdefault((self.buckets[name].key_width, codec.dim, codec.dtype), []).append(name)
+        groups = []
+        for members in by_kind.values():
+            layouts = [self.buckets[n] for n in members]
+            groups.append(
+                _FuseGroup(
+                    members,
+                    layouts[0].key_dtype,
+                    np.array([lay.seed for lay in layouts], dtype=np.uint64),
+                    np.array([lay.buckets for lay in layouts], dtype=np.uint64),
+                    np.array([lay.prefix for lay in layouts]),
+                    np.array([self._table_seeds[n] for n in members], dtype=np.uint64),
+                )
+            )
+        if len(self._fuse_cache) < 256:  # the sets a process asks are few; never grows without bound
+            self._fuse_cache[names] = groups
+        return groups
 
     def _per_row(
         self, fused: _Fused, command: str, *values: np.ndarray
@@ -240,7 +273,7 @@ class RedisBucketStore(RedisStore):
             )
             nbytes = self.tables[names[0]].codec.nbytes
             for name, present in zip(names, block.counts(decoded.present), strict=True):
-                self.metrics.received(name).inc(present * nbytes)
+                self.metrics.received.inc(present * nbytes, name)
             self._hide_expired_block(block, now)
             blocks.append(block)
         return blocks
@@ -353,7 +386,7 @@ class RedisBucketStore(RedisStore):
         for name, w in writes.items():
             t = self.tables[name]
             got = kept[name] = [0]
-            self.metrics.sent(name).inc(len(w.ids) * (t.codec.nbytes + 8))
+            self.metrics.sent.inc(len(w.ids) * (t.codec.nbytes + 8), name)
             if not w.create:
                 values = t.codec.encode(w.rows, w.state, 0, int(now))
                 cutoff = self._cutoff(t, now)

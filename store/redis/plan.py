@@ -196,7 +196,7 @@ class PlanRunner:
             self.metrics.retries.labels(op=op).inc()
 
         replies = self.retry.call(attempt, on_retry)
-        self.metrics.trips(name, op).inc()
+        self.metrics.trips.inc(1, name, op)
         return replies
 
     def run(self, plan: Plan, op: str, readonly: bool = False) -> None:

@@ -280,7 +280,7 @@ class RedisStoreBase(FlowStore):
 
     def _stored(self, t: Table, decoded: DecodedRows) -> StoredRows:
         """One table's decoded rows (in id order) as the flow wants them; counts the bytes read."""
-        self.metrics.received(t.name).inc(int(decoded.present.sum()) * t.codec.nbytes)
+        self.metrics.received.inc(int(decoded.present.sum()) * t.codec.nbytes, t.name)
         return StoredRows(
             decoded.present, decoded.rows, decoded.state, decoded.updated_s, fault=decoded.fault
         )
@@ -335,14 +335,14 @@ class RedisStoreBase(FlowStore):
                     keys = layout.row_key_array(w.ids[pos], bucket)
                     plan.add_packed(shard, pack_runs(("MSET",), lengths, keys, packed[pos]), len(lengths))
                 got[0] = len(w.ids)
-                self.metrics.sent(name).inc(len(w.ids) * (t.codec.nbytes + layout.key_width))
+                self.metrics.sent.inc(len(w.ids) * (t.codec.nbytes + layout.key_width), name)
                 continue
             values = t.codec.encode(w.rows, w.state, 0, int(now))
             for g in self.groups(name, w.ids):
                 for pos in chunks(g.pos, self.chunk):
                     keys = layout.row_keys(w.ids[pos], np.full(len(pos), g.bucket))
                     vals = [values[i] for i in pos.tolist()] if len(pos) != len(values) else values
-                    self.metrics.sent(name).inc(len(pos) * (t.codec.nbytes + len(keys[0])))
+                    self.metrics.sent.inc(len(pos) * (t.codec.nbytes + len(keys[0])), name)
                     if w.create and not px_ms:
                         flat: list[bytes] = [b""] * (2 * len(keys))
                         flat[0::2] = keys
@@ -382,7 +382,7 @@ class RedisStoreBase(FlowStore):
                         grads=grads,
                         rows=rows,
                     )
-                    self.metrics.sent(name).inc(sum(map(len, grads)) + sum(map(len, rows)))
+                    self.metrics.sent.inc(sum(map(len, grads)) + sum(map(len, rows)), name)
                     plan.add(g.shard, ("EVAL", ADAGRAD_SCRIPT, len(keys), *keys, *args), adder(got))
         self._runner.run(plan, "push")
         return {name: got[0] for name, got in kept.items()}

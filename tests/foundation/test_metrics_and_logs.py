@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kelp.logs import configure_logging
-from kelp.metrics import MetricFactory, registered_names
+from kelp.metrics import Children, MetricFactory, registered_names
 
 
 def test_factory_applies_namespace_subsystem_and_units(metrics_registry: CollectorRegistry) -> None:
@@ -72,3 +72,16 @@ def test_text_log_lines_are_human_readable() -> None:
     logging.getLogger("kelp.test").warning("slow pull", extra={"shard": 2})
     line = out.getvalue().strip().splitlines()[-1]
     assert "warning kelp.test: slow pull shard=2" in line
+
+
+def test_children_inc_counts_like_the_child_and_refuses_a_decrease() -> None:
+    registry = CollectorRegistry()
+    counter = MetricFactory("store", registry).counter("rows_pulled", "Rows", ["table"])
+    children = Children(counter)
+    children.inc(3, "a")
+    children("a").inc(2)
+    children.inc(0, "b")
+    assert registry.get_sample_value("kelp_store_rows_pulled_total", {"table": "a"}) == 5.0
+    assert registry.get_sample_value("kelp_store_rows_pulled_total", {"table": "b"}) == 0.0
+    with pytest.raises(ValueError, match="non-negative"):
+        children.inc(-1, "a")
