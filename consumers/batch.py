@@ -309,12 +309,15 @@ class MicroBatch:
         sources: Sequence[SourceRange] = (),
         extra_labels: Mapping[str, np.ndarray] | None = None,
         weight: np.ndarray | None = None,
+        features_by_table: dict[str, list[str]] | None = None,
     ) -> MicroBatch:
         """Build a batch from already-clean columns (no validation, no transforms).
 
         ``sparse[f]`` is a ``uint64[B]`` one-hot column or a :class:`JaggedIds`;
         features of ``spec`` missing from ``sparse`` get zero ids per sample.
         ``extra_labels`` holds the labels of the tasks after the first.
+        ``features_by_table``: :func:`table_features` of ``spec``, when the caller
+        keeps it (batches may share it: nothing changes it), else worked out here.
         """
         b = int(np.shape(labels)[0])
         out: dict[str, JaggedIds] = {}
@@ -332,7 +335,7 @@ class MicroBatch:
             dense=np.asarray(dense, dtype=np.float32).reshape(b, -1),
             event_ts=ts,
             sparse=out,
-            table_features=table_features(spec),
+            table_features=features_by_table if features_by_table is not None else table_features(spec),
             sources=list(sources),
             extra_labels={k: np.asarray(v, dtype=np.float32) for k, v in (extra_labels or {}).items()},
             weight=None if weight is None else np.asarray(weight, dtype=np.float32),

@@ -44,12 +44,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from kelp.config import FeatureSpec, ServingConfig
-from kelp.consumers.batch import JaggedIds, MicroBatch
+from kelp.consumers.batch import JaggedIds, MicroBatch, table_features
 from kelp.consumers.ids import str_id
 from kelp.consumers.transforms import apply_transforms, defaults_of
 from kelp.serving.errors import BadRequestError, RequestError
@@ -58,7 +59,7 @@ __all__ = ["RequestBatch", "RequestParser", "ids_of"]
 
 U64_LIMIT = 1 << 64
 _SHOWN_CHARS = 40  # of a refused value's repr in an error message
-_SPARSE_ONLY = {"sparse": None}.keys()
+_SPARSE = itemgetter("sparse")
 _NO_IDS: list[int] = []
 Given = tuple[dict[int, float], dict[int, "int | list[int]"]]
 """One sample's non-null dense values and sparse ids (one id, or a list), by column index."""
@@ -140,6 +141,7 @@ class RequestParser:
         self.sparse_index = {name: i for i, name in enumerate(self.sparse_names)}
         self.id_limits = [min(f.max_ids, serving.max_ids_per_feature) for f in spec.sparse]
         self.defaults = defaults_of(spec.dense).astype(np.float64)  # float32 only after the checks
+        self.features_by_table = table_features(spec)
 
     # ------------------------------------------------------------------ endpoints
 
@@ -264,11 +266,13 @@ class RequestParser:
         Anything else (dense values, lists, nulls, a bad id) returns None and takes the
         per-candidate path, which finds the precise error.
         """
-        sparse = []
-        for c in rows:
-            if type(c) is not dict or c.keys() != _SPARSE_ONLY:
-                return None
-            sparse.append(c["sparse"])
+        # Every candidate a one-key dict holding "sparse": checked by C-level passes, not a loop.
+        if set(map(type, rows)) != {dict} or set(map(len, rows)) != {1}:
+            return None
+        try:
+            sparse = list(map(_SPARSE, rows))
+        except KeyError:
+            return None
         if type(sparse[0]) is not dict or len(set(map(type, sparse))) != 1:
             return None
         keys = tuple(sparse[0])
@@ -466,6 +470,7 @@ class RequestParser:
             labels=np.zeros(b, np.float32),
             dense=dense.astype(np.float32, copy=False),
             sparse=sparse,
+            features_by_table=self.features_by_table,
         )
         assert isinstance(batch, RequestBatch)
         batch.raw_dense = raw
