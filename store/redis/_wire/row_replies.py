@@ -38,6 +38,10 @@ __all__ = ["RowReplies", "read_rows", "receive"]
 _DOLLAR, _UNDERSCORE = ord("$"), ord("_")  # a bulk string or RESP2's nil; RESP3's null
 _CRLF = int.from_bytes(b"\r\n", "little")
 _PARSE_AT = 1 << 18  # bytes received but not yet looked at that make read_rows look now
+_QUIET_S = 0.0002
+"""How long the socket must stay quiet before a reply that may be complete is looked at: Redis
+writes a long reply in chunks, and a look after each one costs more CPU than this wait (which
+costs none) unless the reply held nils and was already whole."""
 
 
 @dataclass(frozen=True)
@@ -174,11 +178,14 @@ def read_rows(conn: Any, n: int, width: int) -> RowReplies | list[Any]:
 
 def _parse_now(sock: socket.socket, unparsed: int, replies_left: int) -> bool:
     """Whether to look for records now, or first read more: each look costs ~20 numpy calls, and a
-    client faster than Redis would otherwise look after every few kilobytes.
+    client faster than Redis would otherwise look after every chunk Redis writes (16 KB).
 
-    Looks once ``_PARSE_AT`` bytes wait, or once the replies left could all be here (every reply
-    takes at least 3 bytes) and the socket has nothing more right now: so when the last reply
-    has arrived it is always found, and an error reply never waits for bytes that will not come."""
+    The caller looks without asking once every reply could be a whole row (the buffer is
+    full). Before that, this looks once ``_PARSE_AT`` bytes wait, or once the replies left
+    could all be here (every reply takes at least 3 bytes: some may be nil) and nothing more
+    arrives within :data:`_QUIET_S`: so when the last reply has arrived it is always found, an
+    error reply never waits for bytes that will not come, and a reply with nils waits that long
+    at most once."""
     if unparsed >= _PARSE_AT:
         return True
     if unparsed < replies_left * 3:
@@ -186,7 +193,7 @@ def _parse_now(sock: socket.socket, unparsed: int, replies_left: int) -> bool:
     pending = getattr(sock, "pending", None)  # TLS: decrypted bytes select() cannot see
     if pending is not None and pending():
         return False
-    return not select.select([sock], [], [], 0)[0]
+    return not select.select([sock], [], [], _QUIET_S)[0]
 
 
 def _rows(walk: _Walk, data: np.ndarray) -> RowReplies:
