@@ -150,15 +150,16 @@ class RowFetcher:
         ``admission.fallback_buckets`` (pulled in the same round trip), else the default row.
         """
         plan = self.fallback.expand(unique_ids)
-        read = self._read(plan.ids)
+        read = self.read(plan.ids)
         rows = read.rows
         if self.fallback:
             admitted = {t: read.admitted[read.span(t)] for t in read.tables}
             rows = self.fallback.compose(rows, admitted, plan)
         return self._result(read, rows, unique_ids)
 
-    def _read(self, unique_ids: Mapping[str, np.ndarray]) -> ReadRows:
-        """What the store holds for ``unique_ids``, through the cache when it is on."""
+    def read(self, unique_ids: Mapping[str, np.ndarray]) -> ReadRows:
+        """What the store holds for ``unique_ids``, through the cache when it is on: the rows a
+        request would use, before fallback rows and counts (``kelp bench freshness`` watches it)."""
         if self.ttl_s <= 0:
             return self._pull(unique_ids)
         groups: dict[tuple[int, int], list[str]] = {}
