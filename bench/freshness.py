@@ -40,6 +40,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -117,28 +118,38 @@ def _produce(bootstrap: str, topic: str, rate: float, stop: threading.Event, pro
     return sent
 
 
-def _watch_cached(cached: Any, table: str, probes: _Probes) -> None:
-    """One poll through the row cache: a probe counts as seen once the cache hands out its stored row
-    (sparse) or a row other than its first landing's (update)."""
+def _poll_rows(
+    read: Callable[[dict[str, np.ndarray]], Any],
+    table: str,
+    probes: _Probes,
+    seen: dict[int, float],
+    updated: dict[int, float],
+    *,
+    keep_first_row: bool,
+) -> None:
+    """One poll of the probe rows through ``read`` (a store's ``read_many`` or a fetcher's ``read``):
+    a probe is seen once its row is stored, updated once the row differs from its first landing's
+    (which the direct poll keeps, ``keep_first_row``)."""
     with probes.lock:
-        sparse_pending = [p for p in probes.sent if p not in probes.sparse_seen_cached]
-        update_pending = [
-            p for p in probes.repeat_sent if p in probes.first_row and p not in probes.update_seen_cached
-        ]
+        sparse_pending = [p for p in probes.sent if p not in seen]
+        update_pending = [p for p in probes.repeat_sent if p in probes.first_row and p not in updated]
     now = time.time()
     if sparse_pending:
         ids = np.array(sparse_pending, dtype=np.uint64)
-        read = cached.read({table: ids})
+        got = read({table: ids})
         with probes.lock:
-            for i in np.flatnonzero(read.admitted[read.span(table)]).tolist():
-                probes.sparse_seen_cached[int(ids[i])] = now
+            for i in np.flatnonzero(got.admitted[got.span(table)]).tolist():
+                probe = int(ids[i])
+                seen[probe] = now
+                if keep_first_row:
+                    probes.first_row[probe] = got.rows[table][i].tobytes()
     if update_pending:
         ids = np.array(update_pending, dtype=np.uint64)
-        rows = cached.read({table: ids}).rows[table]
+        rows = read({table: ids}).rows[table]
         with probes.lock:
             for i, probe in enumerate(update_pending):
                 if rows[i].tobytes() != probes.first_row[probe]:
-                    probes.update_seen_cached[probe] = now
+                    updated[probe] = now
 
 
 def _record_offset(probes: _Probes, probe: int, offset: int) -> None:
@@ -152,30 +163,25 @@ def _watch(
     """Poll the replica's view: stored probe rows (sparse) and the served snapshot's offsets (dense);
     the probe rows again through ``cached``, a :class:`~kelp.serving.embeddings.RowFetcher` with a TTL."""
     while not stop.wait(0.01):
-        _watch_cached(cached, table, probes)
+        _poll_rows(
+            cached.read,
+            table,
+            probes,
+            probes.sparse_seen_cached,
+            probes.update_seen_cached,
+            keep_first_row=False,
+        )
+        _poll_rows(
+            replica.store.read_many,
+            table,
+            probes,
+            probes.sparse_seen,
+            probes.update_seen,
+            keep_first_row=True,
+        )
         with probes.lock:
-            sparse_pending = [p for p in probes.sent if p not in probes.sparse_seen]
             dense_pending = [(p, o) for p, o in probes.offset.items() if p not in probes.dense_seen]
-            update_pending = [
-                p for p in probes.repeat_sent if p in probes.first_row and p not in probes.update_seen
-            ]
         now = time.time()
-        if sparse_pending:
-            ids = np.array(sparse_pending, dtype=np.uint64)
-            got = replica.store.pull_many({table: ids}, count=False)[table]
-            stored = got.updated_s > 0 if got.updated_s is not None else np.zeros(len(ids), bool)
-            with probes.lock:
-                for i in np.flatnonzero(stored).tolist():
-                    probe = int(ids[i])
-                    probes.sparse_seen[probe] = now
-                    probes.first_row[probe] = got.rows[i].tobytes()
-        if update_pending:
-            ids = np.array(update_pending, dtype=np.uint64)
-            rows = replica.store.pull_many({table: ids}, count=False)[table].rows
-            with probes.lock:
-                for i, probe in enumerate(update_pending):
-                    if rows[i].tobytes() != probes.first_row[probe]:
-                        probes.update_seen[probe] = now
         served = replica.slot.current
         if served is not None and dense_pending:
             covered = served.manifest.offsets.get((topic, 0), 0)

@@ -55,7 +55,6 @@ from kelp.store.redis.keys import BucketLayout, quote_key
 from kelp.store.redis.plan import Gathered, Plan, adder, chunks, scatter, split_replies
 from kelp.store.redis.shared import TypedKeys
 from kelp.store.redis.standalone import RedisStore
-from kelp.store.rows.codec import DecodedRows
 from kelp.store.rows.hashing import rendezvous, splitmix64
 
 __all__ = ["BucketSweeper", "RedisBucketStore"]
@@ -114,6 +113,7 @@ class _Fused:
 
     names: list[str]
     bounds: np.ndarray  # table i holds positions bounds[i]:bounds[i + 1]
+    ids: np.ndarray  # uint64[n]
     keys: np.ndarray  # V<key width>[n]: each id's bucket key
     bucket: np.ndarray  # int64[n]: table index << 32 | bucket, one value per bucket key
     fields: np.ndarray  # V8[n]
@@ -197,6 +197,7 @@ class RedisBucketStore(RedisStore):
                 _Fused(
                     names,
                     bounds,
+                    ids,
                     keys.view(f"V{group.key_dtype.itemsize}"),
                     (table.astype(np.int64) << 32) | bucket,
                     BucketLayout.fields(ids),
@@ -248,41 +249,16 @@ class RedisBucketStore(RedisStore):
         self, ids_by_table: Mapping[str, np.ndarray], now: float, touch: bool
     ) -> dict[str, StoredRows]:
         stored: dict[str, StoredRows] = {}
-        for fused, decoded in self._read_fused(ids_by_table, touch):
-            b = fused.bounds.tolist()
-            for i, name in enumerate(fused.names):
-                rows = self._stored(self.tables[name], decoded.part(b[i], b[i + 1]))
-                self._hide_expired(self.tables[name], rows, now)
-                stored[name] = rows
+        for block in self._read_blocks(ids_by_table, now, touch=touch):
+            for i, name in enumerate(block.names):
+                stored[name] = block.stored.part(block.bounds[i], block.bounds[i + 1])
         return stored
 
-    def _read_blocks(self, ids_by_table: Mapping[str, np.ndarray], now: float) -> list[StoredBlock]:
-        """The fused groups as they were decoded: no split per table (a serving read)."""
-        blocks = []
-        for fused, decoded in self._read_fused(ids_by_table, touch=False):
-            names = fused.names
-            bounds = fused.bounds.tolist()
-            ids = np.concatenate([ids_by_table[n] for n in names])
-            block = StoredBlock(
-                names,
-                bounds,
-                np.asarray(ids, np.uint64),
-                StoredRows(
-                    decoded.present, decoded.rows, decoded.state, decoded.updated_s, fault=decoded.fault
-                ),
-            )
-            nbytes = self.tables[names[0]].codec.nbytes
-            for name, present in zip(names, block.counts(decoded.present), strict=True):
-                self.metrics.received.inc(present * nbytes, name)
-            self._hide_expired_block(block, now)
-            blocks.append(block)
-        return blocks
-
-    def _read_fused(
-        self, ids_by_table: Mapping[str, np.ndarray], touch: bool
-    ) -> list[tuple[_Fused, DecodedRows]]:
-        """Every table's rows in one run per shard and row width, decoded once per fused group, in id
-        order within the group."""
+    def _read_blocks(
+        self, ids_by_table: Mapping[str, np.ndarray], now: float, *, touch: bool = False
+    ) -> list[StoredBlock]:
+        """Every table's rows in one run per shard and row width, decoded once per fused group (in id
+        order within it), bytes counted and expired rows hidden: no split per table."""
         reads = []
         runs: dict[tuple[int, int], list[tuple[bytes, int, Callable[[Any], None]]]] = {}
         for fused in self._fuse(ids_by_table):
@@ -297,19 +273,28 @@ class RedisBucketStore(RedisStore):
             payload = [p for p, _, _ in parts]
             plan.add_packed(shard, payload, sum(n for n, _ in counts), split_replies(counts), width)
         self._runner.run(plan, "pull", readonly=not touch)
-        out = []
+        blocks = []
         for fused, gathered in reads:
-            t = self.tables[fused.names[0]]  # every table of a fused group shares the row format
+            codec = self.tables[fused.names[0]].codec  # every table of a fused group shares the row format
             values = gathered.values()
             if isinstance(values, RowReplies):
-                decoded = t.codec.decode_present(values.present, values.values).in_order(gathered.order)
+                decoded = codec.decode_present(values.present, values.values).in_order(gathered.order)
             else:
-                decoded = t.codec.decode(values).in_order(gathered.order)
-            out.append((fused, decoded))
-        return out
+                decoded = codec.decode(values).in_order(gathered.order)
+            rows = StoredRows(
+                decoded.present, decoded.rows, decoded.state, decoded.updated_s, fault=decoded.fault
+            )
+            block = StoredBlock(fused.names, fused.bounds.tolist(), fused.ids, rows)
+            for name, present in zip(fused.names, block.counts(decoded.present), strict=True):
+                self.metrics.received.inc(present * codec.nbytes, name)
+            self._hide_expired(block, now)
+            blocks.append(block)
+        return blocks
 
-    def _hide_expired_block(self, block: StoredBlock, now: float) -> None:
-        """:meth:`_hide_expired` for a whole block: one comparison against each row's table cutoff."""
+    def _hide_expired(self, block: StoredBlock, now: float) -> None:
+        """Rows past their table's TTL read as absent (the sweep deletes them later): one comparison
+        against each row's table cutoff. A value that is no valid row has no stamp to trust: it stays,
+        to be quarantined (and overwritten) by the flow."""
         tables = [self.tables[n] for n in block.names]
         if all(t.ttl is None for t in tables):
             return
@@ -317,18 +302,6 @@ class RedisBucketStore(RedisStore):
         cutoff = np.repeat(np.array([self._cutoff(t, now) for t in tables], dtype=np.int64), lengths)
         rows = block.stored
         expired = rows.present & (rows.updated_s.astype(np.int64) < cutoff)
-        if rows.fault is not None:
-            expired &= rows.fault == 0
-        if expired.any():
-            rows.present[expired] = False
-            rows.updated_s[expired] = 0
-
-    def _hide_expired(self, t: Table, rows: StoredRows, now: float) -> None:
-        """Rows past the table's TTL read as absent (the sweep deletes them later). A value that is no
-        valid row has no stamp to trust: it stays, to be quarantined (and overwritten) by the flow."""
-        if t.ttl is None:
-            return
-        expired = rows.present & (rows.updated_s < self._cutoff(t, now))
         if rows.fault is not None:
             expired &= rows.fault == 0
         if expired.any():

@@ -6,16 +6,19 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 from prometheus_client import CollectorRegistry
 from torch import nn
 
 from kelp.config import KelpConfig, parse_config
 from kelp.harness.asgi_thread import AsgiThreadServer
-from kelp.publish import Publisher, build_publisher
+from kelp.publish import Publisher, build_publisher, build_snapshot
 from kelp.serving import ServingReplica, create_app
 from kelp.trainer import build_model
 
@@ -76,6 +79,24 @@ class LiveServer(AsgiThreadServer):
     def __init__(self, replica: ServingReplica) -> None:
         self.replica = replica
         super().__init__(create_app(replica))
+
+
+@contextmanager
+def serving(cfg: KelpConfig, model: nn.Module) -> Iterator[httpx.Client]:
+    """``model`` published as the deployment's next version and a live replica serving it: a client
+    of that replica, once the replica serves that version."""
+    publisher = publisher_for(cfg)
+    try:
+        version = publisher.channel.next_version()
+        publisher.channel.write(
+            build_snapshot(model, cfg.features, cfg.trainer, version=version, step=1, offsets={})
+        )
+        replica = ServingReplica(cfg, CollectorRegistry())
+        with LiveServer(replica) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+            wait_until(lambda: client.get("/v1/model").json().get("version") == version, what="v1 served")
+            yield client
+    finally:
+        publisher.close()
 
 
 def wait_until(predicate: Any, timeout_s: float = 15.0, what: str = "condition") -> Any:

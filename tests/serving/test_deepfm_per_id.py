@@ -4,18 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import torch
-from prometheus_client import CollectorRegistry
 
-from kelp.publish import build_snapshot
-from kelp.serving import ServingReplica
 from kelp.store import build_store
 from kelp.trainer import build_model
 
-from .helpers import DEPLOYMENT, LiveServer, publisher_for, small_config, wait_until
+from .helpers import DEPLOYMENT, serving, small_config
 
 pytestmark = pytest.mark.integration
 
@@ -38,17 +34,7 @@ def test_the_stored_rows_last_element_is_the_ids_first_order_weight(redis_url: s
         store.push("C3", np.array([7], dtype=np.uint64), row, np.zeros(1, dtype=np.float32))
     finally:
         store.close()
-    publisher = publisher_for(cfg)
-    version = publisher.channel.next_version()
-    publisher.channel.write(
-        build_snapshot(model, cfg.features, cfg.trainer, version=version, step=1, offsets={})
-    )
-    replica = ServingReplica(cfg, CollectorRegistry())
-    try:
-        with LiveServer(replica) as server, httpx.Client(base_url=server.url, timeout=30) as client:
-            wait_until(lambda: client.get("/v1/model").json().get("version") == version, what="v1 served")
-            got = client.post("/v1/score", json={"samples": [{"sparse": {"C3": 7}}, {"sparse": {"C3": 8}}]})
-            assert got.status_code == 200, got.text
-            assert got.json()["scores"] == pytest.approx([float(torch.sigmoid(torch.tensor(2.0))), 0.5])
-    finally:
-        publisher.close()
+    with serving(cfg, model) as client:
+        got = client.post("/v1/score", json={"samples": [{"sparse": {"C3": 7}}, {"sparse": {"C3": 8}}]})
+        assert got.status_code == 200, got.text
+        assert got.json()["scores"] == pytest.approx([float(torch.sigmoid(torch.tensor(2.0))), 0.5])

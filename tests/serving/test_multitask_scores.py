@@ -8,17 +8,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import msgpack
 import pytest
 import torch
-from prometheus_client import CollectorRegistry
 
-from kelp.publish import build_snapshot
-from kelp.serving import ServingReplica
 from kelp.trainer import build_model
 
-from .helpers import LiveServer, publisher_for, small_config, wait_until
+from .helpers import serving, small_config
 
 pytestmark = pytest.mark.integration
 
@@ -74,46 +70,23 @@ def test_a_two_task_snapshot_is_served_with_a_score_per_task(
         for task, head in model.heads.items():
             head.weight.zero_()
             head.bias.fill_(BIAS[task])
-    publisher = publisher_for(cfg)
-    version = publisher.channel.next_version()
-    publisher.channel.write(
-        build_snapshot(model, cfg.features, cfg.trainer, version=version, step=1, offsets={})
-    )
-    replica = ServingReplica(cfg, CollectorRegistry())
-    try:
-        with LiveServer(replica) as server, httpx.Client(base_url=server.url, timeout=30) as client:
-            wait_until(lambda: client.get("/v1/model").json().get("version") == version, what="v1 served")
-            resp = client.post("/v1/score", json={"samples": [{}, {"sparse": {"C1": 3}}]})
-            assert resp.status_code == 200, resp.text
-            got = resp.json()
-            assert got["scores"] == pytest.approx([_sigmoid(BIAS["click"])] * 2)
-            assert got["scores_by_task"] == {
-                "click": pytest.approx([_sigmoid(BIAS["click"])] * 2),
-                "buy": pytest.approx([_sigmoid(BIAS["buy"])] * 2),
-            }
-            packed = client.post(
-                "/v1/score", json={"samples": [{}]}, headers={"accept": "application/msgpack"}
-            )
-            assert msgpack.unpackb(packed.content)["scores_by_task"]["buy"] == pytest.approx(
-                [_sigmoid(BIAS["buy"])]
-            )
-    finally:
-        publisher.close()
+    with serving(cfg, model) as client:
+        resp = client.post("/v1/score", json={"samples": [{}, {"sparse": {"C1": 3}}]})
+        assert resp.status_code == 200, resp.text
+        got = resp.json()
+        assert got["scores"] == pytest.approx([_sigmoid(BIAS["click"])] * 2)
+        assert got["scores_by_task"] == {
+            "click": pytest.approx([_sigmoid(BIAS["click"])] * 2),
+            "buy": pytest.approx([_sigmoid(BIAS["buy"])] * 2),
+        }
+        packed = client.post("/v1/score", json={"samples": [{}]}, headers={"accept": "application/msgpack"})
+        assert msgpack.unpackb(packed.content)["scores_by_task"]["buy"] == pytest.approx(
+            [_sigmoid(BIAS["buy"])]
+        )
 
 
 def test_a_one_task_response_has_no_scores_by_task(redis_url: str, tmp_path: Path) -> None:
     cfg = small_config(redis_url, tmp_path)
-    publisher = publisher_for(cfg)
-    version = publisher.channel.next_version()
-    model = build_model(cfg.features, cfg.trainer)
-    publisher.channel.write(
-        build_snapshot(model, cfg.features, cfg.trainer, version=version, step=1, offsets={})
-    )
-    replica = ServingReplica(cfg, CollectorRegistry())
-    try:
-        with LiveServer(replica) as server, httpx.Client(base_url=server.url, timeout=30) as client:
-            wait_until(lambda: client.get("/v1/model").json().get("version") == version, what="v1 served")
-            got = client.post("/v1/score", json={"samples": [{}]}).json()
-            assert len(got["scores"]) == 1 and "scores_by_task" not in got
-    finally:
-        publisher.close()
+    with serving(cfg, build_model(cfg.features, cfg.trainer)) as client:
+        got = client.post("/v1/score", json={"samples": [{}]}).json()
+        assert len(got["scores"]) == 1 and "scores_by_task" not in got
