@@ -44,7 +44,14 @@ from kelp.serving.features import RequestBatch
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.scorer import ScoreResult
 
-__all__ = ["REQUEST_ID_HEADER", "SCHEMA_HEADER", "RequestLog", "request_id"]
+__all__ = [
+    "MAX_REQUEST_ID_BYTES",
+    "REQUEST_ID_HEADER",
+    "SCHEMA_HEADER",
+    "RequestLog",
+    "is_valid_request_id",
+    "request_id",
+]
 
 log = logging.getLogger("kelp.serving")
 
@@ -56,16 +63,23 @@ _CLOSE_FLUSH_S = 5.0
 
 REQUEST_ID_HEADER = "kelp-request-id"
 """The response header with the id a request was logged under (with ``serving.request_log`` on)."""
-_MAX_ID_BYTES = 128
+MAX_REQUEST_ID_BYTES = 128
+"""The longest request id Kelp logs or joins on: one rule for the request log and ``kelp join``, so an
+id is never accepted by one and refused (or stored at any size) by the other."""
+
+
+def is_valid_request_id(given: bytes | str | None) -> bool:
+    """True for 1 to :data:`MAX_REQUEST_ID_BYTES` printable ASCII characters (no spaces)."""
+    if isinstance(given, str):
+        given = given.encode("utf-8", "replace")
+    return bool(given) and len(given) <= MAX_REQUEST_ID_BYTES and all(0x21 <= b <= 0x7E for b in given)
 
 
 def request_id(given: bytes | str | None) -> str:
-    """The client's own id (``X-Request-Id``, or the OIP request's ``id``) when it is 1 to 128 printable
-    ASCII characters, else a new random one: the join matches clicks to requests by it."""
-    if isinstance(given, str):
-        given = given.encode("utf-8", "replace")
-    if given and len(given) <= _MAX_ID_BYTES and all(0x21 <= b <= 0x7E for b in given):
-        return given.decode("ascii")
+    """The client's own id (``X-Request-Id``, or the OIP request's ``id``) when it is a valid request id
+    (:func:`is_valid_request_id`), else a new random one: the join matches clicks to requests by it."""
+    if is_valid_request_id(given):
+        return given.decode("ascii") if isinstance(given, bytes) else str(given)
     return uuid.uuid4().hex
 
 
