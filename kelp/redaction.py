@@ -20,16 +20,26 @@ collector:
 'redis://kelp:**redacted**@10.0.0.1:6379'
 >>> redact_text("store shard redis://u:p@h:1 and redis://h:2")
 'store shard redis://u:**redacted**@h:1 and redis://h:2'
+>>> redact_url("redis://127.0.0.1:1/0?password=abc@SECRETTAIL99")
+'redis://127.0.0.1:1/0?password=**redacted**'
 
-The user-info part is everything between ``://`` and the *last* ``@`` of the
-URL, whatever characters the password holds (an unencoded ``/``, ``?`` or
-``@`` included): when that over-reaches into the host or path, more is hidden
-than needed, never less. A user name followed by a password is kept (Redis ACL
-user names are not secret, and ``store.username`` is shown in clear too); a
-lone user-info part may be a token, so it is hidden whole. Query parameters
-whose name holds ``pass``, ``pwd``, ``token``, ``secret``, ``auth``,
-``credential`` or ``apikey`` (any case) have their value hidden. This module
-imports nothing, so logging can use it before anything else is loaded.
+Where the user-info part ends: at the last ``@`` before the first ``?`` or
+``#``, whatever characters the password holds before it (an unencoded ``/``
+or ``@`` included): when that over-reaches into the host or path, more is
+hidden than needed, never less. An ``@`` only *after* the first ``?`` or
+``#`` belongs to the query when what precedes it is a plain host list
+(``host``, ``host:port``, ``[v6]:port``, comma-separated), as urllib and
+redis-py read it; otherwise (``redis://:pa?ss@h``, a password holding an
+unencoded ``?``) everything up to the last ``@`` is hidden. A user name
+followed by a password is kept (Redis ACL user names are not secret, and
+``store.username`` is shown in clear too); a lone user-info part may be a
+token, so it is hidden whole. Query parameters whose name holds ``pass``,
+``pwd``, ``token``, ``secret``, ``auth``, ``credential`` or ``key`` (any
+case) have their whole value hidden, ``@``, ``#`` or ``?`` included, and so
+have the parameters without ``=`` that follow one (a password holding an
+unencoded ``&``); a parameter without ``=`` that holds an ``@`` has what
+precedes its last ``@`` hidden. This module imports nothing, so logging can
+use it before anything else is loaded.
 """
 
 from __future__ import annotations
@@ -44,11 +54,11 @@ _SCHEME = r"[A-Za-z][A-Za-z0-9+.\-]*://"
 # A URL inside free text: its scheme, then every character up to whitespace, a quote, '<' or '>',
 # or the start of the next URL (two URLs joined by a comma are two URLs).
 _URL_IN_TEXT = re.compile(rf"(?P<scheme>{_SCHEME})(?P<rest>(?:(?!{_SCHEME})[^\s'\"<>])*)")
-_SECRET_PARAM = re.compile(
-    r"(?P<name>(?:^|[?&;])[^=&;#?]*(?:pass|pwd|token|secret|auth|credential|api[_-]?key)[^=&;#?]*=)"
-    r"(?P<value>[^&;#]*)",
-    re.IGNORECASE,
-)
+_SECRET_NAME = re.compile(r"pass|pwd|token|secret|auth|credential|key", re.IGNORECASE)
+# What urllib would take for the host part: hosts or [IPv6] literals, each with an optional port, or
+# nothing at all ('unix:///path'); a port that is not a number means the part is a password's.
+_HOST = r"(?:\[[0-9A-Fa-f:.%\w]*\]|[A-Za-z0-9._~%!$'()*+\-]+)(?::\d*)?"
+_HOST_LIST = re.compile(rf"(?:{_HOST}(?:,{_HOST})*)?")
 
 
 def _hide_userinfo(userinfo: str) -> str:
@@ -60,38 +70,71 @@ def _hide_userinfo(userinfo: str) -> str:
     return REDACTED
 
 
-def _hide_param(match: re.Match[str]) -> str:
-    return match.group("name") + (REDACTED if match.group("value") else "")
+def _hide_param(param: str, after_secret: bool) -> tuple[str, bool]:
+    """One ``name=value`` of a query, hidden as needed, and whether it was a secret (or part of one)."""
+    name, eq, value = param.partition("=")
+    if eq:
+        if _SECRET_NAME.search(name):
+            return name + eq + (REDACTED if value else ""), True
+        return param, False
+    if after_secret and param:  # a secret value's unencoded '&' split it: the rest is the secret too
+        return REDACTED, True
+    if "@" in param:  # 'pw@host' after a '?' that was in a password
+        return REDACTED + "@" + param.rpartition("@")[2], False
+    return param, False
 
 
-def _hide_query(tail: str) -> str:
-    """``tail`` (host, path, query) with secret-named query parameters' values hidden."""
-    path, question, query = tail.partition("?")
-    if not question:
+def _hide_query(query: str) -> str:
+    """``query`` (what follows the first ``?`` or ``#``) with secret-named parameters' values hidden."""
+    parts = re.split(r"([&;])", query)
+    secret = False
+    for i in range(0, len(parts), 2):
+        parts[i], secret = _hide_param(parts[i], secret)
+    return "".join(parts)
+
+
+def _split_userinfo(rest: str) -> tuple[str | None, str]:
+    """What follows ``scheme://`` as (user-info or None, the rest from the host on); see the module doc."""
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    userinfo, at, tail = rest[:cut].rpartition("@")
+    if at:
+        return userinfo, tail + rest[cut:]
+    if "@" not in rest[cut:]:
+        return None, rest
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if _HOST_LIST.fullmatch(netloc):
+        return None, rest  # the '@' is the query's
+    userinfo, _, tail = rest.rpartition("@")
+    return userinfo, tail
+
+
+def _hide_tail(tail: str) -> str:
+    """``tail`` (host, path, query) with the query's secrets hidden."""
+    cut = min((i for i in (tail.find("?"), tail.find("#")) if i >= 0), default=-1)
+    if cut < 0:
         return tail
-    return path + question + _SECRET_PARAM.sub(_hide_param, query)
+    return tail[: cut + 1] + _hide_query(tail[cut + 1 :])
 
 
 def _redact_rest(rest: str) -> str:
-    """What follows ``scheme://``: user-info up to the last '@' hidden, then the query's secrets."""
-    userinfo, at, tail = rest.rpartition("@")
-    if not at:
-        return _hide_query(rest)
-    return f"{_hide_userinfo(userinfo)}@{_hide_query(tail)}"
+    """What follows ``scheme://``: the user-info's password hidden, then the query's secrets."""
+    userinfo, tail = _split_userinfo(rest)
+    if userinfo is None:
+        return _hide_tail(tail)
+    return f"{_hide_userinfo(userinfo)}@{_hide_tail(tail)}"
 
 
 def redact_url(url: str) -> str:
     """``url`` (the whole string is one URL) with its user-info password and secret query values hidden.
 
-    A string without ``scheme://`` that holds an ``@`` (``user:pw@host:9092``) has
-    everything before its last ``@`` hidden.
+    A string without ``scheme://`` (``user:pw@host:9092``, a Kafka bootstrap
+    list) is read the same way, as if it followed one.
     """
     match = re.match(_SCHEME, url)
     if match is None:
         if "://" in url:  # text around a URL: find it
             return redact_text(url)
-        userinfo, at, tail = url.rpartition("@")
-        return f"{_hide_userinfo(userinfo)}@{tail}" if at else url
+        return _redact_rest(url)  # 'user:pw@host:9092', or a bootstrap list
     return match.group(0) + _redact_rest(url[match.end() :])
 
 

@@ -21,6 +21,7 @@ from kelp.publish.errors import (
     ChannelUnavailableError,
     SnapshotError,
     SnapshotMissingError,
+    SnapshotNotStoredError,
     SnapshotRejectedError,
 )
 from kelp.publish.metrics import PublisherMetrics
@@ -47,6 +48,7 @@ __all__ = [
     "SnapshotError",
     "SnapshotManifest",
     "SnapshotMissingError",
+    "SnapshotNotStoredError",
     "SnapshotRejectedError",
     "Subscription",
     "build_channel",

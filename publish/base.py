@@ -20,11 +20,13 @@ Rules every channel keeps:
   of the same number is refused), only above every version the channel holds
   or points at, and ``next_version`` refuses with
   :class:`~kelp.publish.errors.ChannelStateError` when the channel's record of
-  what it handed out is gone or behind (a deleted or evicted key, a wiped
-  directory) instead of starting the numbering again. ``floor`` is the caller's
-  own memory of the highest version it published, which catches a channel that
-  lost *everything*; a publisher started after that cannot tell it from a new
-  deployment, and replicas then refuse to go below the version they serve
+  what it handed out is garbled or behind, or gone along with what it stored (a
+  wiped directory), instead of starting the numbering again; a record that is
+  only missing beside stored versions may be rebuilt from them, above every
+  number they and ``floor`` name. ``floor`` is the caller's own memory of the
+  highest version it wrote, which catches a channel that lost *everything*; a
+  publisher started after that cannot tell it from a new deployment, and
+  replicas then refuse to go below the version they serve
   (:mod:`kelp.serving.watcher`);
 * pruning keeps ``latest`` and everything above it, so the version just
   written is never deleted, and keeps the pinned version.
@@ -79,8 +81,9 @@ class SnapshotChannel(Closeable, abc.ABC):
         """A new version number, larger than any this channel has handed out or stored and than ``floor``.
 
         Raises :class:`~kelp.publish.errors.ChannelStateError` (nothing changed)
-        when the channel's own record is missing, garbled or below what it holds
-        or below ``floor``: handing out a number then could reuse a version.
+        when the channel's own record is garbled, below what it holds or below
+        ``floor``, or missing with nothing stored to rebuild it from: handing out
+        a number then could reuse a version.
         """
 
     @abc.abstractmethod
@@ -89,7 +92,9 @@ class SnapshotChannel(Closeable, abc.ABC):
 
         Write-once: raises :class:`~kelp.publish.errors.ChannelStateError` (nothing
         written) if that version already exists, or is not above ``latest`` and
-        every stored version.
+        every stored version. A channel whose storage may drop what it just
+        wrote reads it back and raises
+        :class:`~kelp.publish.errors.SnapshotNotStoredError` when it is gone.
         """
 
     @abc.abstractmethod
@@ -171,6 +176,13 @@ class SnapshotChannel(Closeable, abc.ABC):
         if old:
             self.delete(old)
         return old
+
+    def warn_about_eviction(self) -> None:
+        """Log one warning when the channel's storage may drop stored snapshots by itself; never raises.
+
+        Called once when a publisher starts. A directory does not evict
+        anything, so the default says nothing.
+        """
 
     def close(self) -> None:
         """Release connections."""

@@ -19,6 +19,11 @@ same non-retriable class the store raises), and the filesystem channel's
   current model and counts the reason in ``kelp_serving_snapshots_rejected_total``.
 * :class:`SnapshotMissingError`: the version is gone (pruned between listing and
   reading); the reader just looks at ``latest`` again.
+* :class:`SnapshotNotStoredError`: the channel accepted the write but the
+  snapshot cannot be read back whole right after it (``reason``: ``evicted``,
+  e.g. Redis under an ``allkeys-*`` ``maxmemory-policy`` dropped the version's
+  hash or ``latest``; ``overwritten``: it reads back different): replicas
+  cannot load it, so the publish is a failure, never ``ok``.
 * :class:`ChannelStateError`: the channel's own bookkeeping (``seq``, ``latest``,
   a version that already exists) is missing or contradicts itself, e.g. after
   Redis evicted or someone deleted a key; publishing refuses rather than hand
@@ -37,6 +42,7 @@ __all__ = [
     "ChannelUnavailableError",
     "SnapshotError",
     "SnapshotMissingError",
+    "SnapshotNotStoredError",
     "SnapshotRejectedError",
 ]
 
@@ -76,6 +82,19 @@ class ChannelStateError(ChannelError):
     Raised instead of reusing or overwriting a version: a replica that already
     serves version N must never receive other weights under the same number.
     """
+
+
+class SnapshotNotStoredError(ChannelError):
+    """Written snapshot ``version`` is not readable back whole; ``reason``: ``evicted`` or ``overwritten``.
+
+    Not retriable as such: the next interval's publish meets the same memory
+    pressure unless an operator changes the channel's Redis (docs/deploy.md).
+    """
+
+    def __init__(self, reason: str, version: int, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.version = version
 
 
 class SnapshotMissingError(SnapshotError):

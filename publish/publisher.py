@@ -8,10 +8,18 @@ version, writes the snapshot, prunes to ``keep_versions`` and updates the
 the last trained weights are published before exit.
 
 Failures raise a :class:`~kelp.errors.KelpError` (``retriable`` for an
-unreachable channel) and are counted as ``result="failed"``; the next attempt
+unreachable channel) and are counted as ``result="failed"`` and in
+``kelp_publisher_failures_total`` by reason; the next attempt
 waits another ``interval_s`` (no hot loop against a Redis that is down). A
 prune failure after a successful write is logged, not raised: the snapshot is
 already live.
+
+A publish is ``ok`` only when the channel reads the snapshot back whole right
+after writing it: a snapshot the channel's Redis evicted at once raises
+:class:`~kelp.publish.errors.SnapshotNotStoredError` (``reason="evicted"``),
+since replicas cannot load it. :func:`build_publisher` asks the channel once
+whether its storage may evict snapshots, and the channel logs a warning when
+it may.
 
 Weights holding a NaN or an infinity are never published: the attempt is
 counted as ``result="refused_nonfinite"``, logged as an error naming the first
@@ -21,9 +29,10 @@ serving keeps the last good model, and the trainer goes on.
 A channel whose bookkeeping was lost or contradicts itself (an evicted
 ``seq``, a wiped directory) raises
 :class:`~kelp.publish.errors.ChannelStateError` (``result="failed"``) rather
-than reuse a version number. The publisher passes the last version it
-published as the channel's ``floor``, so even a channel that lost every key
-is caught while this process runs.
+than reuse a version number. The publisher passes the highest version it
+wrote (published, or written and then found evicted: a replica may have loaded
+it in between) as the channel's ``floor``, so even a channel that lost every
+key is caught while this process runs.
 """
 
 from __future__ import annotations
@@ -36,16 +45,29 @@ from prometheus_client import CollectorRegistry
 from torch import nn
 
 from kelp.config import FeatureSpec, KelpConfig, PublisherConfig, StoreConfig, TrainerConfig
-from kelp.errors import KelpError
+from kelp.errors import KelpError, RedisAuthError
 from kelp.publish.base import SnapshotChannel
-from kelp.publish.errors import ChannelStateError
+from kelp.publish.errors import ChannelStateError, SnapshotNotStoredError
 from kelp.publish.metrics import PublisherMetrics
 from kelp.publish.snapshot import build_snapshot
 from kelp.trainer.finite import NonFiniteError, first_nonfinite
 
-__all__ = ["Publisher", "build_channel", "build_publisher"]
+__all__ = ["Publisher", "build_channel", "build_publisher", "failure_reason"]
 
 log = logging.getLogger("kelp.publish")
+
+
+def failure_reason(exc: KelpError) -> str:
+    """The ``reason`` of ``kelp_publisher_failures_total`` for a failed publish (see FAILURE_REASONS)."""
+    if isinstance(exc, SnapshotNotStoredError):
+        return exc.reason
+    if isinstance(exc, ChannelStateError):
+        return "state"
+    if isinstance(exc, RedisAuthError):
+        return "auth"
+    if exc.retriable:
+        return "unavailable"
+    return "error"
 
 
 class Publisher:
@@ -75,6 +97,8 @@ class Publisher:
         self._clock = clock
         self._last_attempt: float | None = None  # None: the first call publishes
         self.last_version: int | None = None
+        # The highest version this process wrote, readable back or not: the channel's `floor`.
+        self._written = 0
 
     def due(self) -> bool:
         """True when ``interval_s`` has passed since the last attempt (or there was none)."""
@@ -100,7 +124,9 @@ class Publisher:
     def publish(self, model: nn.Module, *, step: int, offsets: Mapping[tuple[str, int], int]) -> int | None:
         """Publish now; returns the version, or None when the weights are not finite (nothing written).
 
-        Raises a KelpError if the channel fails. The weights are checked before
+        Raises a KelpError if the channel fails, including
+        :class:`~kelp.publish.errors.SnapshotNotStoredError` when the written
+        snapshot does not read back (evicted). The weights are checked before
         a version is allocated, so a refused snapshot leaves no gap in the versions.
         """
         self._last_attempt = self._clock()
@@ -109,12 +135,12 @@ class Publisher:
             bad = first_nonfinite(model.state_dict())
             if bad is not None:
                 raise NonFiniteError(f"snapshot of step {int(step)} refused", bad)
-            # The channel refuses a number not above what this process published (its keys were lost).
-            version = self.channel.next_version(floor=self.last_version or 0)
-            if self.last_version is not None and version <= self.last_version:
+            # The channel refuses a number not above what this process wrote (its keys were lost).
+            version = self.channel.next_version(floor=self._written)
+            if version <= self._written:
                 raise ChannelStateError(
                     f"snapshot channel {self.channel.where} handed out v{version}, not above "
-                    f"v{self.last_version} that this publisher already published; not published"
+                    f"v{self._written} that this publisher already wrote; not published"
                 )
             snapshot = build_snapshot(
                 model, self.spec, self.trainer_cfg, version=version, step=step, offsets=offsets
@@ -124,8 +150,12 @@ class Publisher:
             self.metrics.snapshots.labels(result="refused_nonfinite").inc()
             log.error("%s; the channel's latest snapshot stays, serving keeps it", exc)
             return None
-        except KelpError:
+        except KelpError as exc:
+            if isinstance(exc, SnapshotNotStoredError):
+                # Written and announced, then lost: a replica may have loaded it, so never reuse it.
+                self._written = max(self._written, exc.version)
             self.metrics.snapshots.labels(result="failed").inc()
+            self.metrics.failures.labels(reason=failure_reason(exc)).inc()
             raise
         self.metrics.publish_seconds.observe(time.perf_counter() - started)
         self.metrics.snapshots.labels(result="ok").inc()
@@ -133,6 +163,7 @@ class Publisher:
         self.metrics.last_publish.set(snapshot.manifest.created_at)
         self.metrics.snapshot_bytes.set(len(snapshot.weights) + len(snapshot.manifest.to_json()))
         self.last_version = version
+        self._written = max(self._written, version)
         try:
             self.channel.prune(self.keep_versions)
         except KelpError as exc:
@@ -166,12 +197,16 @@ def build_publisher(cfg: KelpConfig, registry: CollectorRegistry) -> Publisher:
 
     It reads four slices: ``publisher`` and ``store`` (the channel), ``features``
     and ``trainer`` (what each snapshot's manifest records about the model).
+    The channel logs one warning here when its storage may evict snapshots
+    (a Redis whose ``maxmemory-policy`` is ``allkeys-*``).
 
     Raises :class:`~kelp.errors.UserError` when the config cannot publish
     (``channel: redis`` with an in-memory store and no ``publisher.redis_url``).
     """
+    channel = build_channel(cfg.publisher, cfg.store, cfg.deployment)
+    channel.warn_about_eviction()
     return Publisher(
-        build_channel(cfg.publisher, cfg.store, cfg.deployment),
+        channel,
         cfg.features,
         cfg.trainer,
         interval_s=cfg.publisher.interval_s,

@@ -20,12 +20,20 @@ misses messages); the replica's poll of ``latest`` every
 Version numbers are never reused. ``seq`` is the record of every number handed
 out, so each Lua script checks the keys against each other before it changes
 anything, and refuses with :class:`~kelp.publish.errors.ChannelStateError`
-(naming the key to repair) when they disagree:
+(naming the key to repair) when they disagree in a way it cannot settle alone:
 
-* allocating (``next_version``): ``seq`` must exist once ``latest`` or
-  ``versions`` do, must not be below them, and must not be below the caller's
-  ``floor`` (the highest version this publisher process published: a channel
-  whose keys were *all* evicted or flushed looks new, and would start at 1);
+* allocating (``next_version``): ``seq`` must not be below ``latest`` or
+  ``versions``, must hold a number, and must not be below the caller's
+  ``floor`` (the highest version this publisher process wrote: a channel whose
+  keys were *all* evicted or flushed looks new, and would start at 1). A
+  ``seq`` that is *missing* while ``latest`` or ``versions`` exist is
+  re-created, in the same script, at the highest version those keys, the
+  ``floor`` and any version hash just above them name, with one warning: every
+  number a replica can have been handed is among them, so none is reused. A
+  ``seq`` that holds garbage or lags behind is not re-created: something wrote
+  it (a hand edit, another tool, a restored backup), so it is wrong rather
+  than lost, and which of it and the stored keys is right is an operator's
+  call;
 * writing: the version's hash must not exist (write-once), ``seq`` must have
   handed the number out, and it must be above ``latest`` and every listed version
   (a ``latest`` that is not a number is overwritten, with a warning: ``seq`` and
@@ -34,8 +42,21 @@ anything, and refuses with :class:`~kelp.publish.errors.ChannelStateError`
 * pinning: the version's hash must exist, in the same script that sets ``pin``
   and publishes the notification.
 
+A write is only done when it reads back: right after the script, the
+version's manifest, the length of its weights and ``latest`` are read again
+(one round trip, no weights transferred). A Redis under an evicting
+``maxmemory-policy`` that is full (the store's rows on the same server) evicts
+before each command it runs, and the hash just written, never read yet, has
+the lowest LFU count: the first write of another client after the script can
+drop it. The publish then fails with
+:class:`~kelp.publish.errors.SnapshotNotStoredError` (``reason="evicted"``)
+instead of counting as published while replicas cannot load it. Eviction
+later than the read-back is only prevented by ``noeviction``.
+
 These keys must not be evicted: give the channel a Redis with
-``maxmemory-policy noeviction`` (docs/deploy.md). A channel found empty by a
+``maxmemory-policy noeviction`` (docs/deploy.md);
+:meth:`RedisChannel.warn_about_eviction` (called when a publisher starts)
+logs one warning when the policy may evict them. A channel found empty by a
 publisher with no memory of its own (a new deployment, or every key lost while
 the trainer was restarting) starts at 1 and says so in a warning.
 
@@ -53,14 +74,18 @@ import dataclasses
 import logging
 from typing import Any
 
+import redis
+
 from kelp.config import PublisherConfig, StoreConfig
 from kelp.errors import KelpError, UserError
 from kelp.publish.base import SnapshotChannel, Subscription
+from kelp.publish.channel_check import evicts_channel_keys
 from kelp.publish.errors import (
     ChannelError,
     ChannelStateError,
     ChannelUnavailableError,
     SnapshotMissingError,
+    SnapshotNotStoredError,
 )
 from kelp.publish.snapshot import Snapshot
 from kelp.store.redis.connection import (
@@ -108,7 +133,10 @@ local function known(latest_key, versions_key)
 end
 """
 
-# KEYS: seq, latest, versions. ARGV: floor. Returns {code, ...}; only 'ok' and 'new' change anything.
+# KEYS: seq, latest, versions. ARGV: floor, the version hashes' key prefix. Returns {code, ...}; only
+# 'ok', 'new' and 'healed' change anything. A missing `seq` beside stored versions is re-created at the
+# highest number anything names (the keys, the caller's floor, a version hash just above them; the
+# probe stays in the deployment's hash tag, so in the script's cluster slot).
 _NEXT = (
     _LUA_HELPERS
     + """
@@ -116,7 +144,12 @@ local high = known(KEYS[2], KEYS[3])
 local floor = tonumber(ARGV[1])
 local raw = redis.call('GET', KEYS[1])
 if not raw then
-  if high > 0 then return {'seq_missing', high} end
+  if high > 0 then
+    local top = math.max(high, floor)
+    while redis.call('EXISTS', ARGV[2] .. string.format('%012d', top + 1)) == 1 do top = top + 1 end
+    redis.call('SET', KEYS[1], string.format('%d', top))
+    return {'healed', redis.call('INCR', KEYS[1]), top}
+  end
   if floor > 0 then return {'lost', -1, floor} end
   return {'new', redis.call('INCR', KEYS[1])}
 end
@@ -273,8 +306,20 @@ class RedisChannel(SnapshotChannel):
     def next_version(self, floor: int = 0) -> int:
         keys = [self._key("seq"), self._key("latest"), self._key("versions")]
         with translate_redis_errors(self.where, self._errors):
-            code, *rest = self._next(keys=keys, args=[int(floor)])
+            code, *rest = self._next(keys=keys, args=[int(floor), self._key("v:")])
         code = _text(code)
+        if code == "healed":
+            log.warning(
+                "snapshot channel %s: %s was missing (evicted or deleted?) while the channel holds "
+                "snapshots; re-created it at v%d, the highest version stored or published, and handed out "
+                "v%d (%s)",
+                self.where,
+                self._key("seq"),
+                int(rest[1]),
+                int(rest[0]),
+                _REPAIR,
+            )
+            return int(rest[0])
         if code == "new":
             log.warning(
                 "snapshot channel %s holds no snapshots under %s: numbering starts at v1 (a new deployment; "
@@ -312,6 +357,80 @@ class RedisChannel(SnapshotChannel):
             )
         elif code != "ok":
             raise self._refusal(code, rest, version)
+        self._check_stored(version, snapshot.manifest.to_json(), len(snapshot.weights))
+
+    def _check_stored(self, version: int, manifest: bytes | str, weights_bytes: int) -> None:
+        """Read back what a replica reads: raises :class:`SnapshotNotStoredError` unless all of it is there.
+
+        The script's own success is not enough: under an evicting
+        ``maxmemory-policy`` a full Redis evicts before each command of any
+        client, and a hash written but never read is the first candidate, so it
+        can be gone before a replica looks. The manifest (which holds the
+        weights' checksum) is compared whole and the weights by length, so no
+        weights cross the network again.
+        """
+        key, latest_key = self._version_key(version), self._key("latest")
+        with translate_redis_errors(self.where, self._errors):
+            pipe = self._client.pipeline(transaction=False)
+            pipe.hget(key, "manifest")
+            pipe.hstrlen(key, "weights")
+            pipe.get(latest_key)
+            stored, stored_bytes, latest = pipe.execute()
+        expected = manifest.encode() if isinstance(manifest, str) else manifest
+        if stored is None or not stored_bytes:
+            gone = f"{key} is gone" if stored is None else f"the weights of {key} are gone"
+        elif latest is None:
+            gone = f"{latest_key} is gone"
+        else:
+            gone = ""
+        if gone:
+            raise SnapshotNotStoredError(
+                "evicted",
+                version,
+                f"snapshot channel {self.where}: v{version} was written but {gone} right after "
+                f"(evicted: the Redis is over maxmemory with an evicting maxmemory-policy?); replicas "
+                f"cannot load it and keep serving their version; {_REPAIR}",
+            )
+        latest_version = int(latest) if latest.isdigit() else -1
+        if stored != expected or stored_bytes != weights_bytes or latest_version < version:
+            raise SnapshotNotStoredError(
+                "overwritten",
+                version,
+                f"snapshot channel {self.where}: v{version} was written but reads back different "
+                f"(manifest {'same' if stored == expected else 'differs'}, weights {stored_bytes} bytes "
+                f"of {weights_bytes}, {latest_key} {_shown(latest)}): another writer on these keys?",
+            )
+
+    def warn_about_eviction(self) -> None:
+        """One WARNING when the channel's Redis may evict its keys; never raises.
+
+        The channel's keys have no TTL, so only an ``allkeys-*`` policy (or one
+        this code does not know) can evict them; ``volatile-*`` and
+        ``noeviction`` cannot. ``CONFIG GET`` may be refused (an ACL user
+        without ``+config``, a managed Redis): then one INFO line says the
+        policy could not be checked.
+        """
+        try:
+            with translate_redis_errors(self.where, self._errors):
+                answer = self._client.config_get("maxmemory-policy")
+        except (KelpError, redis.exceptions.RedisError) as exc:
+            log.info(
+                "snapshot channel %s: could not check its Redis maxmemory-policy (%s); it should be "
+                "noeviction, or written snapshots may be evicted (docs/deploy.md)",
+                self.where,
+                " ".join(str(exc).split()),
+            )
+            return
+        policy = _text(answer.get("maxmemory-policy", "")) if isinstance(answer, dict) else ""
+        if policy and evicts_channel_keys(policy):
+            log.warning(
+                "snapshot channel %s: its Redis has maxmemory-policy %s, which may evict the channel's keys "
+                "under memory pressure: a snapshot evicted right after its write fails the publish "
+                '(kelp_publisher_failures_total{reason="evicted"}) and replicas stay on their version; '
+                "set maxmemory-policy noeviction on it (docs/deploy.md)",
+                self.where,
+                policy,
+            )
 
     def _refusal(self, code: str, rest: list[Any], version: int = 0) -> ChannelStateError:
         """The one-line error for a script's refusal: what is wrong, which key, how to repair it."""
@@ -319,8 +438,6 @@ class RedisChannel(SnapshotChannel):
         now = "missing" if rest and isinstance(rest[0], int) and rest[0] < 0 else (rest or ["?"])[0]
         fix = f"restore it with SET {seq} N, N at least the highest version any replica serves"
         match code:
-            case "seq_missing":
-                what = f"{seq} is missing but the channel holds v{rest[0]} (evicted or deleted?); {fix}"
             case "seq_behind":
                 what = f"{seq} is {now}, below v{rest[1]} that the channel holds; {fix} and >= {rest[1]}"
             case "lost":

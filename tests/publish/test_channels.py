@@ -128,3 +128,8 @@ def test_redis_cluster_channel(clean_redis_cluster, tmp_path) -> None:  # type: 
             pub.maybe_publish(model, step=step, offsets={}, force=True)
         assert channel.versions() == [2, 3]
         assert channel.read(3).manifest.step == 2
+        channel.warn_about_eviction()  # CONFIG GET through a cluster client: says something, never raises
+        # a lost seq is re-created inside the allocation script, its probe staying in the one slot
+        channel._client.delete(f"{channel.prefix}:seq")
+        assert pub.maybe_publish(model, step=3, offsets={}, force=True) == 4
+        assert channel.read(4).manifest.step == 3

@@ -71,6 +71,7 @@ def test_unreachable_redis_is_retriable_and_not_retried_until_due(tmp_path: Path
         pub.maybe_publish(model, step=1, offsets={})
     assert info.value.retriable
     assert _value(registry, "kelp_publisher_snapshots_total", result="failed") == 1
+    assert _value(registry, "kelp_publisher_failures_total", reason="unavailable") == 1
     assert pub.maybe_publish(model, step=2, offsets={}) is None  # waits an interval, no hot loop
     pub.close()
 

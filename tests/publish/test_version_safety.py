@@ -1,9 +1,11 @@
-"""Version numbers are never reused: a lost or lowered ``seq`` (or a wiped directory) makes publishing refuse.
+"""Versions are never reused: a lowered or garbled ``seq`` or a wiped directory makes publishing refuse.
 
 Runs on a real redis-server (and a real directory): the keys are deleted or
 rewritten the way eviction, a FLUSHDB or a hand edit would, then the next
 publish must refuse with :class:`ChannelStateError`, count ``result="failed"``,
-and leave ``latest`` and every stored version exactly as they were.
+and leave ``latest`` and every stored version exactly as they were. A ``seq``
+that is only *missing* beside stored versions is re-created above every
+number the channel or the publisher knows, and publishing goes on.
 """
 
 from __future__ import annotations
@@ -70,29 +72,76 @@ def _publish_three(channel: SnapshotChannel, cfg: KelpConfig) -> Publisher:
 
 
 @pytest.mark.parametrize("fresh_publisher", [False, True], ids=["same-publisher", "restarted-publisher"])
-def test_a_deleted_seq_refuses_and_reuses_nothing(
-    redis_channel: RedisChannel, cfg: KelpConfig, fresh_publisher: bool
+def test_a_deleted_seq_is_recreated_above_every_stored_version(
+    redis_url: str,
+    redis_channel: RedisChannel,
+    cfg: KelpConfig,
+    fresh_publisher: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     pub = _publish_three(redis_channel, cfg)
     client = redis_channel._client
     client.delete(f"{PREFIX}:seq")
-    before = _dump(client)
-    if fresh_publisher:  # no memory of its own: the channel's keys alone must catch it
+    v3 = f"{PREFIX}:v:000000000003"
+    stored = client.hgetall(v3)
+    if fresh_publisher:  # no memory of its own: the channel's keys alone must say where numbering is
         pub = _publisher(redis_channel, cfg)
     model = build_model(cfg.features, cfg.trainer)
-    for step in range(7):
-        with pytest.raises(ChannelStateError) as info:
-            pub.publish(model, step=10 + step, offsets={})
-        message = str(info.value)
-        assert f"{PREFIX}:seq is missing" in message and f"SET {PREFIX}:seq" in message
-        assert "\n" not in message
-    assert _failed(pub) == 7
-    assert _dump(client) == before  # latest, versions and every version hash untouched, no seq made
-    assert redis_channel.latest_version() == 3
+    with caplog.at_level(logging.WARNING, logger="kelp.publish"):
+        assert pub.publish(model, step=10, offsets={}) == 4
+        assert client.hgetall(v3) == stored  # nothing stored was rewritten
+        assert pub.publish(model, step=11, offsets={}) == 5
+    healed = [r for r in caplog.records if "seq was missing" in r.getMessage()]
+    assert len(healed) == 1 and "re-created it at v3" in healed[0].getMessage()
+    assert _failed(pub) == 0
+    replica = RedisChannel(redis.Redis.from_url(redis_url), "pubtest", redis_url)
+    try:
+        assert replica.target().version == 5
+        assert replica.read(5).manifest.step == 11
+    finally:
+        replica.close()
 
-    client.set(f"{PREFIX}:seq", 3)  # the repair the message names
-    assert pub.publish(model, step=20, offsets={}) == 4
-    assert redis_channel.latest_version() == 4 and redis_channel.versions() == [3, 4]
+
+def test_a_deleted_seq_is_recreated_above_a_version_hash_the_pointers_lost(
+    redis_channel: RedisChannel, cfg: KelpConfig
+) -> None:
+    """``latest`` and ``versions`` lowered too: the version hash above them still holds its number."""
+    _publish_three(redis_channel, cfg)
+    client = redis_channel._client
+    client.delete(f"{PREFIX}:seq")
+    client.set(f"{PREFIX}:latest", 2)
+    client.zrem(f"{PREFIX}:versions", "3")
+    assert (
+        _publisher(redis_channel, cfg).publish(build_model(cfg.features, cfg.trainer), step=9, offsets={})
+        == 4
+    )
+    assert redis_channel.read(3).manifest.step == 2  # v3 kept its weights, not reused
+    assert redis_channel.latest_version() == 4
+
+
+def test_a_deleted_seq_is_recreated_above_what_this_publisher_wrote(
+    redis_channel: RedisChannel, cfg: KelpConfig
+) -> None:
+    """The stored keys lag behind the publisher's memory (v3's keys lost): its floor counts too."""
+    pub = _publish_three(redis_channel, cfg)
+    client = redis_channel._client
+    client.delete(f"{PREFIX}:seq", f"{PREFIX}:v:000000000003")
+    client.set(f"{PREFIX}:latest", 2)
+    client.zrem(f"{PREFIX}:versions", "3")
+    assert pub.publish(build_model(cfg.features, cfg.trainer), step=9, offsets={}) == 4
+
+
+def test_a_garbage_seq_refuses(redis_channel: RedisChannel, cfg: KelpConfig) -> None:
+    """A ``seq`` somebody wrote is wrong, not lost: the operator decides, nothing is re-created."""
+    pub = _publish_three(redis_channel, cfg)
+    redis_channel._client.set(f"{PREFIX}:seq", b"oops")
+    before = _dump(redis_channel._client)
+    with pytest.raises(ChannelStateError, match=r"seq holds 'oops', not a version counter"):
+        pub.publish(build_model(cfg.features, cfg.trainer), step=9, offsets={})
+    assert _dump(redis_channel._client) == before
+    assert _failed(pub) == 1
+    failures = pub.metrics.registry.get_sample_value("kelp_publisher_failures_total", {"reason": "state"})
+    assert failures == 1
 
 
 def test_a_lowered_seq_refuses(redis_channel: RedisChannel, cfg: KelpConfig) -> None:
