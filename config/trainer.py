@@ -92,6 +92,14 @@ class TrainerConfig(StrictModel):
         "config file, so two deployments never resume each other's model.",
     )
     checkpoint_every_steps: int = Field(500, ge=1)
+    max_model_error_batches: int = Field(
+        3,
+        ge=1,
+        description="Batches in a row on which the model raises on every sample before kelp train stops "
+        "with one line (a broken model rather than a bad sample). Such batches are held uncommitted, never "
+        "dead-lettered, so they are read again once the model is fixed. A model that raises on some samples "
+        "only trains on the others; those are dead-lettered as model_error (docs/trainer.md).",
+    )
     checkpoint_every_s: float = Field(60.0, gt=0)
     prefetch_batches: int = Field(
         2, ge=0, le=16, description="Batches whose rows are pulled ahead; 0 = strictly sequential steps."

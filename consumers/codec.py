@@ -72,6 +72,7 @@ REASONS: tuple[str, ...] = (
     "missing_field",  # a plug-in decoder found no field the record must have
     "bad_payload",  # a plug-in decoder could not read the record (framing, encoding)
     "unknown_schema",  # a plug-in decoder does not know the record's schema (id)
+    "model_error",  # the trainer's model raised on the sample (kelp.daemon.model_errors)
 )
 
 

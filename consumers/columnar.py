@@ -191,7 +191,8 @@ def _dense(layout: FieldLayout, dense: Any, n: int) -> np.ndarray:
         if len(dense) != n:
             raise RejectError("bad_shape", f"dense: {len(dense)} rows for a batch of {n}")
         try:
-            arr = np.array(dense, dtype=np.float32)
+            with np.errstate(over="ignore"):  # beyond float32 is inf: the decoder rejects it as bad_dense
+                arr = np.array(dense, dtype=np.float32)
         except (TypeError, ValueError):
             raise RejectError("bad_type", "dense: rows of non-numbers or of different widths") from None
         if arr.shape != (n, d):
@@ -203,7 +204,8 @@ def _dense(layout: FieldLayout, dense: Any, n: int) -> np.ndarray:
             j = layout.dense_index.get(name)
             if j is None:
                 raise RejectError("unknown_feature", f"dense feature {name!r} is not configured")
-            out[:, j] = float_column(col, n, f"dense {name!r}")
+            with np.errstate(over="ignore"):  # beyond float32 is inf: rejected as bad_dense
+                out[:, j] = float_column(col, n, f"dense {name!r}")
         return out
     raise RejectError("bad_type", f"dense is {type(dense).__name__}")
 

@@ -9,6 +9,11 @@ headers (all values UTF-8):
 * ``source_topic``, ``source_partition``, ``source_offset``: where it came from;
 * ``rows``: samples rejected (a columnar message may lose only some rows);
 * ``schema``: ``kelp-event-v1``;
+* for a sample the trainer's model raised on (``model_error``), ``source_offsets``
+  (the batch's record ranges, ``topic:partition:first-last``, comma-separated)
+  instead of ``source_offset`` (and of ``source_topic``/``source_partition`` when
+  the batch spans several partitions); the value is that sample as a
+  single-sample message;
 * only on a record cut short to fit the producer's ``max_request_size``:
   ``truncated`` (``true``) and ``original_size`` (the record's length in bytes).
 
@@ -33,11 +38,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kelp.config import KafkaSourceConfig
 from kelp.consumers.decode import Rejection
 from kelp.consumers.errors import translate_kafka_error
+from kelp.consumers.kafka_client import client_settings
 from kelp.consumers.metrics import ConsumerMetrics
 
-__all__ = ["DeadLetterSink", "KafkaDeadLetter", "LogDeadLetter", "RejectLog"]
+__all__ = ["DeadLetterSink", "KafkaDeadLetter", "LogDeadLetter", "RejectLog", "producer_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +118,12 @@ class DeadLetterSink:
         self._keep(rejection)
 
     def where(self, rejection: Rejection) -> str:
-        """Where the record came from, for the log: ``topic:partition:offset`` (file sources: their line)."""
+        """Where the record came from, for the log: ``topic:partition:offset`` (file sources: their line).
+
+        A sample the trainer rejected names its batch's ranges: no single record is known.
+        """
+        if rejection.ranges is not None:
+            return rejection.ranges
         return f"{rejection.topic}:{rejection.partition}:{rejection.offset}"
 
     def _keep(self, rejection: Rejection) -> None:
@@ -132,15 +144,33 @@ class LogDeadLetter(DeadLetterSink):
 
 
 def headers_of(rejection: Rejection) -> list[tuple[str, bytes]]:
-    return [
-        ("reason", rejection.reason.encode()),
-        ("error", rejection.detail[:1000].encode("utf-8", "replace")),
+    where = [
         ("source_topic", rejection.topic.encode()),
         ("source_partition", str(rejection.partition).encode()),
         ("source_offset", str(rejection.offset).encode()),
+    ]
+    if rejection.ranges is not None:  # no single record: the batch's ranges (topic and partition if one)
+        where = [("source_offsets", rejection.ranges.encode())] + (
+            where[:2] if "," not in rejection.ranges else []
+        )
+    return [
+        ("reason", rejection.reason.encode()),
+        ("error", rejection.detail[:1000].encode("utf-8", "replace")),
+        *where,
         ("rows", str(rejection.rows).encode()),
         ("schema", b"kelp-event-v1"),
     ]
+
+
+def producer_settings(kafka: KafkaSourceConfig) -> dict[str, Any]:
+    """The dead-letter producer's settings: the source's connection, and room for any record it read.
+
+    ``max_request_size``: twice ``max_message_bytes`` (at least 1 MiB) plus 64 KiB
+    of headers, so an ``oversize`` record is sent whole or cut by :meth:`KafkaDeadLetter.fitted`.
+    """
+    settings = client_settings(kafka)
+    settings["max_request_size"] = max(kafka.max_message_bytes * 2, 1_048_576) + 65_536
+    return settings
 
 
 class KafkaDeadLetter(DeadLetterSink):

@@ -18,6 +18,7 @@ value checks, and assembles the chunk.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,7 +34,7 @@ from kelp.consumers.layouts import PackedLayouts, PlainLayouts
 from kelp.consumers.single import read_plain, read_singles
 from kelp.consumers.transforms import apply_transforms
 
-__all__ = ["Chunk", "Decoder", "RawRecord", "Rejection"]
+__all__ = ["Chunk", "Decoder", "RawRecord", "Rejection", "fits_float32"]
 
 
 class RawRecord(Protocol):
@@ -62,6 +63,12 @@ class Rejection:
     ``rows`` is how many samples were rejected (1 for a single-sample message,
     the bad rows or the whole batch for a columnar one); ``value`` is the
     original record bytes, sent unchanged to the dead-letter topic.
+
+    ``ranges`` is set for a sample the trainer rejects (``model_error``): a
+    micro-batch knows the record ranges it came from, not each sample's record,
+    so ``ranges`` names them (``topic:partition:first-last``, comma-separated),
+    ``topic``/``partition``/``offset`` are the first range's start, and
+    ``value`` is the sample re-encoded as a single-sample message.
     """
 
     reason: str
@@ -71,6 +78,7 @@ class Rejection:
     offset: int
     value: bytes
     rows: int = 1
+    ranges: str | None = None
 
 
 @dataclass
@@ -136,6 +144,9 @@ class Decoder:
         self.max_ids = self.layout.max_ids
         self.label_name = spec.label.name
         self.binary = spec.label.kind == "binary"
+        self.label_fields = tuple(f"label {task!r}" for task in spec.task_names())
+        """How a rejection's detail names each task's label field (a JSON mapping names its paths)."""
+        self.weight_field = "weight"
         self._unpacker_kw = {"raw": False, "strict_map_key": False}
         self._packed_layouts = PackedLayouts(self.layout)
         self._plain_layouts = PlainLayouts(self.layout)
@@ -243,18 +254,19 @@ class Decoder:
         bad = {}
         labels = p.labels
         with np.errstate(invalid="ignore"):
-            bad_label = ~np.isfinite(labels)
+            # Labels and weights train as float32: a finite float64 beyond its range (1e39) is inf there.
+            bad_label = ~fits_float32(labels)
             if self.binary:
                 bad_label |= (labels != 0) & (labels != 1)
             extra = p.extra_labels
             if extra is not None:
-                bad_label |= ~np.isfinite(extra).all(axis=1)
+                bad_label |= ~fits_float32(extra).all(axis=1)
                 for t, binary in enumerate(self.layout.binary[1:]):
                     if binary:
                         bad_label |= (extra[:, t] != 0) & (extra[:, t] != 1)
             bad["bad_label"] = bad_label
             bad["bad_weight"] = (
-                ~(np.isfinite(p.weight) & (p.weight >= 0)) if p.weight is not None else np.zeros(b, bool)
+                ~(fits_float32(p.weight) & (p.weight >= 0)) if p.weight is not None else np.zeros(b, bool)
             )
         bad["bad_id"] = ids_bad
         many = np.zeros(b, dtype=bool)
@@ -272,7 +284,7 @@ class Decoder:
         for reason, mask in bad.items():
             fresh = mask & ~reject  # each row gets its first reason only
             if fresh.any():
-                self._row_rejections(reason, fresh, p.row_record, records, rejections)
+                self._row_rejections(reason, fresh, p, dense=dense, records=records, rejections=rejections)
                 reject |= fresh
         row_offsets = np.array([r.offset for r in records], dtype=np.int64)[p.row_record]
         extra_cols, weight = p.extra_labels, p.weight
@@ -315,18 +327,42 @@ class Decoder:
         self,
         reason: str,
         mask: np.ndarray,
-        row_record: np.ndarray,
+        p: Cols,
+        *,
+        dense: np.ndarray,
         records: Sequence[RawRecord],
         rejections: list[Rejection],
     ) -> None:
-        rec_idx, counts = np.unique(row_record[mask], return_counts=True)
-        for i, c in zip(rec_idx.tolist(), counts.tolist(), strict=True):
+        """A :class:`Rejection` per record with rows in ``mask``, naming its first bad field and value."""
+        rows = np.flatnonzero(mask)
+        rec_idx, first, counts = np.unique(p.row_record[rows], return_index=True, return_counts=True)
+        for i, at, c in zip(rec_idx.tolist(), rows[first].tolist(), counts.tolist(), strict=True):
             rec = records[i]
-            rejections.append(
-                Rejection(
-                    reason, f"{c} row(s) failed {reason}", rec.topic, rec.partition, rec.offset, rec.value, c
+            why = self._why(reason, p, dense, at)
+            detail = f"{c} row(s) failed {reason}" + (f": {why}" if why else "")
+            rejections.append(Rejection(reason, detail, rec.topic, rec.partition, rec.offset, rec.value, c))
+
+    def _why(self, reason: str, p: Cols, dense: np.ndarray, row: int) -> str:
+        """The field and value that failed ``reason`` in ``row`` (empty where the reason says it all)."""
+        if reason == "bad_weight" and p.weight is not None:
+            return _bad_number(self.weight_field, float(p.weight[row]), nonnegative=True)
+        if reason == "bad_label":
+            values = [float(p.labels[row])]
+            if p.extra_labels is not None:
+                values += p.extra_labels[row].tolist()
+            for field_name, binary, value in zip(self.label_fields, self.layout.binary, values, strict=False):
+                why = _bad_number(field_name, value, nonnegative=False)
+                if why:
+                    return why
+                if binary and value not in (0.0, 1.0):
+                    return f"{field_name} is {value!r}, expected 0 or 1 (a binary label)"
+        if reason == "bad_dense":
+            for j in np.flatnonzero(~np.isfinite(dense[row])).tolist():
+                return (
+                    f"dense {self.dense_names[j]!r} is {float(dense[row, j])!r} as float32 "
+                    "(NaN, infinite, beyond ±3.4e38, or made so by its transforms)"
                 )
-            )
+        return ""
 
     def _empty_chunk(self, first: RawRecord, last: RawRecord, rejections: list[Rejection]) -> Chunk:
         return Chunk(
@@ -343,6 +379,36 @@ class Decoder:
             rejections=rejections,
             extra_labels={t: np.empty(0, dtype=np.float32) for t in self.layout.extra_tasks},
         )
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def fits_float32(values: np.ndarray) -> np.ndarray:
+    """bool mask: each value is finite once cast to float32, the dtype labels and weights train in.
+
+    Checking finiteness in float64 is not enough: 1e39 is finite there and
+    infinite in float32, where it turns a batch's loss into NaN.
+    """
+    if values.dtype == np.float32:
+        return np.isfinite(values)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.isfinite(values.astype(np.float32))
+
+
+def _bad_number(field_name: str, value: float, *, nonnegative: bool) -> str:
+    """Why ``value`` cannot train as float32 (or is negative where it must not be); empty if it can."""
+    if math.isnan(value):
+        return f"{field_name} is NaN"
+    if math.isinf(value):
+        return f"{field_name} is {value!r}"
+    with np.errstate(over="ignore"):
+        fits = bool(np.isfinite(np.float32(value)))
+    if not fits:
+        return f"{field_name} {value!r} does not fit float32 (|x| <= {_F32_MAX:.8g}), where it trains"
+    if nonnegative and value < 0:
+        return f"{field_name} {value!r} is negative"
+    return ""
 
 
 def _rows_of(msg: Any) -> int:

@@ -175,6 +175,11 @@ class MappedDecoder(Decoder):
         self._extra = [(_split(mapping.labels[t]), mapping.labels[t]) for t in self.layout.extra_tasks]
         self._weight = _split(mapping.weight_field) if mapping.weight_field else None
         self._weight_name = mapping.weight_field
+        self.label_fields = (
+            f"label {mapping.label_field!r}",
+            *(f"label {mapping.labels[t]!r}" for t in self.layout.extra_tasks),
+        )
+        self.weight_field = f"weight {mapping.weight_field!r}"
         self._ts = _split(mapping.event_time_field) if mapping.event_time_field else None
         self._dense = _groups(mapping.dense_fields, self.layout.dense_index)
         self._sparse = _groups(mapping.sparse_fields, self.layout.sparse_index)
@@ -330,9 +335,10 @@ class _Rows:
         dense = np.empty((b, len(self.defaults)), dtype=np.float32)
         dense[:] = self.defaults
         if len(self.dense_cols):
-            dense[:, self.dense_cols] = np.array(dense_rows, dtype=np.float32).reshape(
-                b, len(self.dense_cols)
-            )
+            with np.errstate(over="ignore"):  # beyond float32 is inf: the decoder rejects it as bad_dense
+                dense[:, self.dense_cols] = np.array(dense_rows, dtype=np.float32).reshape(
+                    b, len(self.dense_cols)
+                )
         order = np.empty(len(self.sparse_cols), dtype=np.int64)
         order[self.sparse_cols] = np.arange(len(self.sparse_cols))  # mapping order -> config order
         return Cols(

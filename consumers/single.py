@@ -94,9 +94,11 @@ def read_plain(
         return None, msgs, tags
     by_feature = np.ascontiguousarray(ids_2d.T)
     ones = one_id_each(b)
+    with np.errstate(over="ignore"):  # beyond float32 is inf: the decoder rejects it as bad_dense
+        dense = np.array(dense_rows, dtype=np.float32).reshape(b, n_dense)
     cols = Cols(
         labels=np.array(labels, dtype=np.float64),
-        dense=np.array(dense_rows, dtype=np.float32).reshape(b, n_dense),
+        dense=dense,
         ts=np.array(ts, dtype=np.float64),
         values=list(by_feature),
         lengths=[ones] * len(names),
@@ -178,11 +180,12 @@ def read_singles(
     lengths = (
         np.array(len_rows, dtype=np.int32).reshape(b, n_sparse).T if b else np.zeros((n_sparse, 0), np.int32)
     )
-    dense = (
-        np.array(dense_rows, dtype=np.float32).reshape(b, len(layout.dense_names))
-        if b
-        else np.empty((0, len(layout.dense_names)), dtype=np.float32)
-    )
+    with np.errstate(over="ignore"):  # beyond float32 is inf: the decoder rejects it as bad_dense
+        dense = (
+            np.array(dense_rows, dtype=np.float32).reshape(b, len(layout.dense_names))
+            if b
+            else np.empty((0, len(layout.dense_names)), dtype=np.float32)
+        )
     cols = Cols(
         labels=np.array(labels, dtype=np.float64),
         dense=dense,

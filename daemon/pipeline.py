@@ -14,6 +14,10 @@ sits behind it, in this order::
   update trained but not yet pushed, so prefetching never trains on stale rows.
 * The writer commits offsets only once the store's ``durable_through()``
   covers the batch's push (:mod:`kelp.daemon.stages`).
+* Samples the model raised on are handed to :class:`~kelp.daemon.model_errors.ModelErrors`
+  before the batch goes to the writer: dead-lettered (and flushed) before its
+  offsets can be committed, or, when every sample failed, the batch is held
+  back uncommitted until a later batch trains.
 * In a trainer group (``owners``) each row has one writer
   (:mod:`kelp.daemon.row_owners`): the step leaves its rows as they were and
   keeps their gradients, every rank sends them to the rows' owners, and this
@@ -34,11 +38,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from prometheus_client import CollectorRegistry
 
 from kelp.config import TrainerConfig
 from kelp.consumers.base import Source
 from kelp.consumers.batch import MicroBatch
+from kelp.consumers.deadletter import DeadLetterSink, LogDeadLetter
+from kelp.consumers.metrics import ConsumerMetrics
 from kelp.daemon.ledger import UpdateLedger
+from kelp.daemon.model_errors import ModelErrors
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.row_owners import Contributions, RowOwners, SentRows
 from kelp.daemon.stages import END, Prefetcher, Prepared, PushWriter
@@ -93,6 +101,7 @@ class TrainPipeline:
         acked: int,
         in_store_adagrad: bool = False,
         owners: RowOwners | None = None,
+        model_errors: ModelErrors | None = None,
     ) -> None:
         if owners is not None and in_store_adagrad:
             raise ValueError("row owners apply sparse updates themselves; compose applies them in the store")
@@ -127,6 +136,7 @@ class TrainPipeline:
         self._settled = acked  # the last group step this rank took part in (row owners)
         self._written = WrittenRows() if owners is not None else None
         self._exhausted = False
+        self.model_errors = model_errors or ModelErrors(step.spec, _log_only_sink)
 
     @property
     def exhausted(self) -> bool:
@@ -165,12 +175,16 @@ class TrainPipeline:
         pulled = self.ledger.apply(item.watermark, item.pulled, item.ids)
         result = self.step(item.batch, pulled, dense_sync, plan=item.plan)
         step = step_no + 1
+        verdict = self.model_errors.after(item.batch, result)
+        commits = None if verdict.hold else item.batch  # a held batch's offsets wait
         if self._owners is not None:
-            owned = self._settle(step, item.batch, result.updates, result.grads)
+            owned = self._settle(step, commits, result.updates, result.grads)
             result = dataclasses.replace(result, updates=owned, grads={})
         else:
             self.ledger.record(step, result.updates)
-            self._writer.submit(step, item.batch, result.updates, result.grads)
+            self._writer.submit(step, commits, result.updates, result.grads)
+        for released in verdict.released:  # dead-lettered now: commit their offsets after this step's
+            self._writer.submit(step, released, {})
         self.metrics.inflight_rows.set(self.ledger.rows())
         return Progress(Trained(step, item.batch, result), self._exhausted)
 
@@ -302,6 +316,11 @@ class TrainPipeline:
         assert isinstance(got, Prepared)
         self.metrics.stage_seconds.labels(stage="fetch").observe(time.perf_counter() - started)
         return got
+
+
+def _log_only_sink() -> DeadLetterSink:
+    """Where samples a model raised on go when the daemon names no sink: counted and logged only."""
+    return LogDeadLetter(ConsumerMetrics(CollectorRegistry()))
 
 
 def _joined(a: Mapping[str, SparseUpdate], b: Mapping[str, SparseUpdate]) -> dict[str, SparseUpdate]:

@@ -42,6 +42,8 @@ class RunSummary:
     rejected: dict[str, int] = field(default_factory=dict)
     skipped_steps: dict[str, int] = field(default_factory=dict)
     """Steps not trained (a NaN or infinite loss or gradient), by reason; not in ``steps``."""
+    skipped_samples: dict[str, int] = field(default_factory=dict)
+    """The samples of those steps, by reason: read and committed, never trained (not in ``samples``)."""
     checkpoint: str | None = None
     waiting: dict[str, int] = field(default_factory=dict)
     """Ids seen but not admitted yet (their admission counters), per table, where cheap to count."""
@@ -78,6 +80,10 @@ class RunSummary:
             out.append(f"store memory: {self.store_bytes / 1e6:,.1f} MB")
         rejected = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.rejected.items())) or "none"
         out.append(f"records rejected: {rejected}")
+        if any(self.skipped_samples.values()):
+            samples = sum(self.skipped_samples.values())
+            reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.skipped_samples.items()))
+            out.append(f"samples skipped, not trained (their step was skipped): {samples:,} ({reasons})")
         if any(self.skipped_steps.values()):
             skipped = sum(self.skipped_steps.values())
             reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.skipped_steps.items()))
@@ -132,6 +138,7 @@ def summarize(
         admitted=_by_label(registry, "kelp_store_admissions_total", "table"),
         rejected=_by_label(registry, "kelp_records_rejected_total", "reason"),
         skipped_steps=_by_label(registry, "kelp_trainer_steps_skipped_total", "reason"),
+        skipped_samples=_by_label(registry, "kelp_trainer_samples_skipped_total", "reason"),
         checkpoint=report.checkpoint,
         waiting={t: n for t, n in stats.admission_counters.items() if n} if stats is not None else {},
         progress_log=progress_log,

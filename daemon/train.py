@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry
 from kelp.config import KafkaSourceConfig, KelpConfig, SourceConfig
 from kelp.daemon.group import Round, TrainingGroup, launched_world
 from kelp.daemon.health import HealthServer
+from kelp.daemon.model_errors import ModelErrors
 from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import Trained, TrainPipeline
 from kelp.daemon.preflight import preflight
@@ -339,6 +340,7 @@ class TrainDaemon:
             acked=self.step_no,
             in_store_adagrad=self.cfg.store.sparse_updates == "compose",
             owners=owners,
+            model_errors=self._model_errors(source),
         )
         pipeline.start()
         self._state = "training"
@@ -374,7 +376,26 @@ class TrainDaemon:
             self.metrics.ready.set(0)
             pipeline.abort()
             raise
+        finally:
+            pipeline.model_errors.close()
         self._drain(pipeline, publisher)
+
+    def _model_errors(self, source: Source) -> ModelErrors:
+        """Samples the model raises on go where the source's rejected records go, counted with them."""
+        from kelp.consumers.deadletter import KafkaDeadLetter, LogDeadLetter, producer_settings
+        from kelp.consumers.metrics import ConsumerMetrics
+
+        metrics = getattr(source, "metrics", None)
+        if not isinstance(metrics, ConsumerMetrics):  # a source of another kind: counted on its own
+            metrics = ConsumerMetrics(CollectorRegistry())
+        kafka = self.cfg.source
+        limit = self.cfg.trainer.max_model_error_batches
+        if isinstance(kafka, KafkaSourceConfig) and kafka.dead_letter_topic:
+            topic = kafka.dead_letter_topic
+            return ModelErrors(
+                self.cfg.features, lambda: KafkaDeadLetter(metrics, topic, producer_settings(kafka)), limit
+            )
+        return ModelErrors(self.cfg.features, lambda: LogDeadLetter(metrics), limit)
 
     def _group_step(self, pipeline: TrainPipeline) -> Round:
         """Train this rank's next batch, or join the group's step with none; the group's agreement.
@@ -422,15 +443,21 @@ class TrainDaemon:
         for r in batch.sources:
             key = (r.topic, r.partition)
             self.offsets[key] = max(self.offsets.get(key, 0), r.last_offset + 1)
-        if result.skipped is not None:  # nothing applied or pushed; the empty push still commits its offsets
+        trained = batch.size - result.failed_samples  # the others were dead-lettered (model_error)
+        if result.skipped == "model_error":
+            pass  # held or dead-lettered by ModelErrors, never committed untrained
+        elif (
+            result.skipped is not None
+        ):  # nothing applied or pushed; the empty push still commits its offsets
             self.metrics.steps_skipped.labels(reason=result.skipped).inc()
+            self.metrics.samples_skipped.labels(reason=result.skipped).inc(batch.size)
         else:
             self.report.steps += 1
-            self.report.samples += batch.size
+            self.report.samples += trained
             self.report.losses.append(result.loss)
             m = self.metrics
             m.steps.inc()
-            m.samples.inc(batch.size)
+            m.samples.inc(trained)
             m.loss.set(result.loss)
             m.last_step.set(time.time())
             m.observe_stages(result.timings)

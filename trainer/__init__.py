@@ -13,6 +13,7 @@ and a store. (The in-memory oracle the benchmarks compare against lives in
 * :mod:`~kelp.trainer.evaluation`: progressive validation (binned AUC, log loss);
 * :mod:`~kelp.trainer.finite`: NaN/inf guards for steps, checkpoints and snapshots;
 * :mod:`~kelp.trainer.step`: one step on pulled rows -> updates to push (a non-finite one is skipped);
+* :mod:`~kelp.trainer.isolate`: the samples a model raises on, found by halving the batch;
 * :mod:`~kelp.trainer.checkpoint`: atomic safetensors checkpoints of the dense side.
 """
 

@@ -4,6 +4,7 @@
 ``kelp_trainer_steps_total``                       training steps finished (pushed and committed)
 ``kelp_trainer_steps_skipped_total``               steps not trained: a NaN or inf loss or gradient, by reason
 ``kelp_trainer_samples_total``                     samples trained
+``kelp_trainer_samples_skipped_total``             samples of skipped steps (committed, untrained), by reason
 ``kelp_trainer_samples_per_second``                gauge: throughput over the last log interval
 ``kelp_trainer_loss``                              gauge: mean BCE of the last step (before its update)
 ``kelp_trainer_auc``                               gauge: progressive AUC, by window (window, cumulative)
@@ -76,6 +77,11 @@ class TrainerMetrics:
             "steps_skipped", "Steps not trained: a non-finite loss or gradient.", ["reason"]
         )
         self.samples = m.counter("samples", "Samples trained.")
+        self.samples_skipped = m.counter(
+            "samples_skipped",
+            "Samples of steps not trained (a non-finite loss or gradient); their offsets are committed.",
+            ["reason"],
+        )
         self.samples_per_second = m.gauge("samples_per_second", "Samples/s over the last log interval.")
         self.loss = m.gauge("loss", "Mean BCE of the last step, before its update.")
         self.auc = m.gauge("auc", "Progressive-validation AUC.", ["window"])

@@ -26,6 +26,13 @@ batch's offsets), its samples stay out of the progressive metrics, and
 ``StepResult.skipped`` says why. One poisoned row or feature would otherwise
 turn every dense parameter into NaN at the next optimizer step.
 
+A model that raises on a batch (forward, backward, or an output that breaks
+the contract) has applied nothing yet: the step finds the samples it fails on
+by halving the batch (:mod:`kelp.trainer.isolate`), trains once on the others
+and names the failures in ``StepResult.model_errors``; if none is left the step
+is skipped as ``model_error``. What becomes of those samples (dead letters, or
+a stop when the model is broken) is the daemon's call.
+
 In a trainer group the daemon passes ``dense_sync``: called between backward
 and the dense optimizer step with the batch's sample count, it replaces the
 local dense gradients with the group's (an all-reduce) and says whether to
@@ -60,6 +67,17 @@ from kelp.trainer.embedding import (
 )
 from kelp.trainer.evaluation import ProgressiveValidator, TaskValidators
 from kelp.trainer.finite import SkipLog, step_verdict
+from kelp.trainer.isolate import (
+    ModelErrorRows,
+    ModelRaisedError,
+    is_model_error,
+    isolate,
+    probe_budget,
+    restore_buffers,
+    snapshot_buffers,
+    subset_pulled,
+    take_rows,
+)
 from kelp.trainer.model_api import ModelContractError, ModelSpec, to_logits
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate, build_dense_optimizer
 
@@ -169,8 +187,13 @@ class StepResult:
       sparse optimizer keeps them: ``store.sparse_updates: compose``);
     * ``timings``: seconds per stage of :data:`STAGES`;
     * ``skipped``: None for a step that trained, else why it did not
-      (``nonfinite_loss`` or ``nonfinite_grad``): then ``updates`` is empty,
-      nothing was applied and ``loss``/``logits`` may be NaN.
+      (``nonfinite_loss``, ``nonfinite_grad``, or ``model_error`` when the model
+      raised on every sample): then ``updates`` is empty, nothing was applied
+      and ``loss``/``logits`` may be NaN;
+    * ``model_errors``: the samples of the batch the model raised on (forward,
+      backward or its output contract), with the exception; the step trained on
+      the others only, so ``logits`` and ``loss`` cover those (see
+      :mod:`kelp.trainer.isolate`). Empty when the model raised on nothing.
     """
 
     loss: float
@@ -180,6 +203,12 @@ class StepResult:
     grads: dict[str, np.ndarray] = field(default_factory=dict)
     skipped: str | None = None
     task_logits: dict[str, np.ndarray] = field(default_factory=dict)
+    model_errors: tuple[ModelErrorRows, ...] = ()
+
+    @property
+    def failed_samples(self) -> int:
+        """How many samples of the batch the model raised on (not trained)."""
+        return sum(len(part.rows) for part in self.model_errors)
 
 
 class StageTimer:
@@ -368,11 +397,98 @@ class TrainStep:
         *,
         plan: PullPlan | None = None,
     ) -> StepResult:
+        """Train on ``batch``; samples the model raises on are left out (``StepResult.model_errors``)."""
         timer = StageTimer(self.device, self.sync_timings)
         self.model.train()
-        bt = BatchTensors.from_batch(batch, self.spec, self.device)
         if plan is None:  # the daemon passes the plan its prefetcher pulled by; others have it made here
-            plan = self.fallback.expand(bt.unique_ids)
+            plan = self.pull_plan(batch)
+        saved = snapshot_buffers(self.model)
+        try:
+            return self._train(batch, pulled, plan, dense_sync, timer)
+        except ModelRaisedError as failure:
+            # Nothing was applied: forward/backward precede every update and the group's all-reduce.
+            self.optimizer.zero_grad(set_to_none=True)
+            restore_buffers(saved)
+            return self._around_failure(
+                batch, pulled, plan=plan, dense_sync=dense_sync, timer=timer, failure=failure
+            )
+
+    def _around_failure(
+        self,
+        batch: MicroBatch,
+        pulled: Mapping[str, PulledRows],
+        *,
+        plan: PullPlan,
+        dense_sync: DenseSync | None,
+        timer: StageTimer,
+        failure: ModelRaisedError,
+    ) -> StepResult:
+        """Find the samples the model fails on (:func:`~kelp.trainer.isolate.isolate`), train the others.
+
+        Probes apply nothing: their gradients are dropped and the model's buffers
+        put back. If no sample is left, or the model fails again on the rest,
+        the step is skipped as ``model_error`` (it still meets the group's all-reduce).
+        """
+        saved = snapshot_buffers(self.model)
+
+        def probe(rows: np.ndarray) -> None:
+            sub, sub_pulled, sub_plan = self._subset(batch, pulled, plan, rows)
+            try:
+                bt, leaves, _ = self._to_device(sub, sub_pulled, sub_plan)
+                self._forward_backward(sub, bt, leaves, sub_pulled, sub_plan)
+            finally:
+                self.optimizer.zero_grad(set_to_none=True)
+                restore_buffers(saved)
+
+        failed = isolate(batch.size, probe, probe_budget(batch.size), str(failure))
+        good = np.setdiff1d(np.arange(batch.size), np.concatenate([part.rows for part in failed]))
+        if len(good):
+            sub, sub_pulled, sub_plan = self._subset(batch, pulled, plan, good)
+            try:
+                result = self._train(sub, sub_pulled, sub_plan, dense_sync, timer)
+                return replace(result, model_errors=tuple(failed))
+            except ModelRaisedError as again:  # a model that fails at random: give up on the batch
+                self.optimizer.zero_grad(set_to_none=True)
+                restore_buffers(saved)
+                failed = [ModelErrorRows(np.arange(batch.size, dtype=np.int64), str(again))]
+        nan = torch.tensor(float("nan"))
+        logits = torch.full((batch.size,), float("nan"))
+        result = self._skip(
+            "model_error", timer=timer, batch=batch, loss=nan, logits=logits, dense_sync=dense_sync
+        )
+        return replace(result, model_errors=tuple(failed))
+
+    def _subset(
+        self, batch: MicroBatch, pulled: Mapping[str, PulledRows], plan: PullPlan, rows: np.ndarray
+    ) -> tuple[MicroBatch, dict[str, PulledRows], PullPlan]:
+        """Samples ``rows`` of ``batch`` with their own pull plan, and their rows cut from ``pulled``."""
+        sub = take_rows(batch, rows)
+        sub_plan = self.pull_plan(sub)
+        return sub, dict(subset_pulled(pulled, plan.ids, sub_plan.ids)), sub_plan
+
+    def _forward_backward(
+        self,
+        batch: MicroBatch,
+        bt: BatchTensors,
+        rows: Mapping[str, Tensor],
+        pulled: Mapping[str, PulledRows],
+        plan: PullPlan,
+    ) -> tuple[Tensor, Tensor]:
+        """:func:`forward_backward`, with anything the model raises wrapped in :class:`ModelRaisedError`."""
+        targets = Targets.from_batch(batch, self.spec, self.device)
+        lookup = self._lookup_rows(rows, pulled, plan)
+        try:
+            return forward_backward(self.model, bt, lookup, self.model_spec, targets)
+        except Exception as exc:
+            if not is_model_error(exc):
+                raise
+            raise ModelRaisedError(exc) from exc
+
+    def _to_device(
+        self, batch: MicroBatch, pulled: Mapping[str, PulledRows], plan: PullPlan
+    ) -> tuple[BatchTensors, dict[str, Tensor], dict[str, Tensor]]:
+        """The batch's tensors, and per table of ``plan`` its rows as leaves and their Adagrad state."""
+        bt = BatchTensors.from_batch(batch, self.spec, self.device)
         rows: dict[str, Tensor] = {}
         states: dict[str, Tensor] = {}
         for table, ids in plan.ids.items():
@@ -388,13 +504,22 @@ class TrainStep:
             table_rows, table_state = self._warm_start(table, got, pulled, plan)
             rows[table] = rows_to_leaf(table_rows, self.device)
             states[table] = torch.from_numpy(np.asarray(table_state, dtype=np.float32)).to(self.device)
+        return bt, rows, states
+
+    def _train(
+        self,
+        batch: MicroBatch,
+        pulled: Mapping[str, PulledRows],
+        plan: PullPlan,
+        dense_sync: DenseSync | None,
+        timer: StageTimer,
+    ) -> StepResult:
+        """One step on the whole of ``batch``; raises :class:`ModelRaisedError` before applying anything."""
+        bt, rows, states = self._to_device(batch, pulled, plan)
         timer.lap("to_device")
 
         self.optimizer.zero_grad(set_to_none=True)
-        targets = Targets.from_batch(batch, self.spec, self.device)
-        loss, logits = forward_backward(
-            self.model, bt, self._lookup_rows(rows, pulled, plan), self.model_spec, targets
-        )
+        loss, logits = self._forward_backward(batch, bt, rows, pulled, plan)
         timer.lap("forward_backward")
 
         dense_grads = [p.grad for group in self.optimizer.param_groups for p in group["params"]]
@@ -447,7 +572,9 @@ class TrainStep:
         """End a step that must not train: drop its gradients, push nothing, score nothing.
 
         In a group the rank still takes part in the step's all-reduce with no
-        samples, and applies whatever the other ranks' samples agreed on.
+        samples, and applies whatever the other ranks' samples agreed on. A
+        non-finite step is counted (and warned about) in :attr:`skips`; a
+        ``model_error`` one is reported by whoever handles its samples.
         """
         self.optimizer.zero_grad(set_to_none=True)
         if dense_sync is not None and dense_sync(0):
@@ -465,5 +592,6 @@ class TrainStep:
             tasks=self.task_validators,
             batch=batch,
         )
-        self.skips.record(reason, result.loss, batch.size)
+        if reason != "model_error":
+            self.skips.record(reason, result.loss, batch.size)
         return result

@@ -137,7 +137,7 @@ def test_weights_scale_the_loss_of_their_samples() -> None:
     assert got_weighted.loss == pytest.approx(click + 0.5 * buy, rel=1e-5)
 
 
-def test_a_single_tensor_output_for_several_tasks_is_a_contract_error() -> None:
+def test_a_single_tensor_output_for_several_tasks_is_a_contract_error_on_every_sample() -> None:
     spec = two_task_spec()
 
     class OneHead(nn.Module):
@@ -150,8 +150,11 @@ def test_a_single_tensor_output_for_several_tasks_is_a_contract_error() -> None:
 
     step = TrainStep(OneHead(), spec, small_config(), CPU)
     batch = two_task_batch(spec, 8, np.random.default_rng(0))
-    with pytest.raises(ModelContractError, match="click"):
-        step(batch, DictStore(spec_init(spec)).pull_many(batch))
+    result = step(batch, DictStore(spec_init(spec)).pull_many(batch))
+    # Nothing trains; the daemon dead-letters or, batch after batch, stops on it (docs/trainer.md).
+    assert result.skipped == "model_error" and result.failed_samples == 8
+    assert all(p.error.startswith(ModelContractError.__name__) for p in result.model_errors)
+    assert all("click" in p.error for p in result.model_errors)
 
 
 def test_a_nonfinite_label_of_any_task_skips_the_step_and_scores_nothing() -> None:

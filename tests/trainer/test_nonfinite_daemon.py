@@ -56,9 +56,17 @@ def test_nan_model_is_never_checkpointed_or_published(tmp_path: Path, redis_url:
     assert report.steps == POISON_AFTER
     skipped = value("kelp_trainer_steps_skipped_total", {"reason": "nonfinite_loss"})
     assert skipped == 16 - POISON_AFTER
+    # Their samples were read and committed, never trained: counted, and said in the summary.
+    assert report.samples == POISON_AFTER * 128
+    skipped_samples = 2000 - report.samples  # the file's rows, none rejected
+    assert value("kelp_trainer_samples_skipped_total", {"reason": "nonfinite_loss"}) == skipped_samples
     assert report.summary is not None
+    lines = report.summary.lines()
     line = f"steps skipped, not trained (NaN or inf loss/gradient): {16 - POISON_AFTER}"
-    assert any(line in text for text in report.summary.lines())
+    assert any(line in text for text in lines)
+    line = f"samples skipped, not trained (their step was skipped): {skipped_samples:,} (nonfinite_loss"
+    assert any(line in text for text in lines)
+    assert report.summary.skipped_samples == {"nonfinite_loss": skipped_samples}
     assert math.isfinite(report.summary.log_loss)  # skipped batches are not scored
 
     # Checkpoints: step 4 was written; every later one was refused; `latest` still names step 4.

@@ -83,3 +83,29 @@ def wrong_tasks(spec: ModelSpec) -> nn.Module:
 
 def not_a_module(spec: ModelSpec) -> object:
     return object()
+
+
+MARKER = 12345.0
+"""A dense value no sample carries but the one :func:`raises_on_marked` cannot handle."""
+
+
+class _RaisesOnMarked(TinyMLP):
+    def forward(self, batch: ModelInput) -> dict[str, Tensor]:
+        if bool((batch.dense == MARKER).any()):
+            raise ValueError(f"cannot score a sample with dense value {MARKER}")
+        return super().forward(batch)
+
+
+def raises_on_marked(spec: ModelSpec, hidden: int = 8) -> nn.Module:
+    """A user's model that works, except on the one odd sample it was never written for."""
+    return _RaisesOnMarked(spec, hidden)
+
+
+class _AlwaysRaises(TinyMLP):
+    def forward(self, batch: ModelInput) -> dict[str, Tensor]:
+        raise RuntimeError("model is broken")
+
+
+def always_raises(spec: ModelSpec) -> nn.Module:
+    """A model broken for every input (``kelp config validate`` would catch it; a live swap may not)."""
+    return _AlwaysRaises(spec)
