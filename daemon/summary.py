@@ -44,6 +44,9 @@ class RunSummary:
     """Steps not trained (a NaN or infinite loss or gradient), by reason; not in ``steps``."""
     skipped_samples: dict[str, int] = field(default_factory=dict)
     """The samples of those steps, by reason: read and committed, never trained (not in ``samples``)."""
+    publish_failures: dict[str, int] = field(default_factory=dict)
+    """Snapshots not published (serving kept its previous one), by reason: a run that never reached
+    serving says so here, not only in its metrics."""
     checkpoint: str | None = None
     waiting: dict[str, int] = field(default_factory=dict)
     """Ids seen but not admitted yet (their admission counters), per table, where cheap to count."""
@@ -88,6 +91,10 @@ class RunSummary:
             skipped = sum(self.skipped_steps.values())
             reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.skipped_steps.items()))
             out.append(f"steps skipped, not trained (NaN or inf loss/gradient): {skipped:,} ({reasons})")
+        if any(self.publish_failures.values()):
+            failed = sum(self.publish_failures.values())
+            reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.publish_failures.items()))
+            out.append(f"snapshots not published (serving kept its previous one): {failed:,} ({reasons})")
         if self.world_size > 1:
             out.append(f"rank {self.rank} of {self.world_size}")
         if self.checkpoint:
@@ -139,6 +146,7 @@ def summarize(
         rejected=_by_label(registry, "kelp_records_rejected_total", "reason"),
         skipped_steps=_by_label(registry, "kelp_trainer_steps_skipped_total", "reason"),
         skipped_samples=_by_label(registry, "kelp_trainer_samples_skipped_total", "reason"),
+        publish_failures=_by_label(registry, "kelp_publisher_failures_total", "reason"),
         checkpoint=report.checkpoint,
         waiting={t: n for t, n in stats.admission_counters.items() if n} if stats is not None else {},
         progress_log=progress_log,
