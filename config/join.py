@@ -112,13 +112,26 @@ class JoinConfig(StrictModel):
         description="An input partition that is caught up and gave no record for this long stops "
         "holding the watermark back.",
     )
+    max_future_skew_s: float = Field(
+        300.0,
+        ge=0,
+        le=86_400,
+        allow_inf_nan=False,
+        description="How far past the joiner's wall clock an event time may be (producers' clock skew). "
+        "A later one is dead-lettered as future_ts and never moves the watermark: one far-future time "
+        "would otherwise close every window at once. It also bounds how long state may live in Redis.",
+    )
     advance_when_idle: bool = Field(
         True,
         description="When every input partition is idle, the watermark follows the wall clock (minus "
         "allowed_lateness_s), so windows close on a quiet stream. False: windows wait for new events.",
     )
     redis_url: str | None = Field(
-        None, description="Redis of the waiting impressions. None: the store's first url (store.urls)."
+        None,
+        description="Redis of the waiting impressions. None: the store's first url (store.urls), so the "
+        "waiting state shares the embedding store's memory and its maxmemory-policy: an evicting policy "
+        "may drop waiting impressions (their labels are lost) and the state competes with the rows for "
+        "memory. kelp join warns at start; set a standalone Redis for production.",
     )
     state_ttl_margin_s: float = Field(
         3600.0,

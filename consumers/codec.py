@@ -44,12 +44,14 @@ import numpy as np
 import xxhash
 
 __all__ = [
+    "MAX_REQUEST_ID_BYTES",
     "REASONS",
     "SCHEMA_VERSION",
     "encode_columns",
     "encode_request_record",
     "encode_sample",
     "hash_str_id",
+    "is_valid_request_id",
 ]
 
 SCHEMA_VERSION = 1
@@ -118,6 +120,18 @@ def _pack(arr: np.ndarray, dtype: str, packed: bool) -> Any:
     return a.tobytes() if packed else a.tolist()
 
 
+MAX_REQUEST_ID_BYTES = 128
+"""The longest request id Kelp logs or joins on: one rule for the request log and ``kelp join``, so an
+id is never accepted by one and refused (or stored at any size) by the other."""
+
+
+def is_valid_request_id(given: bytes | str | None) -> bool:
+    """True for 1 to :data:`MAX_REQUEST_ID_BYTES` printable ASCII characters (no spaces)."""
+    if isinstance(given, str):
+        given = given.encode("utf-8", "replace")
+    return bool(given) and len(given) <= MAX_REQUEST_ID_BYTES and all(0x21 <= b <= 0x7E for b in given)
+
+
 def encode_request_record(
     *,
     request_id: str,
@@ -126,6 +140,7 @@ def encode_request_record(
     dense: np.ndarray,
     sparse: Mapping[str, tuple[np.ndarray, np.ndarray]],
     scores: Mapping[str, np.ndarray],
+    client_id: str | None = None,
 ) -> bytes:
     """What a serving replica scored, as a columnar message of this schema without labels.
 
@@ -134,7 +149,9 @@ def encode_request_record(
     ``sparse[f]`` is ``(values u64[N], lengths i32[n])``, the ids as scored;
     ``scores[task]`` f32[n]. The columns are packed like :func:`encode_columns`
     writes them, so a join adds labels and has a training event; the
-    ``request`` map carries the id, the version and the scores. A trainer reading
+    ``request`` map carries the id, the version and the scores, and ``client_id``
+    when the client named the request itself (the logged id is always the
+    replica's own, so a reused client id never merges two impressions). A trainer reading
     the record as it is rejects it (``missing_label``): it is an impression, not
     yet an example.
     """
@@ -152,6 +169,7 @@ def encode_request_record(
                 "id": request_id,
                 "model_version": int(model_version),
                 "scores": {task: _pack(values, "<f4", True) for task, values in scores.items()},
+                **({"client_id": client_id} if client_id is not None else {}),
             },
         },
         use_bin_type=True,

@@ -19,7 +19,10 @@ Per impression, task and candidate (docs/join.md draws the timeline):
 * an action whose impression is not there yet waits ``action_grace_s`` of
   event time, then is an orphan;
 * a candidate with every label 0 is kept with probability ``negative_keep_rate``
-  (decided by a hash of its sample id) and weighs ``1 / negative_keep_rate``.
+  (decided by a hash of its sample id) and weighs ``1 / negative_keep_rate``;
+* an event time more than ``max_future_skew_s`` past the wall clock is a dead
+  letter (``future_ts``) and is never seen by the watermark, and every TTL is
+  bounded by the windows plus that skew.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class Output:
 
     ``labels[task]`` is f32 per emitted candidate; ``knowable_at`` the event time at
     which its labels could first be known (the action, or the window's close), for
-    the label-delay histogram.
+    the label-delay histogram. ``source`` is the impression as read: what is
+    dead-lettered instead when Kafka refuses the event for good.
     """
 
     key: bytes
@@ -68,6 +72,7 @@ class Output:
     labels: dict[str, np.ndarray]
     late: bool
     knowable_at: float
+    source: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +115,7 @@ class _Work:
         """The stored impression's message, decoded once per step."""
         imp = self.decoded.get(w.request_id)
         if imp is None:
-            imp = self.decoded[w.request_id] = Impression.from_raw(w.raw, int(w.ts * 1000))
+            imp = self.decoded[w.request_id] = Impression.stored(w.raw, w.request_id, w.ts, w.n)
         return imp
 
     def emit(self, w: Waiting, rows: np.ndarray, *, late: bool, knowable_at: float) -> None:
@@ -150,7 +155,7 @@ class Joiner:
         actions: list[Action] = []
         order: list[Impression | Action] = []
         for rec in records:
-            item = self._read(rec, step)
+            item = self._read(rec, step, now)
             if item is None:
                 continue
             self.watermark.observe((rec.topic, rec.partition), item.ts)
@@ -180,23 +185,45 @@ class Joiner:
 
     # -- reading -----------------------------------------------------------------------------------
 
-    def _read(self, rec: InputRecord, step: Step) -> Impression | Action | None:
+    def _read(self, rec: InputRecord, step: Step, now: float) -> Impression | Action | None:
         try:
+            item: Impression | Action
             if rec.topic == self.config.impressions_topic:
                 if rec.value is None:
                     raise InputError("bad_payload", "the record has no value")
-                return Impression.from_raw(rec.value, rec.timestamp_ms)
-            return read_action(self._streams[rec.topic], rec.value, rec.timestamp_ms)
+                item = Impression.from_raw(rec.value, rec.timestamp_ms)
+                item.check_columns(self.config.item_feature)
+            else:
+                item = read_action(self._streams[rec.topic], rec.value, rec.timestamp_ms)
+            self._not_future(item.ts, now)
+            return item
         except InputError as exc:
             kind = "impressions" if rec.topic == self.config.impressions_topic else "actions"
             step.rejected.append(Rejected(rec, kind, exc.reason, exc.detail))
             return None
+
+    def _not_future(self, ts: float, now: float) -> None:
+        """Refuse an event time past the wall clock by more than ``max_future_skew_s``.
+
+        The watermark takes each partition's newest time, so one far-future time on a partition
+        that others' idleness lets lead would close every window at once, for good (the watermark
+        is stored and never moves back).
+        """
+        skew = self.config.max_future_skew_s
+        if ts > now + skew:
+            raise InputError(
+                "future_ts",
+                f"event time {ts:.3f} is {ts - now:.0f} s past the wall clock (max_future_skew_s {skew:g})",
+            )
 
     # -- impressions and actions -------------------------------------------------------------------
 
     def _impression(self, imp: Impression, work: _Work) -> None:
         if imp.request_id in work.waiting:
             work.step.impressions["duplicate"] += 1  # read again after a restart, or a request id reused
+            # Staged again as it is: a step whose apply did not finish left it without its deadline
+            # at worst, and rewriting it (same state, same deadline) puts that back.
+            work.touched.setdefault(imp.request_id, work.waiting[imp.request_id])
             return
         w = Waiting.new(imp.request_id, imp.ts, imp.raw, imp.n, self.tasks)
         work.waiting[imp.request_id] = work.touched[imp.request_id] = w
@@ -318,6 +345,7 @@ class Joiner:
                 labels=labels,
                 late=late,
                 knowable_at=knowable_at,
+                source=w.raw,
             )
         )
 
@@ -335,14 +363,19 @@ class Joiner:
                 if step.watermark is not None and deadline <= step.watermark:
                     ch.delete[rid] = w
                     continue
-            ttl = max(self._expire_after, w.ts + self._expire_after - now) + margin
+            ttl = self._ttl(self._expire_after, w.ts + self._expire_after - now) + margin
             ch.put[rid] = (w, deadline, ttl)
         for rid in work.early_changed:
             actions = work.early.get(rid)
             if actions:
                 deadline = min(a.ts for a in actions) + self.config.action_grace_s  # the first to expire
                 last = max(a.ts for a in actions) + self.config.action_grace_s
-                ttl = max(self.config.action_grace_s, last - now) + margin
+                ttl = self._ttl(self.config.action_grace_s, last - now) + margin
                 ch.early_put[rid] = (actions, deadline, ttl)
             else:
                 ch.early_delete.add(rid)
+
+    def _ttl(self, window_s: float, left_s: float) -> float:
+        """Seconds state must outlive the wall clock: what is ``left_s`` of its life, at least its
+        ``window_s``, and at most that plus ``max_future_skew_s`` (no time read is later than that)."""
+        return min(max(window_s, left_s), window_s + self.config.max_future_skew_s)

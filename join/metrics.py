@@ -10,6 +10,10 @@
 ``kelp_join_late_corrections_total``             samples emitted again as a positive (late actions)
 ``kelp_join_negatives_dropped_total``            negatives left out by negative_keep_rate
 ``kelp_join_rejected_total``                     input records that could not be read, by input, reason
+                                                 (also future_ts, bad_request_id, and output_too_large /
+                                                 output_refused for an output Kafka refused for good)
+``kelp_join_state_corrupt_total``                stored values dropped as unreadable, by kind
+                                                 (impression, early_actions, watermark)
 ``kelp_join_send_failures_total``                steps whose sends Kafka refused (retried)
 ``kelp_join_commit_failures_total``              steps whose offsets were not committed (read again)
 ``kelp_join_waiting_impressions``                gauge: impressions in the waiting store
@@ -48,6 +52,9 @@ class JoinMetrics:
         )
         self.negatives_dropped = m.counter("negatives_dropped", "Negatives left out by negative_keep_rate.")
         self.rejected = m.counter("rejected", "Input records that could not be read.", ["input", "reason"])
+        self.state_corrupt = m.counter(
+            "state_corrupt", "Stored join state that did not read back, dropped (by kind).", ["kind"]
+        )
         self.send_failures = m.counter("send_failures", "Steps whose sends Kafka refused (then retried).")
         self.commit_failures = m.counter(
             "commit_failures", "Steps whose input offsets were not committed (their records are read again)."

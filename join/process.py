@@ -5,7 +5,9 @@ Each step of the loop:
 1. polls up to ``join.max_poll_records`` input records (impressions and actions);
 2. asks the :class:`~kelp.join.joiner.Joiner` what they and the watermark decide;
 3. sends the labelled events and dead letters, and waits until Kafka acknowledged
-   every one of them (a refused send is retried, never skipped);
+   every one of them (a send refused for a passing reason is retried, never
+   skipped; an event Kafka refuses for good, too large for the topic, is replaced
+   by a dead letter of its impression, so one record cannot hold the join);
 4. applies the step's state changes to the waiting store in one transaction;
 5. commits the input offsets the step covered.
 
@@ -21,17 +23,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kelp.config import KafkaSourceConfig, KelpConfig
 from kelp.consumers.kafka_client import client_settings, consumer_settings
 from kelp.errors import StoreUnavailableError
-from kelp.join.joiner import InputRecord, Joiner, Step
+from kelp.join.joiner import InputRecord, Joiner, Output, Rejected, Step
 from kelp.join.metrics import JoinMetrics
 from kelp.join.state import RedisWaitingStore, WaitingStore
 from kelp.redaction import redact_url
 
-__all__ = ["JoinProcess", "join_redis_url"]
+__all__ = ["JoinProcess", "join_redis_url", "shared_redis_note"]
 
 log = logging.getLogger("kelp.join")
 
@@ -40,9 +43,36 @@ _RETRY_S = 1.0
 _STATS_EVERY_S = 2.0
 
 
+_SIZE_ERRORS = frozenset({"MessageSizeTooLargeError", "RecordListTooLargeError"})
+"""Kafka's refusals of a record (or its batch of one) as larger than the topic or producer allows."""
+
+
 def join_redis_url(cfg: KelpConfig) -> str:
     """The Redis of the waiting impressions: ``join.redis_url``, else the store's first url."""
     return cfg.join.redis_url or cfg.store.urls[0]
+
+
+def shared_redis_note(cfg: KelpConfig) -> str | None:
+    """One line when the waiting state shares the embedding store's Redis (``join.redis_url`` unset)."""
+    if cfg.join.redis_url is not None or not cfg.store.urls:
+        return None
+    return (
+        f"join.redis_url is not set: the waiting state uses the embedding store's Redis "
+        f"({redact_url(cfg.store.urls[0])}), sharing its memory and its maxmemory-policy (an evicting "
+        "policy may drop waiting impressions and their labels); set join.redis_url to a standalone Redis"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """One message of a step: a labelled event (``output``) or a dead letter (``rejected``)."""
+
+    topic: str
+    value: bytes
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    output: Output | None = None
+    rejected: Rejected | None = None
 
 
 class JoinProcess:
@@ -92,8 +122,16 @@ class JoinProcess:
         if self._producer is None:
             from kafka import KafkaProducer
 
+            # Not idempotent: an idempotent producer takes any refusal that is not retriable (one event
+            # over the topic's max.message.bytes) as fatal and fails every later send, stopping the join
+            # for good; the joiner's repeats already carry stable sample ids.
             self._producer = KafkaProducer(
-                **client_settings(source), acks="all", linger_ms=5, retries=5, max_request_size=16 << 20
+                **client_settings(source),
+                acks="all",
+                linger_ms=5,
+                retries=5,
+                max_request_size=16 << 20,
+                enable_idempotence=False,
             )
         if self._consumer is None:
             from kafka import KafkaConsumer
@@ -104,7 +142,20 @@ class JoinProcess:
         self._consumer.subscribe([self.join.impressions_topic, *(a.topic for a in self.join.actions)])
         tasks = [t.name for t in self.cfg.features.tasks]
         self.joiner = Joiner(self.join, tasks, self._store)
+        self._warn_stored_watermark()
         self.ready = True
+
+    def _warn_stored_watermark(self) -> None:
+        """Say so when the stored watermark is past the wall clock: every window would close at once."""
+        wm = self.joiner.watermark.value
+        now = self.clock()
+        if wm is not None and wm > now + self.join.max_future_skew_s:
+            log.warning(
+                "join: the stored watermark (%.3f) is %.0f s past the wall clock: every impression will "
+                "close at once and every action be an orphan; see docs/join.md (repair the watermark)",
+                wm,
+                wm - now,
+            )
 
     def close(self) -> None:
         for part in (self._consumer, self._producer, self._store):
@@ -125,6 +176,9 @@ class JoinProcess:
         """
         import redis
 
+        note = shared_redis_note(self.cfg)
+        if note is not None:
+            log.warning("join: %s", note)
         self._open()
         try:
             while not stop.is_set():
@@ -184,39 +238,100 @@ class JoinProcess:
         return idle
 
     def _deliver(self, step: Step, stop: threading.Event) -> bool:
-        """Send the step's events and dead letters and wait for every ack; retry a refused step whole."""
-        while True:
-            futures = [
-                self._producer.send(self.output_topic, key=out.key, value=out.value) for out in step.outputs
-            ]
-            if self.join.dead_letter_topic is not None:
-                futures += [self._dead_letter(r) for r in step.rejected]
-            self._producer.flush()
-            failed = [f.exception for f in futures if f.failed()]
-            if not failed:
-                acked = self.clock()
-                for out in step.outputs:
-                    self.metrics.label_delay.labels(
-                        kind="late" if out.late else ("positive" if _any_positive(out) else "negative")
-                    ).observe(max(0.0, acked - out.knowable_at))
-                return True
-            self.metrics.send_failures.inc()
-            log.warning(
-                "join: %d of %d sends failed (%s); retrying the step", len(failed), len(futures), failed[0]
-            )
-            if stop.wait(_RETRY_S):
-                return False
+        """Send the step's events and dead letters and wait for every ack.
 
-    def _dead_letter(self, rejected: Any) -> Any:
+        A send refused for a passing reason (a broker away, a leader moving) is sent again until
+        acknowledged, holding the step. A refusal no retry changes (the record is larger than the
+        topic allows, or otherwise invalid) is replaced: a labelled event by a dead letter of its
+        impression (it leaves ``step.outputs``), a dead letter by the same without its value.
+        """
+        pending = [self._event(out) for out in step.outputs]
+        if self.join.dead_letter_topic is not None:
+            pending += [self._dead_letter(r) for r in step.rejected]
+        while pending:
+            futures = [self._send(s) for s in pending]
+            self._producer.flush()
+            failed = [
+                (s, exc) for s, f in zip(pending, futures, strict=True) if (exc := _failure(f)) is not None
+            ]
+            pending, held = [], []
+            for send, exc in failed:
+                replaced = self._replace(send, exc, step) if _permanent(exc) else None
+                if replaced is None:
+                    held.append((send, exc))
+                else:
+                    pending += replaced
+            if held:
+                self.metrics.send_failures.inc()
+                log.warning(
+                    "join: %d of %d sends failed (%s); sending them again",
+                    len(held),
+                    len(futures),
+                    held[0][1],
+                )
+                if stop.wait(_RETRY_S):
+                    return False
+                pending += [send for send, _ in held]
+        acked = self.clock()
+        for out in step.outputs:
+            self.metrics.label_delay.labels(
+                kind="late" if out.late else ("positive" if _any_positive(out) else "negative")
+            ).observe(max(0.0, acked - out.knowable_at))
+        return True
+
+    def _send(self, send: _Send) -> Any:
+        """The send's future, or the error ``send()`` raised at once (over the producer's own limit)."""
+        from kafka.errors import KafkaError
+
+        try:
+            return self._producer.send(send.topic, key=send.key, value=send.value, headers=list(send.headers))
+        except KafkaError as exc:
+            return exc
+
+    def _event(self, out: Output) -> _Send:
+        return _Send(self.output_topic, out.value, key=out.key, output=out)
+
+    def _dead_letter(self, rejected: Rejected) -> _Send:
         rec = rejected.record
         headers = [
             ("reason", rejected.reason.encode()),
             ("error", rejected.detail[:1000].encode()),
             ("source_topic", rec.topic.encode()),
-            ("source_partition", str(rec.partition).encode()),
-            ("source_offset", str(rec.offset).encode()),
         ]
-        return self._producer.send(self.join.dead_letter_topic, value=rec.value or b"", headers=headers)
+        if rec.partition >= 0:  # an output's impression may have been read in an earlier step
+            headers += [
+                ("source_partition", str(rec.partition).encode()),
+                ("source_offset", str(rec.offset).encode()),
+            ]
+        assert self.join.dead_letter_topic is not None
+        return _Send(self.join.dead_letter_topic, rec.value or b"", headers=tuple(headers), rejected=rejected)
+
+    def _replace(self, send: _Send, exc: Exception, step: Step) -> list[_Send] | None:
+        """What to send instead of ``send``, refused for good with ``exc``; None: nothing can replace it."""
+        name = type(exc).__name__
+        if send.output is not None:
+            out = send.output
+            reason = "output_too_large" if name in _SIZE_ERRORS else "output_refused"
+            rid = out.key.decode("utf-8", "replace")
+            detail = (
+                f"{name}: the labelled event of request {rid[:200]} ({len(out.value)} bytes, {out.rows} "
+                f"samples) was refused by {self.output_topic}: {exc}"
+            )
+            log.warning("join: %s; its impression is dead-lettered as %s", detail[:500], reason)
+            step.outputs[:] = [o for o in step.outputs if o is not out]  # by identity: fields hold arrays
+            record = InputRecord(self.join.impressions_topic, -1, -1, out.source, 0)
+            rejected = Rejected(record, "impressions", reason, detail)
+            step.rejected.append(rejected)  # counted with the other dead letters
+            return [] if self.join.dead_letter_topic is None else [self._dead_letter(rejected)]
+        if send.value:  # a dead letter: keep its headers (where the record is), drop its value
+            log.warning(
+                "join: a dead letter (%d bytes) was refused (%s); sent without its value",
+                len(send.value),
+                name,
+            )
+            omitted = (("value_omitted", f"{len(send.value)} bytes, {name}".encode()),)
+            return [_Send(send.topic, b"", headers=send.headers + omitted, rejected=send.rejected)]
+        return None
 
     def _commit(self, last: dict[Any, int]) -> None:
         from kafka.structs import OffsetAndMetadata
@@ -235,6 +350,8 @@ class JoinProcess:
             m.actions.labels(task=task, result=result).inc(n)
         for rejected in step.rejected:
             m.rejected.labels(input=rejected.input, reason=rejected.reason).inc()
+        for kind, n in self.joiner.store.take_corrupt().items():
+            m.state_corrupt.labels(kind=kind).inc(n)
         for out in step.outputs:
             if out.late:
                 m.late_corrections.inc(out.rows)
@@ -260,3 +377,22 @@ class JoinProcess:
 
 def _any_positive(out: Any) -> bool:
     return any(bool((col > 0).any()) for col in out.labels.values())
+
+
+def _failure(future: Any) -> Exception | None:
+    if isinstance(future, Exception):
+        return future
+    return future.exception if future.failed() else None
+
+
+def _permanent(exc: Exception) -> bool:
+    """A refusal of the record itself, which sending it again cannot change.
+
+    Retriable errors are not, and neither is an authorization error: that refuses every record
+    alike, and holding the step (``/healthz`` then fails) is how an operator hears of it.
+    """
+    from kafka.errors import AuthorizationError, BrokerResponseError
+
+    if not isinstance(exc, BrokerResponseError) or isinstance(exc, AuthorizationError):
+        return False
+    return type(exc).__name__ in _SIZE_ERRORS or not exc.retriable

@@ -25,10 +25,15 @@ import numpy as np
 import orjson
 
 from kelp.config import ActionStream
-from kelp.consumers.codec import SCHEMA_VERSION
+from kelp.consumers.codec import MAX_REQUEST_ID_BYTES, SCHEMA_VERSION, is_valid_request_id
 from kelp.consumers.ids import id_of
 
-__all__ = ["Action", "Impression", "InputError", "read_action", "sample_id"]
+__all__ = ["MAX_EVENT_TS_S", "Action", "Impression", "InputError", "event_time", "read_action", "sample_id"]
+
+MAX_EVENT_TS_S = 253_402_300_799.0
+"""The latest event time read at all (9999-12-31T23:59:59Z): anything later (or negative, or not
+finite) is no time. It keeps every derived value (milliseconds as int64, deadlines, TTLs) in range;
+how far ahead of the wall clock a time may be is the joiner's own bound (``max_future_skew_s``)."""
 
 
 class InputError(ValueError):
@@ -71,6 +76,7 @@ def read_action(stream: ActionStream, value: bytes | None, record_ts_ms: int) ->
         raise InputError("missing_field", f"no request id at {stream.request_id_field!r}")
     if type(rid) is not str and type(rid) is not int:
         raise InputError("bad_type", f"request id at {stream.request_id_field!r} is {type(rid).__name__}")
+    rid = _request_id(rid, stream.request_id_field)
     item: int | None = None
     if stream.item_field is not None:
         raw = _path(doc, stream.item_field)
@@ -81,13 +87,42 @@ def read_action(stream: ActionStream, value: bytes | None, record_ts_ms: int) ->
         except ValueError as exc:
             raise InputError("bad_id", f"item at {stream.item_field!r}: {exc}") from None
     if stream.ts_field is None:
-        ts = record_ts_ms / 1000.0
+        ts = event_time(record_ts_ms / 1000.0, "the record's timestamp")
     else:
-        t = _path(doc, stream.ts_field)
-        if (type(t) is not float and type(t) is not int) or not np.isfinite(t):
-            raise InputError("bad_type", f"event time at {stream.ts_field!r} is {t!r}, not epoch seconds")
+        ts = event_time(_path(doc, stream.ts_field), f"event time at {stream.ts_field!r}")
+    return Action(stream.task, stream.window_s, rid, item, ts)
+
+
+def event_time(t: Any, what: str) -> float:
+    """``t`` as epoch seconds; :class:`InputError` ``bad_type`` unless a finite number in
+    ``[0, MAX_EVENT_TS_S]``: a NaN or infinite time would poison every deadline and TTL derived from it."""
+    if type(t) is not float and type(t) is not int and not isinstance(t, np.floating):
+        raise InputError("bad_type", f"{what} is {_short(t)}, not epoch seconds")
+    try:
         ts = float(t)
-    return Action(stream.task, stream.window_s, str(rid), item, ts)
+    except OverflowError:  # an int past a double's range
+        raise InputError("bad_type", f"{what} is {_short(t)}, out of range") from None
+    if not 0.0 <= ts <= MAX_EVENT_TS_S:  # False for NaN too
+        raise InputError("bad_type", f"{what} is {_short(t)}, not in [0, {MAX_EVENT_TS_S:.0f}] epoch seconds")
+    return ts
+
+
+def _request_id(rid: str | int, where: str) -> str:
+    """The request id as a string, by the request log's own rule (a bounded, printable id)."""
+    text = str(rid)
+    if not is_valid_request_id(text):
+        raise InputError(
+            "bad_request_id",
+            f"request id at {where!r} ({_short(text)}, {len(text.encode('utf-8', 'replace'))} bytes) is not "
+            f"1 to {MAX_REQUEST_ID_BYTES} printable ASCII characters",
+        )
+    return text
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a hostile value must not make a huge error line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _path(doc: dict[str, Any], path: str) -> Any:
@@ -130,6 +165,7 @@ class Impression:
         rid = request.get("id") if isinstance(request, dict) else None
         if (type(rid) is not str and type(rid) is not int) or rid == "":
             raise InputError("missing_field", "no request id (request.id)")
+        rid = _request_id(rid, "request.id")
         n = msg.get("batch", None)
         if n is None:
             n = 1
@@ -139,8 +175,28 @@ class Impression:
         if ts is None:
             if record_ts_ms is None:
                 raise InputError("missing_field", "no event time (ts)")
-            ts = record_ts_ms / 1000.0
-        return cls(raw, msg, str(rid), ts, n)
+            ts = event_time(record_ts_ms / 1000.0, "the record's timestamp")
+        return cls(raw, msg, rid, ts, n)
+
+    @classmethod
+    def stored(cls, raw: bytes, request_id: str, ts: float, n: int) -> Impression:
+        """An impression kept in the waiting state, read back with the id, time and size it was
+        stored under: checked when it was first read, and not again under rules that may since
+        have changed (state written before an upgrade must still close)."""
+        msg = msgpack.unpackb(raw, raw=False)
+        return cls(raw, msg, request_id, ts, n)
+
+    def check_columns(self, item_feature: str | None) -> None:
+        """Cut one row out and match an item now: a malformed column is then a dead letter when the
+        impression is read (``bad_shape``), not a failure each time its window closes after a restart."""
+        try:
+            self.labelled(np.zeros(1, dtype=np.int64), {}, None, late=False)
+            if item_feature is not None:
+                self.rows_of_item(item_feature, 0)
+        except InputError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise InputError("bad_shape", f"a column does not fit the batch ({type(exc).__name__})") from None
 
     def rows_of_item(self, feature: str, item: int) -> np.ndarray:
         """The candidate rows whose ``feature`` ids include ``item`` (int64, ascending)."""
@@ -179,14 +235,15 @@ class Impression:
 
 
 def _first_ts(t: Any, n: int) -> float | None:
+    """The impression's event time: its first row's ``ts`` (a request's rows share one time)."""
     if t is None:
         return None
     if type(t) is float or type(t) is int:
-        return float(t)
+        return event_time(t, "ts")
     if type(t) is bytes and len(t) == 8 * n:
-        return float(np.frombuffer(t, "<f8", count=1)[0])
+        return event_time(float(np.frombuffer(t, "<f8", count=1)[0]), "ts")
     if type(t) is list and len(t) == n and (type(t[0]) is float or type(t[0]) is int):
-        return float(t[0])
+        return event_time(t[0], "ts")
     raise InputError("bad_type", "ts is neither a number nor a column of the batch's length")
 
 

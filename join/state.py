@@ -11,29 +11,66 @@ Two backends share one contract (tests/join/test_state_contract.py):
 :class:`RedisWaitingStore` for the process and :class:`MemoryWaitingStore` for
 unit tests. In Redis every key carries one hash tag (``{kelp:<deployment>:join}``),
 so a step's changes go in one ``MULTI``.
+
+A step is applied whole or not at all. ``MULTI`` does not roll back a command
+that Redis refuses while it runs (a NaN score, an expiry out of range, a key of
+the wrong type), so every value is checked before anything is sent
+(:class:`StateValueError`), and the shared keys' types just before the
+``MULTI``. A stored value that does not read back (corrupt, or written by an
+incompatible version) is *quarantined*: logged once, counted
+(:meth:`WaitingStore.take_corrupt`), and deleted with its deadline, so the join
+goes on without it instead of failing on it at every restart.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgpack
 import numpy as np
 import redis
 
-from kelp.join.records import Action
+from kelp.join.records import MAX_EVENT_TS_S, Action
 
 __all__ = [
     "NEGATIVE",
     "POSITIVE",
     "UNDECIDED",
     "Changes",
+    "CorruptStateError",
     "MemoryWaitingStore",
     "RedisWaitingStore",
+    "StateValueError",
     "Waiting",
     "WaitingStore",
 ]
+
+log = logging.getLogger("kelp.join")
+
+_MAX_TTL_MS = 10 * 365 * 86_400_000
+"""The longest expiry set (ten years): far inside what Redis accepts, far past any configured window."""
+
+
+class CorruptStateError(ValueError):
+    """A stored value that does not read back as what the joiner wrote."""
+
+
+class StateValueError(ValueError):
+    """A step's change holding a value Redis would refuse (a non-finite time, deadline or TTL)."""
+
+
+def _is_map(first_byte: int) -> bool:
+    """Whether msgpack starting with this byte is a map (fixmap, map 16, map 32)."""
+    return 0x80 <= first_byte <= 0x8F or first_byte in (0xDE, 0xDF)
+
+
+def _time_ok(t: Any) -> bool:
+    return (type(t) is float or type(t) is int) and 0.0 <= t <= MAX_EVENT_TS_S
+
 
 UNDECIDED, POSITIVE, NEGATIVE = 0, 1, 2
 """A candidate's label for one task: no action yet, an action in the window, the window closed without one."""
@@ -83,10 +120,27 @@ class Waiting:
 
     @classmethod
     def unpack(cls, request_id: str, blob: bytes, tasks: list[str]) -> Waiting:
-        """A stored impression; a task the config gained since it was stored starts undecided."""
-        doc = msgpack.unpackb(blob, raw=False)
-        n = doc["n"]
-        stored = doc["labels"]
+        """A stored impression; a task the config gained since it was stored starts undecided.
+
+        :class:`CorruptStateError` when ``blob`` is not one, field by field, so nothing later in
+        the step fails on it.
+        """
+        doc = _unpack(blob)
+        if not isinstance(doc, dict):
+            raise CorruptStateError(f"a {type(doc).__name__}, expected a map")
+        n, stored, emitted, closed = doc.get("n"), doc.get("labels"), doc.get("emitted"), doc.get("closed")
+        if type(n) is not int or n < 1:
+            raise CorruptStateError(f"n is {n!r}")
+        if not _time_ok(doc.get("ts")):
+            raise CorruptStateError(f"ts is {doc.get('ts')!r}")
+        if type(doc.get("raw")) is not bytes or not doc["raw"] or not _is_map(doc["raw"][0]):
+            raise CorruptStateError("no raw impression (a msgpack map)")
+        if not isinstance(stored, dict) or any(type(v) is not bytes or len(v) != n for v in stored.values()):
+            raise CorruptStateError("labels are not one byte per candidate")
+        if type(emitted) is not bytes or len(emitted) != n:
+            raise CorruptStateError("emitted is not one byte per candidate")
+        if not isinstance(closed, list) or any(type(t) is not str for t in closed):
+            raise CorruptStateError("closed is not a list of tasks")
         labels = {
             t: np.frombuffer(stored[t], dtype=np.uint8).copy() if t in stored else np.zeros(n, dtype=np.uint8)
             for t in tasks
@@ -109,7 +163,64 @@ def pack_actions(actions: list[Action]) -> bytes:
 
 
 def unpack_actions(blob: bytes) -> list[Action]:
-    return [Action(*fields) for fields in msgpack.unpackb(blob, raw=False)]
+    """Stored early actions; :class:`CorruptStateError` when ``blob`` is not a list of them."""
+    doc = _unpack(blob)
+    if not isinstance(doc, list):
+        raise CorruptStateError(f"a {type(doc).__name__}, expected a list of actions")
+    actions = []
+    for fields in doc:
+        if not isinstance(fields, list) or len(fields) != 5:
+            raise CorruptStateError("an action is not [task, window_s, request_id, item, ts]")
+        task, window_s, rid, item, ts = fields
+        if type(task) is not str or type(rid) is not str or not _time_ok(ts):
+            raise CorruptStateError(f"an action of {task!r} at {ts!r}")
+        if (type(window_s) is not float and type(window_s) is not int) or not 0 < window_s < math.inf:
+            raise CorruptStateError(f"an action's window is {window_s!r}")
+        if item is not None and (type(item) is not int or not 0 <= item < 2**64):
+            raise CorruptStateError(f"an action's item is {item!r}")
+        actions.append(Action(task, float(window_s), rid, item, float(ts)))
+    return actions
+
+
+def _unpack(blob: bytes) -> Any:
+    try:
+        return msgpack.unpackb(blob, raw=False)
+    except (ValueError, TypeError) as exc:  # msgpack's own errors are ValueErrors
+        raise CorruptStateError(f"not msgpack ({type(exc).__name__})") from None
+
+
+def _check(changes: Changes) -> None:
+    """:class:`StateValueError` for any value of ``changes`` that Redis would refuse, or that would
+    make a deadline that never comes: checked before anything is sent, so a step is applied whole."""
+    for rid, (w, deadline, ttl_s) in changes.put.items():
+        _check_entry("impression", rid, deadline, ttl_s)
+        if not _time_ok(w.ts):
+            raise StateValueError(f"impression {rid[:200]!r}: ts {w.ts!r}")
+    for rid, (actions, deadline, ttl_s) in changes.early_put.items():
+        _check_entry("early actions", rid, deadline, ttl_s)
+        if not all(_time_ok(a.ts) for a in actions):
+            raise StateValueError(f"early actions {rid[:200]!r}: an event time is out of range")
+    if changes.watermark is not None and not math.isfinite(changes.watermark):
+        raise StateValueError(f"watermark {changes.watermark!r}")
+
+
+def _check_entry(what: str, rid: str, deadline: float, ttl_s: float) -> None:
+    if not math.isfinite(deadline):
+        raise StateValueError(f"{what} {rid[:200]!r}: deadline {deadline!r}")
+    if not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise StateValueError(f"{what} {rid[:200]!r}: ttl {ttl_s!r}")
+
+
+def _px(ttl_s: float) -> int:
+    """An expiry Redis accepts: at least a millisecond, at most :data:`_MAX_TTL_MS`."""
+    return min(_MAX_TTL_MS, max(1, int(ttl_s * 1000)))
+
+
+def _quarantined(key: str, kind: str, exc: CorruptStateError, counts: Counter[str]) -> None:
+    """Count a corrupt stored value and say so once, in one line (the caller drops it)."""
+    counts[kind] += 1
+    shown = key if len(key) <= 240 else key[:240] + "..."
+    log.warning("join: corrupt %s state at %s (%s): dropped", kind, shown, exc)
 
 
 @dataclass
@@ -162,6 +273,11 @@ class WaitingStore(Protocol):
         """``(waiting impressions, their stored bytes, requests with early actions)``."""
         ...
 
+    def take_corrupt(self) -> Counter[str]:
+        """Stored values dropped as corrupt since the last call, by kind (``impression``,
+        ``early_actions``, ``watermark``)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -174,12 +290,36 @@ class MemoryWaitingStore:
         self._early: dict[str, bytes] = {}
         self._early_due: dict[str, float] = {}
         self._watermark: float | None = None
+        self._corrupt: Counter[str] = Counter()
 
     def load(self, request_ids: list[str], tasks: list[str]) -> dict[str, Waiting]:
-        return {r: Waiting.unpack(r, self._blobs[r], tasks) for r in request_ids if r in self._blobs}
+        found = {}
+        for r in request_ids:
+            if r in self._blobs:
+                try:
+                    found[r] = Waiting.unpack(r, self._blobs[r], tasks)
+                except CorruptStateError as exc:
+                    _quarantined(r, "impression", exc, self._corrupt)
+                    self._blobs.pop(r)
+                    self._due.pop(r, None)
+        return found
 
     def load_early(self, request_ids: list[str]) -> dict[str, list[Action]]:
-        return {r: unpack_actions(self._early[r]) for r in request_ids if r in self._early}
+        found = {}
+        for r in request_ids:
+            if r in self._early:
+                try:
+                    found[r] = unpack_actions(self._early[r])
+                except CorruptStateError as exc:
+                    _quarantined(r, "early_actions", exc, self._corrupt)
+                    self._early.pop(r)
+                    self._early_due.pop(r, None)
+        return found
+
+    def put_raw(self, request_id: str, blob: bytes, deadline: float, *, early: bool = False) -> None:
+        """Store ``blob`` as it is (tests: a value as a corrupt or older store would hold it)."""
+        (self._early if early else self._blobs)[request_id] = blob
+        (self._early_due if early else self._due)[request_id] = deadline
 
     def due(self, watermark: float, limit: int) -> list[str]:
         return _earliest(self._due, watermark, limit)
@@ -191,6 +331,7 @@ class MemoryWaitingStore:
         return self._watermark
 
     def apply(self, changes: Changes) -> None:
+        _check(changes)
         for rid, (waiting, deadline, _ttl) in changes.put.items():
             self._blobs[rid] = waiting.pack()
             self._due[rid] = deadline
@@ -208,6 +349,10 @@ class MemoryWaitingStore:
 
     def counts(self) -> tuple[int, int, int]:
         return len(self._blobs), sum(map(len, self._blobs.values())), len(self._early)
+
+    def take_corrupt(self) -> Counter[str]:
+        taken, self._corrupt = self._corrupt, Counter()
+        return taken
 
     def close(self) -> None:
         pass
@@ -235,19 +380,54 @@ class RedisWaitingStore:
         self._early = tag + ":early"
         self._wm = tag + ":wm"
         self._stats = tag + ":stats"
+        self._corrupt: Counter[str] = Counter()
 
     def load(self, request_ids: list[str], tasks: list[str]) -> dict[str, Waiting]:
         if not request_ids:
             return {}
         blobs = self._r.mget([self._imp + r for r in request_ids])
-        found = zip(request_ids, blobs, strict=True)
-        return {r: Waiting.unpack(r, b, tasks) for r, b in found if b is not None}
+        found = {}
+        for r, b in zip(request_ids, blobs, strict=True):
+            if b is None:
+                continue
+            try:
+                found[r] = Waiting.unpack(r, b, tasks)
+            except CorruptStateError as exc:
+                _quarantined(self._imp + r, "impression", exc, self._corrupt)
+                self._drop(self._imp + r, self._due, r, len(b))
+        return found
 
     def load_early(self, request_ids: list[str]) -> dict[str, list[Action]]:
         if not request_ids:
             return {}
         blobs = self._r.mget([self._act + r for r in request_ids])
-        return {r: unpack_actions(b) for r, b in zip(request_ids, blobs, strict=True) if b is not None}
+        found = {}
+        for r, b in zip(request_ids, blobs, strict=True):
+            if b is None:
+                continue
+            try:
+                found[r] = unpack_actions(b)
+            except CorruptStateError as exc:
+                _quarantined(self._act + r, "early_actions", exc, self._corrupt)
+                self._drop(self._act + r, self._early, r, 0)
+        return found
+
+    def put_raw(self, request_id: str, blob: bytes, deadline: float, *, early: bool = False) -> None:
+        """Store ``blob`` as it is (tests: a value as a corrupt or older store would hold it)."""
+        pipe = self._r.pipeline(transaction=True)
+        pipe.set((self._act if early else self._imp) + request_id, blob)
+        pipe.zadd(self._early if early else self._due, {request_id: deadline})
+        pipe.execute()
+
+    def _drop(self, key: str, deadlines: str, request_id: str, counted_bytes: int) -> None:
+        """Delete a quarantined value and its deadline together: it can never be read, and a deadline
+        left behind would list it again at every step."""
+        pipe = self._r.pipeline(transaction=True)
+        pipe.delete(key)
+        pipe.zrem(deadlines, request_id)
+        if counted_bytes:
+            pipe.hincrby(self._stats, "bytes", -counted_bytes)
+        pipe.execute(raise_on_error=False)  # a refused byte count only skews a gauge
 
     def due(self, watermark: float, limit: int) -> list[str]:
         return self._range(self._due, watermark, limit)
@@ -261,17 +441,42 @@ class RedisWaitingStore:
 
     def watermark(self) -> float | None:
         value = self._r.get(self._wm)
-        return None if value is None else float(value)
+        if value is None:
+            return None
+        try:
+            wm = float(value)
+        except ValueError:
+            wm = math.nan
+        if not _time_ok(wm):
+            exc = CorruptStateError(f"{value[:40]!r} is not an event time")
+            _quarantined(self._wm, "watermark", exc, self._corrupt)
+            self._r.delete(self._wm)  # the inputs' own times set it again
+            return None
+        return wm
+
+    def take_corrupt(self) -> Counter[str]:
+        taken, self._corrupt = self._corrupt, Counter()
+        return taken
 
     def apply(self, changes: Changes) -> None:
+        """Apply ``changes`` in one ``MULTI``, whole or not at all.
+
+        Every value is checked first (:class:`StateValueError`), then the shared keys' types, so no
+        command in the transaction is refused; a refusal that still happens (a key changed type in
+        between) raises :class:`redis.ResponseError` naming it, and the step is not committed.
+        """
         if not changes:
             return
+        _check(changes)
+        reset_stats = self._check_shared_keys()
         pipe = self._r.pipeline(transaction=True)
+        if reset_stats:
+            pipe.delete(self._stats)
         byte_delta = 0
         due: dict[str, float] = {}
         for rid, (waiting, deadline, ttl_s) in changes.put.items():
             blob = waiting.pack()
-            pipe.set(self._imp + rid, blob, px=max(1, int(ttl_s * 1000)))
+            pipe.set(self._imp + rid, blob, px=_px(ttl_s))
             due[rid] = deadline
             byte_delta += len(blob) - waiting.stored_bytes
         if due:
@@ -282,7 +487,7 @@ class RedisWaitingStore:
             byte_delta -= sum(w.stored_bytes for w in changes.delete.values())
         early_due: dict[str, float] = {}
         for rid, (actions, deadline, ttl_s) in changes.early_put.items():
-            pipe.set(self._act + rid, pack_actions(actions), px=max(1, int(ttl_s * 1000)))
+            pipe.set(self._act + rid, pack_actions(actions), px=_px(ttl_s))
             early_due[rid] = deadline
         if early_due:
             pipe.zadd(self._early, early_due)
@@ -293,7 +498,36 @@ class RedisWaitingStore:
             pipe.set(self._wm, repr(changes.watermark))
         if byte_delta:
             pipe.hincrby(self._stats, "bytes", byte_delta)
-        pipe.execute()
+        refused = [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+        if refused:
+            raise redis.ResponseError(
+                f"join state: {len(refused)} command(s) of the step's MULTI refused ({refused[0]}); "
+                "the step is not committed and is read again"
+            )
+
+    def _check_shared_keys(self) -> bool:
+        """Refuse (before the ``MULTI``) deadline sets that are not sorted sets; True when the byte
+        count is not a number and is to be reset (it only feeds a gauge)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.zcard(self._due)
+        pipe.zcard(self._early)
+        pipe.hget(self._stats, "bytes")
+        due, early, stored = pipe.execute(raise_on_error=False)
+        for key, reply in ((self._due, due), (self._early, early)):
+            if isinstance(reply, Exception):
+                raise redis.ResponseError(
+                    f"join state: {key} is not a sorted set of deadlines ({reply}); see docs/join.md (State)"
+                )
+        if stored is None:
+            return False
+        if not isinstance(stored, Exception):
+            try:
+                int(stored)
+                return False
+            except ValueError:
+                pass
+        log.warning("join: the byte count at %s is not a number: reset", self._stats)
+        return True
 
     def counts(self) -> tuple[int, int, int]:
         pipe = self._r.pipeline(transaction=False)

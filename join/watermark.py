@@ -10,7 +10,9 @@ stops holding the watermark back (a topic of rare purchases must not stop
 every click window). When every partition is idle and ``advance_when_idle``
 is on, the watermark follows the wall clock, so windows close on a quiet
 stream too. It never moves backwards, across restarts included (the last
-applied value is kept with the state).
+applied value is kept with the state), so it is only shown times the joiner
+has bounded by its wall clock (``max_future_skew_s``, in the joiner): one
+far-future time would otherwise close every window for good.
 """
 
 from __future__ import annotations

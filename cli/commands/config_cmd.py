@@ -4,7 +4,9 @@
 status stays 0) when its ``maxmemory-policy`` may evict the channel's keys
 (:mod:`kelp.publish.channel_check`). It also imports ``trainer.model`` and runs
 it once on a two-sample batch (:mod:`kelp.trainer.model_check`): a model that
-does not import, build or fit the contract is one line and exit 2.
+does not import, build or fit the contract is one line and exit 2. With
+``--for join`` it notes (exit status 0) when the join's waiting state shares the
+embedding store's Redis because ``join.redis_url`` is unset.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ def _validate(args: argparse.Namespace) -> int:
     found = check_channel_eviction(cfg.publisher, cfg.store)
     if found is not None:
         print(f"{args.file}: {found}", file=sys.stderr)
+    if args.role == "join":
+        from kelp.join.process import shared_redis_note
+
+        note = shared_redis_note(cfg)
+        if note is not None:
+            print(f"{args.file}: {note}", file=sys.stderr)
     return 0
 
 

@@ -33,6 +33,16 @@ def _validate(tmp_path: Path, doc: dict[str, Any]) -> subprocess.CompletedProces
 def test_a_complete_join_config_validates(tmp_path: Path) -> None:
     result = _validate(tmp_path, join_config_dict("127.0.0.1:9092", "redis://127.0.0.1:6379", TOPICS))
     assert result.returncode == 0, result.stderr
+    # join.redis_url unset: the waiting state shares the store's Redis, which validate says out loud.
+    assert "join.redis_url is not set" in result.stderr and "maxmemory-policy" in result.stderr
+
+
+def test_a_join_with_its_own_redis_validates_without_the_shared_redis_note(tmp_path: Path) -> None:
+    doc = join_config_dict("127.0.0.1:9092", "redis://127.0.0.1:6379", TOPICS)
+    doc["join"]["redis_url"] = "redis://127.0.0.1:6380"
+    result = _validate(tmp_path, doc)
+    assert result.returncode == 0, result.stderr
+    assert "join.redis_url is not set" not in result.stderr
 
 
 def _set(section: str, **values: Any) -> Any:
@@ -58,6 +68,8 @@ def _replace(section: str, value: dict[str, Any]) -> Any:
         (_set("join", item_feature=None), "join.actions[0].item_field: matching an item needs"),
         (_set("join", output_topic="clicks"), "output_topic: 'clicks' is also an input"),
         (_set("join", negative_keep_rate=0), "join.negative_keep_rate"),
+        (_set("join", max_future_skew_s=-1), "join.max_future_skew_s"),
+        (_set("join", max_future_skew_s=float("inf")), "join.max_future_skew_s"),
         (_replace("store", {"backend": "memory"}), "join.redis_url: the waiting impressions need"),
         (_replace("source", {"kind": "file", "path": "x.tsv", "format": "criteo_tsv"}), "source.kind"),
     ],

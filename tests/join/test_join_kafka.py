@@ -8,6 +8,8 @@ lets a replay be compared with the live run exactly.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import signal
 import subprocess
@@ -18,8 +20,10 @@ import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
@@ -333,3 +337,189 @@ def test_a_click_read_before_its_impression_waits_for_it(kafka_broker: KafkaBrok
         ("r1/1", 1.0)
     ]
     assert process.metrics.actions.labels(task="click", result="early")._value.get() == 1
+
+
+# -- hostile inputs ---------------------------------------------------------------------------------
+
+FAR_FUTURE = 4_102_444_800.0  # 2100-01-01
+
+
+def _letters(bootstrap: str, topic: str) -> list[Any]:
+    dead = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000
+    )
+    try:
+        return list(dead)
+    finally:
+        dead.close()
+
+
+def _count(metric: Any) -> float:
+    return float(metric._value.get())
+
+
+def test_far_future_and_non_finite_times_are_dead_lettered_and_real_clicks_still_join(
+    kafka_broker: KafkaBroker, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A click dated 2100 while the impressions are idle, and impressions timed inf and NaN: none may
+    crash the joiner, move (and store) its watermark, or make the real click that follows an orphan."""
+    caplog.set_level(logging.WARNING, logger="kelp.join")
+    topics = _topics(kafka_broker)
+    bootstrap = kafka_broker.bootstrap
+    produce(bootstrap, topics["clicks"], [("ghost", click("ghost", FAR_FUTURE, 101))])
+    produce(
+        bootstrap,
+        topics["imp"],
+        [("rinf", impression("rinf", math.inf)), ("rnan", impression("rnan", math.nan))],
+    )
+    process = JoinProcess(join_config(bootstrap, redis_url, topics, idle_partition_s=1))
+    stop = threading.Event()
+    thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
+    thread.start()
+    rejected = process.metrics.rejected
+    try:
+        wait_for(
+            lambda: _count(rejected.labels(input="impressions", reason="bad_type")) == 2, 60, "bad times"
+        )
+        wait_for(
+            lambda: _count(rejected.labels(input="actions", reason="future_ts")) == 1, 60, "the future click"
+        )
+        time.sleep(2)  # both partitions idle: a watermark taken from the future click would be 2100 by now
+        now = time.time()
+        produce(bootstrap, topics["imp"], [("r1", impression("r1", now - 20))])
+        produce(bootstrap, topics["clicks"], [("r1", click("r1", now - 19, 102))])
+        wait_for(lambda: len(read_output(bootstrap, topics["out"], 0.5)) >= 1, 60, "the positive")
+        assert thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(15)
+    assert [(s["id"], s["click"]) for s in read_output(bootstrap, topics["out"], 0.5)] == [("r1/1", 1.0)]
+    matched = process.metrics.actions.labels(task="click", result="matched")
+    assert _count(matched) == 1
+    stored = redis.Redis.from_url(redis_url).get("{kelp:jt:join}:wm")
+    assert stored is None or float(stored) < time.time() + 300
+    reasons = sorted(dict(m.headers)["reason"] for m in _letters(bootstrap, topics["dlq"]))
+    assert reasons == [b"bad_type", b"bad_type", b"future_ts"]
+    # The waiting state shares the store's Redis here: said once at start, the URL redacted.
+    shared = [r.getMessage() for r in caplog.records if "join.redis_url is not set" in r.getMessage()]
+    assert len(shared) == 1 and "maxmemory-policy" in shared[0]
+
+
+def test_an_output_the_topic_refuses_for_good_is_dead_lettered_and_the_join_goes_on(
+    kafka_broker: KafkaBroker, redis_url: str
+) -> None:
+    """An event larger than the output topic's max.message.bytes, and request ids past the shared
+    rule: dead letters (too large for the dead-letter topic too: without their value), never a
+    step retried forever."""
+    tag = uuid.uuid4().hex[:8]
+    topics = {k: f"join-{k}-{tag}" for k in ("imp", "clicks", "out", "dlq")}
+    limits = {"out": "20000", "dlq": "100000"}  # both above the producer's 16 KB batches
+    for k, name in topics.items():
+        kafka_broker.create_topic(name, config={"max.message.bytes": limits[k]} if k in limits else None)
+    topics["group"] = f"join-{tag}"
+    bootstrap = kafka_broker.bootstrap
+    big = impression("rbig", T0, items=list(range(1, 1001)))  # 1000 candidates: a ~45 KB event
+    huge_id = "h" * 400_000
+    produce(
+        bootstrap,
+        topics["imp"],
+        [("rbig", big), ("r2", impression("r2", T0 + 1)), ("h", impression(huge_id, T0 + 1))],
+    )
+    produce(
+        bootstrap, topics["clicks"], [("r2", click("r2", T0 + 2, 102)), ("h", click(huge_id, T0 + 2, 101))]
+    )
+    _heartbeats(bootstrap, topics, T0 + 1000)
+    process = JoinProcess(join_config(bootstrap, redis_url, topics))
+    stop = threading.Event()
+    thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
+    thread.start()
+    rejected = process.metrics.rejected
+    try:
+        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) >= 3, 90, "r2 labelled")
+        wait_for(
+            lambda: _count(rejected.labels(input="impressions", reason="output_too_large")) == 1,
+            30,
+            "the dlq",
+        )
+    finally:
+        stop.set()
+        thread.join(15)
+    assert sorted((s["id"], s["click"]) for s in _real(read_output(bootstrap, topics["out"], 0.5))) == [
+        ("r2/0", 0.0),
+        ("r2/1", 1.0),
+        ("r2/2", 0.0),
+    ]
+    assert _count(process.metrics.send_failures) == 0
+    assert _count(rejected.labels(input="impressions", reason="bad_request_id")) == 1
+    assert _count(rejected.labels(input="actions", reason="bad_request_id")) == 1
+    letters = {dict(m.headers)["reason"]: m for m in _letters(bootstrap, topics["dlq"]) if b"rbig" in m.value}
+    assert letters[b"output_too_large"].value == big
+    assert b"MessageSizeTooLargeError" in dict(letters[b"output_too_large"].headers)["error"]
+    too_big = [
+        m for m in _letters(bootstrap, topics["dlq"]) if dict(m.headers)["reason"] == b"bad_request_id"
+    ]
+    assert len(too_big) == 2 and all(m.value == b"" and "value_omitted" in dict(m.headers) for m in too_big)
+    keys = redis.Redis.from_url(redis_url).keys("*")
+    assert keys and max(len(k) for k in keys) < 200  # nothing stored for the 400,000-character id
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=topics["group"])
+    try:
+        for topic in (topics["imp"], topics["clicks"]):
+            tp = TopicPartition(topic, 0)
+            assert consumer.committed(tp) == consumer.end_offsets([tp])[tp]
+    finally:
+        consumer.close()
+
+
+def test_corrupt_join_state_is_dropped_counted_and_the_join_goes_on(
+    kafka_broker: KafkaBroker, redis_url: str
+) -> None:
+    topics = _topics(kafka_broker)
+    bootstrap = kafka_broker.bootstrap
+    client = redis.Redis.from_url(redis_url)
+    tag = "{kelp:jt:join}"
+    client.set(tag + ":i:r1", b"\xc1 corrupt")
+    client.zadd(tag + ":due", {"r1": T0 + 60})
+    client.set(tag + ":a:r2", b"\xc1 corrupt")
+    client.zadd(tag + ":early", {"r2": T0 + 60})
+    produce(bootstrap, topics["imp"], [("r1", impression("r1", T0)), ("r3", impression("r3", T0))])
+    produce(bootstrap, topics["clicks"], [("r3", click("r3", T0 + 1, 101)), ("r2", click("r2", T0 + 2, 101))])
+    _heartbeats(bootstrap, topics, T0 + 1000)
+    process = JoinProcess(join_config(bootstrap, redis_url, topics))
+    stop = threading.Event()
+    thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) >= 6, 90, "r1 and r3 labelled"
+        )
+    finally:
+        stop.set()
+        thread.join(15)
+    assert not thread.is_alive()
+    out = sorted((s["id"], s["click"]) for s in _real(read_output(bootstrap, topics["out"], 0.5)))
+    assert out == [("r1/0", 0.0), ("r1/1", 0.0), ("r1/2", 0.0), ("r3/0", 1.0), ("r3/1", 0.0), ("r3/2", 0.0)]
+    corrupt = process.metrics.state_corrupt
+    assert (
+        _count(corrupt.labels(kind="impression")) == 1 and _count(corrupt.labels(kind="early_actions")) == 1
+    )
+    assert client.get(tag + ":i:r1") != b"\xc1 corrupt" and client.get(tag + ":a:r2") is None
+
+
+def test_a_stored_watermark_past_the_wall_clock_is_reported_at_start(
+    kafka_broker: KafkaBroker, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A watermark a pre-fix joiner stored from a far-future time: the operator is told how to repair it."""
+    caplog.set_level(logging.WARNING, logger="kelp.join")
+    topics = _topics(kafka_broker)
+    redis.Redis.from_url(redis_url).set("{kelp:jt:join}:wm", repr(FAR_FUTURE))
+    process = JoinProcess(join_config(kafka_broker.bootstrap, redis_url, topics))
+    stop = threading.Event()
+    thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: process.ready, 60, "the joiner ready")
+    finally:
+        stop.set()
+        thread.join(15)
+    said = [r.getMessage() for r in caplog.records if "stored watermark" in r.getMessage()]
+    assert len(said) == 1 and "past the wall clock" in said[0] and "docs/join.md" in said[0]

@@ -7,6 +7,7 @@ checked is what ``kelp train`` would train on.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgpack
@@ -16,11 +17,15 @@ import pytest
 
 from kelp.config import FeatureSpec, JoinConfig, SparseFeature
 from kelp.consumers.decode import Decoder, Rec
-from kelp.join import InputRecord, Joiner, MemoryWaitingStore, Step
+from kelp.join import InputRecord, Joiner, MemoryWaitingStore, Step, Waiting
+from kelp.join.state import Changes
+from kelp.serving.request_log import MAX_REQUEST_ID_BYTES
 
 from .helpers import T0, impression
 
 IMP, CLICKS, BUYS = "requests", "clicks", "buys"
+NOW = T0 + 86_400.0
+"""The wall clock of a fed step: a day past the tests' event times, so none of them is in the future."""
 
 
 def action(rid: str, ts: float, item: Any = None) -> bytes:
@@ -50,7 +55,7 @@ class Rig:
         self.offsets: dict[str, int] = {}
         self.steps: list[Step] = []
 
-    def feed(self, *records: tuple[str, bytes], now: float = T0) -> Step:
+    def feed(self, *records: tuple[str, bytes], now: float = NOW) -> Step:
         recs = []
         for topic, value in records:
             offset = self.offsets.get(topic, 0)
@@ -297,3 +302,166 @@ def test_no_assigned_partition_moves_no_watermark() -> None:
     rig = Rig(advance_when_idle=True)
     step = rig.joiner.step([], T0 + 1000, assigned=[], idle=set())
     assert step.watermark is None
+
+
+# -- hostile inputs: event times, request ids, corrupt state ------------------------------------------
+
+FAR_FUTURE = 4_102_444_800.0  # 2100-01-01
+
+
+def _with_ts(rid: str, ts: Any) -> bytes:
+    """An impression whose ``ts`` is ``ts`` as given (a scalar, a packed column or a list)."""
+    msg = msgpack.unpackb(impression(rid, T0))
+    msg["ts"] = ts
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def test_a_far_future_action_is_dead_lettered_and_never_moves_the_watermark() -> None:
+    """The impressions partition idle, one click dated 2100 would set the watermark there for good."""
+    rig = Rig()
+    imp_idle = {(IMP, 0)}
+    assigned = [(IMP, 0), (CLICKS, 0)]
+    ghost = InputRecord(CLICKS, 0, 0, action("ghost", FAR_FUTURE, item=101), int(NOW * 1000))
+    step = rig.joiner.step([ghost], NOW, assigned, idle=imp_idle)
+    rig.store.apply(step.changes)
+    assert [(r.input, r.reason) for r in step.rejected] == [("actions", "future_ts")]
+    assert step.watermark is None and rig.store.watermark() is None
+    assert step.actions[("click", "waiting")] == 0 and rig.store.counts() == (0, 0, 0)
+    # The join goes on: an impression of now and its click make a positive, the rest wait.
+    rig.feed((IMP, impression("r1", NOW - 20)), (CLICKS, action("r1", NOW - 19, item=102)))
+    assert [(e["id"], e["labels"]["click"]) for e in rig.emitted()] == [("r1/1", 1.0)]
+
+
+def test_a_far_future_impression_is_dead_lettered_while_the_actions_are_idle() -> None:
+    rig = Rig()
+    assigned = [(IMP, 0), (CLICKS, 0)]
+    record = InputRecord(IMP, 0, 0, impression("r9", FAR_FUTURE), int(NOW * 1000))
+    step = rig.joiner.step([record], NOW, assigned, idle={(CLICKS, 0)})
+    assert [(r.input, r.reason) for r in step.rejected] == [("impressions", "future_ts")]
+    assert step.watermark is None and step.changes.put == {}
+
+
+def test_an_event_time_within_the_skew_is_read_and_past_it_is_not() -> None:
+    rig = Rig(max_future_skew_s=30)
+    step = rig.feed((IMP, impression("r1", NOW + 29)), (IMP, impression("r2", NOW + 31)))
+    assert step.impressions["new"] == 1
+    assert [(r.reason, "31 s past the wall clock" in r.detail) for r in step.rejected] == [
+        ("future_ts", True)
+    ]
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        math.inf,
+        -math.inf,
+        math.nan,
+        -1.0,
+        1e300,
+        2**64 - 1,
+        np.array([math.nan] * 3, "<f8").tobytes(),
+        np.array([math.inf] * 3, "<f8").tobytes(),
+        [math.nan, 1.0, 1.0],
+    ],
+    ids=["inf", "-inf", "nan", "negative", "1e300", "u64", "nan-column", "inf-column", "nan-list"],
+)
+def test_an_impression_time_that_is_no_time_is_bad_type_and_nothing_is_stored(ts: Any) -> None:
+    rig = Rig()
+    step = rig.feed((IMP, _with_ts("r1", ts)))
+    assert [(r.input, r.reason) for r in step.rejected] == [("impressions", "bad_type")]
+    assert rig.store.counts() == (0, 0, 0)
+
+
+def test_an_action_time_that_is_no_time_is_bad_type_in_every_place_a_time_is_read() -> None:
+    rig = Rig()
+    rig.config.actions[0].format = "msgpack"  # JSON has no NaN; msgpack does
+    rig.joiner = Joiner(rig.config, ["click"], rig.store)
+    nan_ts = msgpack.packb({"request_id": "r1", "ts": math.nan, "item": 101})
+    step = rig.feed((CLICKS, nan_ts), (CLICKS, msgpack.packb({"request_id": "r1", "ts": -5, "item": 101})))
+    assert [r.reason for r in step.rejected] == ["bad_type", "bad_type"]
+    # The record's timestamp, when it is the event time, is checked the same way.
+    rig.config.actions[0].ts_field = None
+    rig.joiner = Joiner(rig.config, ["click"], rig.store)
+    no_time = InputRecord(CLICKS, 0, 9, msgpack.packb({"request_id": "r1", "item": 101}), -1)
+    step = rig.joiner.step([no_time], NOW, [(IMP, 0), (CLICKS, 0)], idle=set())
+    assert [r.reason for r in step.rejected] == ["bad_type"]
+    assert rig.store.counts() == (0, 0, 0)
+
+
+def test_a_request_id_past_the_shared_rule_is_dead_lettered_and_nothing_is_stored() -> None:
+    rig = Rig()
+    huge = "x" * 1_000_000
+    step = rig.feed(
+        (IMP, impression(huge, T0)),
+        (CLICKS, action(huge, T0 + 1, item=101)),
+        (CLICKS, action("has space", T0 + 1, item=101)),
+        (IMP, impression("x" * MAX_REQUEST_ID_BYTES, T0)),  # the longest id that is one
+    )
+    assert [(r.input, r.reason) for r in step.rejected] == [
+        ("impressions", "bad_request_id"),
+        ("actions", "bad_request_id"),
+        ("actions", "bad_request_id"),
+    ]
+    assert all(len(r.detail) < 300 for r in step.rejected)
+    assert step.impressions["new"] == 1 and rig.store.counts()[0] == 1 and rig.store.counts()[2] == 0
+
+
+def test_every_ttl_stays_within_the_windows_and_the_skew() -> None:
+    """An impression or early action dated as late as allowed still expires within its window's bound."""
+    rig = Rig(max_future_skew_s=300, late_horizon_s=100, state_ttl_margin_s=10)
+    step = rig.feed(
+        (IMP, impression("r1", NOW + 299)),
+        (CLICKS, action("r2", NOW + 299, item=101)),
+        (CLICKS, action("r3", FAR_FUTURE, item=101)),
+    )
+    assert [r.reason for r in step.rejected] == ["future_ts"]
+    ((_, _, ttl),) = step.changes.put.values()
+    assert ttl <= 60 + 100 + 300 + 10
+    assert list(step.changes.early_put) == ["r2"]
+    ((_, _, early_ttl),) = step.changes.early_put.values()
+    assert early_ttl <= rig.config.action_grace_s + 300 + 10
+
+
+def test_a_corrupt_stored_impression_or_early_list_is_dropped_counted_and_the_join_goes_on() -> None:
+    rig = Rig()
+    rig.store.put_raw("r1", b"\xc1 not msgpack", T0 + 60)
+    rig.store.put_raw("r2", msgpack.packb({"ts": math.nan, "raw": b"x", "n": 1}), T0 + 60)
+    rig.store.put_raw("r3", b"\x93\x01\x02", T0 + 60, early=True)
+    step = rig.feed(
+        (IMP, impression("r1", T0)),
+        (CLICKS, action("r3", T0 + 1, item=101)),
+    )
+    assert step.impressions["new"] == 1  # the corrupt one is gone: r1 is joined afresh
+    assert rig.store.take_corrupt() == {"impression": 1, "early_actions": 1}
+    rig.tick(T0 + 100)  # r2's deadline passes: it is listed, read, found corrupt and dropped
+    assert rig.store.take_corrupt() == {"impression": 1}
+    assert rig.store.due(math.inf, 10) == ["r1"] and rig.store.load(["r2"], ["click"]) == {}
+    assert sorted(e["id"] for e in rig.emitted()) == ["r1/0", "r1/1", "r1/2"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("dense", b"\0" * 5), ("sparse", {"item": {"values": b"\0" * 7, "lengths": b"\1\0\0\0" * 3}})],
+    ids=["dense-short", "item-values-short"],
+)
+def test_an_impression_whose_columns_do_not_fit_its_batch_is_a_dead_letter_at_read(
+    field: str, value: Any
+) -> None:
+    """Read as it is, it would fail the step that closes its window, at every restart."""
+    msg = msgpack.unpackb(impression("r1", T0))
+    msg[field] = value
+    rig = Rig()
+    step = rig.feed((IMP, msgpack.packb(msg, use_bin_type=True)))
+    assert [(r.input, r.reason) for r in step.rejected] == [("impressions", "bad_shape")]
+    rig.tick(T0 + 100)
+    assert rig.emitted() == [] and rig.store.counts() == (0, 0, 0)
+
+
+def test_state_stored_under_an_id_the_rule_now_refuses_still_closes() -> None:
+    """Impressions waiting from before the id rule (an id with a space) are emitted, not re-judged."""
+    rig = Rig()
+    rid = "old id"
+    waiting = Waiting.new(rid, T0, impression(rid, T0), 3, ["click"])
+    rig.store.apply(Changes(put={rid: (waiting, T0 + 60, 600.0)}))
+    rig.tick(T0 + 61)
+    assert sorted(e["id"] for e in rig.emitted()) == ["old id/0", "old id/1", "old id/2"]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 import redis
@@ -16,6 +19,7 @@ from kelp.join.state import (
     Changes,
     MemoryWaitingStore,
     RedisWaitingStore,
+    StateValueError,
     Waiting,
     WaitingStore,
 )
@@ -53,7 +57,12 @@ def _join_client(server: RedisServer) -> redis.Redis:
 
 
 def _waiting(rid: str, ts: float, n: int = 3) -> Waiting:
-    return Waiting.new(rid, ts, b"raw-" + rid.encode(), n, TASKS)
+    return Waiting.new(rid, ts, _raw(rid), n, TASKS)
+
+
+def _raw(rid: str) -> bytes:
+    """A stand-in for the impression as read: a msgpack map, as every impression is."""
+    return msgpack.packb({"request": {"id": rid}})
 
 
 def test_a_put_impression_reads_back_with_its_decisions(store: WaitingStore) -> None:
@@ -66,7 +75,7 @@ def test_a_put_impression_reads_back_with_its_decisions(store: WaitingStore) -> 
     got = store.load(["r1", "absent"], TASKS)
     assert list(got) == ["r1"]
     r1 = got["r1"]
-    assert (r1.ts, r1.raw, r1.n, r1.closed) == (100.0, b"raw-r1", 3, {"buy"})
+    assert (r1.ts, r1.raw, r1.n, r1.closed) == (100.0, _raw("r1"), 3, {"buy"})
     np.testing.assert_array_equal(r1.labels["click"], [0, POSITIVE, 0])
     np.testing.assert_array_equal(r1.labels["buy"], [NEGATIVE] * 3)
     np.testing.assert_array_equal(r1.emitted, [0, 1, 0])
@@ -74,7 +83,7 @@ def test_a_put_impression_reads_back_with_its_decisions(store: WaitingStore) -> 
 
 
 def test_a_task_added_to_the_config_starts_undecided(store: WaitingStore) -> None:
-    store.apply(Changes(put={"r1": (Waiting.new("r1", 1.0, b"x", 2, ["click"]), 61.0, 600.0)}))
+    store.apply(Changes(put={"r1": (Waiting.new("r1", 1.0, _raw("r1"), 2, ["click"]), 61.0, 600.0)}))
     got = store.load(["r1"], TASKS)["r1"]
     np.testing.assert_array_equal(got.labels["buy"], [0, 0])
 
@@ -138,3 +147,81 @@ def test_the_join_user_reaches_only_the_waiting_state(redis_server: RedisServer)
             joiner.get(key)
     with pytest.raises(redis.exceptions.NoPermissionError):
         joiner.flushall()
+
+
+def _put_raw(store: WaitingStore, rid: str, blob: bytes, deadline: float, *, early: bool = False) -> None:
+    assert isinstance(store, MemoryWaitingStore | RedisWaitingStore)
+    store.put_raw(rid, blob, deadline, early=early)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"put": {"ok": (_waiting("ok", 1.0), 61.0, 600.0), "nan": (_waiting("nan", 2.0), math.nan, 600.0)}},
+        {"put": {"ok": (_waiting("ok", 1.0), 61.0, 600.0), "inf": (_waiting("inf", 2.0), 62.0, math.inf)}},
+        {"put": {"ok": (_waiting("ok", 1.0), 61.0, 600.0)}, "watermark": math.nan},
+        {
+            "put": {"ok": (_waiting("ok", 1.0), 61.0, 600.0)},
+            "early_put": {"e": ([Action("click", 60.0, "e", 5, math.nan)], 71.0, 600.0)},
+        },
+    ],
+    ids=["nan-deadline", "inf-ttl", "nan-watermark", "nan-action"],
+)
+def test_a_step_with_a_value_redis_would_refuse_is_applied_not_at_all(
+    store: WaitingStore, bad: dict[str, Any]
+) -> None:
+    with pytest.raises(StateValueError):
+        store.apply(Changes(**bad))
+    assert store.load(["ok", "nan", "inf", "e"], TASKS) == {} and store.load_early(["e"]) == {}
+    assert store.counts() == (0, 0, 0) and store.watermark() is None
+
+
+def test_a_step_is_applied_whole_even_when_redis_would_refuse_one_command(redis_url: str) -> None:
+    """A deadline set that is not a sorted set: ZADD would fail after the SETs ran (MULTI has no
+    rollback), leaving impressions without deadlines. Nothing of the step may be applied."""
+    client = redis.Redis.from_url(redis_url)
+    store = RedisWaitingStore(client, "contract")
+    client.set("{kelp:contract:join}:due", b"not a sorted set")
+    with pytest.raises(redis.ResponseError, match="not a sorted set"):
+        store.apply(Changes(put={"r1": (_waiting("r1", 1.0), 61.0, 600.0)}, watermark=5.0))
+    assert client.get("{kelp:contract:join}:i:r1") is None and client.get("{kelp:contract:join}:wm") is None
+    client.delete("{kelp:contract:join}:due")
+    client.hset("{kelp:contract:join}:stats", "bytes", b"garbage")  # only a gauge: reset, not refused
+    store.apply(Changes(put={"r1": (_waiting("r1", 1.0), 61.0, 600.0)}))
+    assert store.load(["r1"], TASKS).keys() == {"r1"} and store.due(100.0, 10) == ["r1"]
+    assert store.counts()[1] == len(_waiting("r1", 1.0).pack())
+
+
+def test_a_huge_ttl_is_capped_to_one_redis_accepts(store: WaitingStore) -> None:
+    store.apply(Changes(put={"r1": (_waiting("r1", 1.0), 61.0, 1e300)}))
+    assert store.load(["r1"], TASKS).keys() == {"r1"}
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"\xc1 not msgpack",
+        b"\x93\x01",  # cut short
+        msgpack.packb([1, 2]),
+        msgpack.packb({"ts": math.nan, "raw": b"\x80", "n": 1, "labels": {}, "emitted": b"\0", "closed": []}),
+        msgpack.packb({"ts": 1.0, "raw": b"not a map", "n": 1, "labels": {}, "emitted": b"\0", "closed": []}),
+        msgpack.packb(
+            {"ts": 1.0, "raw": b"\x80", "n": 2, "labels": {"click": b"\0"}, "emitted": b"\0\0", "closed": []}
+        ),
+    ],
+    ids=["format", "truncated", "list", "nan-ts", "raw-not-a-map", "short-labels"],
+)
+def test_a_corrupt_impression_is_quarantined_with_its_deadline(store: WaitingStore, blob: bytes) -> None:
+    _put_raw(store, "bad", blob, 5.0)
+    store.apply(Changes(put={"good": (_waiting("good", 1.0), 6.0, 600.0)}))
+    assert store.load(["bad", "good"], TASKS).keys() == {"good"}
+    assert store.take_corrupt() == {"impression": 1}
+    assert store.due(100.0, 10) == ["good"] and store.load(["bad"], TASKS) == {}
+    assert store.take_corrupt() == {}  # dropped: said once
+
+
+def test_a_corrupt_early_action_list_is_quarantined_with_its_deadline(store: WaitingStore) -> None:
+    _put_raw(store, "bad", msgpack.packb([["click", 60.0, "bad", 5, math.inf]]), 5.0, early=True)
+    assert store.load_early(["bad"]) == {}
+    assert store.take_corrupt() == {"early_actions": 1}
+    assert store.early_due(100.0, 10) == [] and store.counts()[2] == 0
