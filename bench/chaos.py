@@ -5,15 +5,18 @@ directories (``--broker tansu``: Tansu on durable ``s3://`` storage, moto's S3
 server, since that Tansu build has no postgres or sqlite engine), a
 redis-server with ``appendonly yes`` + ``appendfsync always``, ``kelp train``
 and ``kelp serve`` as child processes, a steady criteo-synth producer and a
-light scoring client. The faults (:mod:`kelp.bench.chaos_faults`), one after
-another, each followed by its recovery:
+light scoring client, and ``kelp join`` on its own topics with a click load
+(:class:`~kelp.bench.chaos_rig.JoinSide`). The faults
+(:mod:`kelp.bench.chaos_faults`), one after another, each followed by its
+recovery:
 
 * ``--quick``: 3 trainer kill -9s, a Redis restart, poisoned rows, a Redis
-  stall, a broker restart and the replica's store going away (8 faults; each
+  stall, a broker restart, the replica's store going away, a click dated
+  2100 and impressions timed NaN and infinity for the joiner (10 faults; each
   trainer restart costs a Python start, a torch import and a consumer-group
   join, which can take a quick run past the contract's 60 s on a small shared
   machine, docs/performance.md);
-* the full run: 10 trainer kill -9s and each other fault twice (20 faults).
+* the full run: 10 trainer kill -9s and each other fault twice (24 faults).
 
 Poisoned rows come just before a trainer kill, so the next incarnation, whose
 hot tier starts empty, reads them from Redis too.
@@ -35,7 +38,16 @@ Invariants reported (each must be 0):
   its SIGKILL and did not have after the restart;
 * ``nonfinite_published``: published snapshots holding a non-finite tensor,
   read straight from the channel (:class:`~kelp.bench.chaos_poison.SnapshotAuditor`);
-* ``serve_nonfinite_scores``: answers 200 holding a null (non-finite) score.
+* ``serve_nonfinite_scores``: answers 200 holding a null (non-finite) score;
+* ``join_orphaned_true_clicks``: clicks the bench sent (and the broker
+  acknowledged) for acknowledged impressions that ``kelp join`` never emitted
+  as a positive (:func:`~kelp.bench.chaos_checks.account_true_clicks`);
+* ``join_crash_loops``: exits of ``kelp join`` the bench did not cause (an
+  exit while the bench had its Redis away is expected, and counted apart in
+  ``join_exits_during_store_outage``).
+
+``join_dead_letters`` counts the joiner's dead letters by reason
+(``future_ts`` and ``bad_type`` from the two join faults).
 
 ``--soak-minutes M`` runs the rig M minutes without faults instead
 (:mod:`kelp.bench.chaos_soak`).
@@ -54,8 +66,9 @@ from typing import Any
 
 from kelp.bench.chaos_checks import account_records, committed_offsets
 from kelp.bench.chaos_faults import Health, inject
+from kelp.bench.chaos_load import CANDIDATES
 from kelp.bench.chaos_poison import SnapshotAuditor
-from kelp.bench.chaos_rig import CLIENT_TIMEOUT_S, PARTITIONS, Rig
+from kelp.bench.chaos_rig import CLIENT_TIMEOUT_S, IMPRESSION_RATE, PARTITIONS, Rig
 from kelp.bench.chaos_soak import soak
 from kelp.bench.runner import progress
 from kelp.errors import UserError
@@ -66,27 +79,47 @@ PRODUCE_RATE = 1000.0  # samples/s: steady, and under the trainer's speed even o
 SCORE_RATE = 10.0  # requests/s: light load
 SETTLE_TIMEOUT_S = 120.0
 
+INVARIANTS = (
+    "lost_records",
+    "offset_regressions",
+    "serve_5xx_other_than_503",
+    "trainer_crash_loops",
+    "trainer_unexpected_exits",
+    "acked_updates_lost_fsync_always",
+    "nonfinite_published",
+    "serve_nonfinite_scores",
+    "join_orphaned_true_clicks",
+    "join_crash_loops",
+)
+"""The keys ``invariants_ok`` wants at 0."""
+
 
 def schedule(quick: bool) -> list[str]:
     """The faults in order: trainer kills spread between the others.
 
     >>> schedule(quick=True)  # doctest: +NORMALIZE_WHITESPACE
-    ['trainer_kill9', 'redis_restart', 'poisoned_rows', 'trainer_kill9', 'redis_stall', 'broker_restart',
-     'trainer_kill9', 'replica_store_away']
+    ['trainer_kill9', 'join_future_action', 'redis_restart', 'poisoned_rows', 'trainer_kill9', 'redis_stall',
+     'join_nonfinite_impression', 'broker_restart', 'trainer_kill9', 'replica_store_away']
     >>> len(schedule(quick=False)), schedule(quick=False).count("poisoned_rows")
-    (20, 2)
+    (24, 2)
     """
-    others = ["redis_restart", "poisoned_rows", "redis_stall", "broker_restart", "replica_store_away"]
+    others = [
+        "join_future_action",  # early: were the watermark to jump, every later click would show it
+        "redis_restart",
+        "poisoned_rows",
+        "redis_stall",
+        "join_nonfinite_impression",
+        "broker_restart",
+        "replica_store_away",
+    ]
     if quick:
         return [
             "trainer_kill9",
-            others[0],
-            others[1],
+            *others[0:3],
             "trainer_kill9",
-            others[2],
-            others[3],
+            *others[3:6],
             "trainer_kill9",
-            others[4],
+            others[6],
         ]
     out: list[str] = []
     extra = others * 2
@@ -104,7 +137,10 @@ def run(quick: bool, soak_minutes: float | None = None, broker: str | None = Non
         raise UserError("--soak-minutes must be > 0")
     keep = os.environ.get("KELP_CHAOS_WORKDIR")  # keep the processes' logs there, for a post-mortem
     workdir = contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory(prefix="kelp-chaos-")
-    with workdir as tmp, Rig(Path(tmp), PRODUCE_RATE, SCORE_RATE, broker) as rig:
+    with (
+        workdir as tmp,
+        Rig(Path(tmp), PRODUCE_RATE, SCORE_RATE, broker, with_join=soak_minutes is None) as rig,
+    ):
         if soak_minutes is not None:
             return {"mode": "soak", **_describe(rig), **soak(rig, soak_minutes)}
         if quick:  # a step at this rate is long enough that 0.5-2 s lands mid-step, mid-push or mid-commit
@@ -121,6 +157,14 @@ def _describe(rig: Rig) -> dict[str, Any]:
         "produce_rate": rig.produce_rate,
         "score_rate": rig.score_rate,
         "client_timeout_s": CLIENT_TIMEOUT_S,
+        **(
+            {
+                "join": f"kelp join: {IMPRESSION_RATE:g} impressions/s of {CANDIDATES} candidates, "
+                "about half clicked 1-3 s later, a 60 s window"
+            }
+            if rig.join is not None
+            else {}
+        ),
     }
 
 
@@ -135,6 +179,7 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
         record["offset_regressions_so_far"] = len(rig.watcher.regressions())
         faults.append(record)
         progress(f"  {kind}: {_brief(record)}")
+    joined = rig.join.settle() if rig.join is not None else {}
     settle = _settle(rig, health)
     audit = auditor.finish()
     final = _stop(rig)
@@ -153,6 +198,7 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
         "acked_updates_lost_fsync_always": sum(probes),
         "nonfinite_published": audit["nonfinite_published"],
         "serve_nonfinite_scores": rig.client.nonfinite_scores,
+        **joined,
         "faults_by_kind": {
             k: sum(1 for f in faults if f["fault"] == k) for k in dict.fromkeys(schedule(quick))
         },
@@ -176,25 +222,19 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
         **final["summary"],
         "faults": faults,
     }
-    out["invariants_ok"] = out["faults_injected"] >= (8 if quick else 20) and all(
-        out[k] == 0
-        for k in (
-            "lost_records",
-            "offset_regressions",
-            "serve_5xx_other_than_503",
-            "trainer_crash_loops",
-            "trainer_unexpected_exits",
-            "acked_updates_lost_fsync_always",
-            "nonfinite_published",
-            "serve_nonfinite_scores",
-        )
+    out["invariants_ok"] = (
+        out["faults_injected"] >= len(schedule(quick))
+        and out.get("join_true_clicks", 0) > 0  # a join check over no click would prove nothing
+        and all(out[k] == 0 for k in INVARIANTS)
     )
     progress(
         f"faults {out['faults_injected']}, lost {out['lost_records']}, "
         f"regressions {out['offset_regressions']}, "
         f"bad serve answers {failures}, crash loops {health.crash_loops}, "
         f"acked updates lost {out['acked_updates_lost_fsync_always']}, "
-        f"non-finite snapshots {out['nonfinite_published']}, null scores {out['serve_nonfinite_scores']}"
+        f"non-finite snapshots {out['nonfinite_published']}, null scores {out['serve_nonfinite_scores']}, "
+        f"orphaned true clicks {out.get('join_orphaned_true_clicks')} of {out.get('join_true_clicks')}, "
+        f"join crash loops {out.get('join_crash_loops')}, join dead letters {out.get('join_dead_letters')}"
     )
     return out
 
@@ -204,7 +244,19 @@ def _status_name(status: int) -> str:
 
 
 def _brief(record: dict[str, Any]) -> str:
-    keys = ("restart_ready_s", "acked_updates_lost", "stall_s", "away_s", "commits_advanced_after_s")
+    keys = (
+        "restart_ready_s",
+        "acked_updates_lost",
+        "stall_s",
+        "away_s",
+        "commits_advanced_after_s",
+        "join_live_before_s",
+        "join_rejected_future_ts",
+        "join_rejected_bad_type",
+        "join_watermark_ahead_of_wall_s",
+        "join_exits_during",
+        "join_positive_again_s",
+    )
     parts = [f"{k}={record[k]}" for k in keys if k in record]
     parts.append(f"serve during {record['serve_answers_during']}")
     parts.append(
@@ -238,6 +290,8 @@ def _stop(rig: Rig) -> dict[str, Any]:
 
     rig.watcher.finish()
     rig.client.finish()
+    if rig.join is not None:
+        rig.join.process.stop(30)
     code = rig.trainer.stop(60)
     rig.serve.stop(10)
     admin = KafkaAdminClient(bootstrap_servers=rig.broker.bootstrap, request_timeout_ms=10_000)

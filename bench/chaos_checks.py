@@ -12,16 +12,38 @@ from the topic) and which ones the group never committed past. Kelp commits an
 offset only after the batch holding it was trained and its rows pushed
 (acknowledged by the store), so a record below the committed offset was trained
 at least once, by one incarnation of the trainer or another.
+
+:class:`OutputReader` reads ``kelp join``'s output topic and its dead-letter
+topic from the start, all through the run: the sample ids emitted positive
+(and whether only as a late correction), the negatives, and the dead letters
+by their ``reason`` header. :func:`account_true_clicks` settles the join's
+books: a true click (:class:`~kelp.bench.chaos_load.ClickLoad`) whose sample
+was never emitted positive is *orphaned*.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OffsetWatcher", "RecordBooks", "account_records", "committed_offsets", "regressions_in"]
+import msgpack
+import numpy as np
+
+__all__ = [
+    "OffsetWatcher",
+    "OutputReader",
+    "RecordBooks",
+    "TrueClickBooks",
+    "account_records",
+    "account_true_clicks",
+    "committed_offsets",
+    "labelled_samples",
+    "regressions_in",
+]
 
 
 def regressions_in(history: list[tuple[float, int, int]]) -> list[tuple[float, int, int, int]]:
@@ -183,4 +205,134 @@ def account_records(bootstrap: str, topic: str, acked: list[set[int]], committed
         missing_from_broker=missing,
         not_committed=sum(uncommitted),
         uncommitted_by_partition=uncommitted,
+    )
+
+
+class OutputReader(threading.Thread):
+    """Reads the joiner's output and dead-letter topics from the start until :meth:`finish`.
+
+    ``positives``: sample id -> True when it was only ever emitted positive as a
+    late correction; ``dead_letters``: count by ``reason`` header.
+    """
+
+    def __init__(self, bootstrap: str, output_topic: str, dead_letter_topic: str, partitions: int = 1):
+        super().__init__(name="chaos-join-reader", daemon=True)
+        self.bootstrap = bootstrap
+        self.output_topic = output_topic
+        self.dead_letter_topic = dead_letter_topic
+        self.partitions = partitions
+        self.positives: dict[str, bool] = {}
+        self.negatives = 0
+        self.outputs = 0
+        self.unreadable = 0
+        self.dead_letters: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            reconnect_backoff_max_ms=1_000,
+        )
+        tps = [
+            TopicPartition(t, p)
+            for t in (self.output_topic, self.dead_letter_topic)
+            for p in range(self.partitions)
+        ]
+        try:
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            while not self._halt.is_set():
+                try:
+                    polled = consumer.poll(timeout_ms=300)
+                except Exception:  # the broker restarting: the next poll reads on from the same position
+                    self._halt.wait(0.5)
+                    continue
+                for tp, records in polled.items():
+                    for r in records:
+                        self._read(tp.topic, r)
+        finally:
+            consumer.close()
+
+    def _read(self, topic: str, record: Any) -> None:
+        with self._lock:
+            if topic == self.dead_letter_topic:
+                reason = dict(record.headers or []).get("reason", b"?")
+                self.dead_letters[reason.decode(errors="replace")] += 1
+                return
+            self.outputs += 1
+            try:
+                ids, clicks, late = labelled_samples(record.value)
+            except (ValueError, KeyError, TypeError, msgpack.UnpackException):
+                self.unreadable += 1
+                return
+            for sid, label in zip(ids, clicks, strict=True):
+                if label > 0:
+                    self.positives[sid] = self.positives.get(sid, True) and late
+                else:
+                    self.negatives += 1
+
+    def joined(self, sample_ids: Iterable[str]) -> set[str]:
+        """Those of ``sample_ids`` emitted positive so far."""
+        with self._lock:
+            return {s for s in sample_ids if s in self.positives}
+
+    def figures(self) -> tuple[dict[str, bool], int, int, int, dict[str, int]]:
+        """``(positives, negatives, outputs, unreadable, dead letters by reason)`` so far."""
+        with self._lock:
+            return (
+                dict(self.positives),
+                self.negatives,
+                self.outputs,
+                self.unreadable,
+                dict(self.dead_letters),
+            )
+
+    def finish(self) -> None:
+        self._halt.set()
+        if self.ident is not None:
+            self.join(15)
+
+
+def labelled_samples(value: bytes, task: str = "click") -> tuple[list[str], list[float], bool]:
+    """``(sample ids, task labels, late)`` of one labelled event the joiner emitted."""
+    msg = msgpack.unpackb(value, raw=False)
+    ids = list(msg["join"]["sample_ids"])
+    col = msg["labels"][task]
+    labels = np.frombuffer(col, "<f4").tolist() if isinstance(col, bytes) else [float(col)]
+    if len(labels) != len(ids):
+        raise ValueError(f"{len(labels)} labels for {len(ids)} sample ids")
+    return ids, labels, bool(msg["join"]["late"])
+
+
+@dataclass
+class TrueClickBooks:
+    """The join's end-of-run accounting; ``orphaned`` must be 0."""
+
+    true_clicks: int
+    joined: int
+    joined_only_late: int
+    orphaned: int
+    orphaned_examples: list[str]
+
+
+def account_true_clicks(true_clicks: Iterable[str], positives: Mapping[str, bool]) -> TrueClickBooks:
+    """Which true clicks the joiner never emitted positive (the orphans), of ``positives`` (id -> late only).
+
+    >>> b = account_true_clicks(["r1/0", "r2/3", "r3/1"], {"r1/0": False, "r3/1": True, "r9/0": False})
+    >>> b.joined, b.joined_only_late, b.orphaned, b.orphaned_examples
+    (2, 1, 1, ['r2/3'])
+    """
+    clicks = sorted(set(true_clicks))
+    orphaned = [s for s in clicks if s not in positives]
+    return TrueClickBooks(
+        true_clicks=len(clicks),
+        joined=len(clicks) - len(orphaned),
+        joined_only_late=sum(1 for s in clicks if positives.get(s) is True),
+        orphaned=len(orphaned),
+        orphaned_examples=orphaned[:10],
     )

@@ -19,28 +19,51 @@ again, the replica answering 200 again, by themselves.
 * ``replica_store_away``: redis-server down for a few seconds while the
   replica answers (it must answer 503, never hang), then back;
 * ``poisoned_rows``: NaN rows and wrong-length values written over rows both
-  processes read (:mod:`kelp.bench.chaos_poison`); they must be quarantined.
+  processes read (:mod:`kelp.bench.chaos_poison`); they must be quarantined;
+* ``join_future_action``: the joiner's impressions pause until their
+  partition is idle (``idle_partition_s``, short in the rig), then a click
+  dated 2100 for an unknown request. Were it to move the watermark, every
+  window would close at once and every later click would find its
+  impression gone: orphaned;
+* ``join_nonfinite_impression``: two impressions whose ``ts`` is NaN and
+  infinity (msgpack floats, as a hostile producer would send them). Were the
+  joiner to take them, it would crash-loop on them or close every window.
+
+A fault that takes Redis away also takes the joiner's waiting store away: the
+joiner's exit then is expected (:meth:`~kelp.bench.chaos_procs.JoinWatch.store_outage`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from kelp.bench.chaos_durability import probe_acked_updates
+from kelp.bench.chaos_load import click_record, impression_record, send_now
 from kelp.bench.chaos_poison import poisoned_rows
 from kelp.bench.chaos_procs import Metrics, total
-from kelp.bench.chaos_rig import STORE_SOCKET_TIMEOUT_S, Rig
+from kelp.bench.chaos_rig import IDLE_PARTITION_S, STORE_SOCKET_TIMEOUT_S, WINDOW_S, JoinSide, Rig
 from kelp.bench.runner import progress
 
-__all__ = ["FAULTS", "Health", "inject"]
+__all__ = ["FAULTS", "STORE_FAULTS", "Health", "inject", "join_future_action", "join_nonfinite_impression"]
 
 READY_TIMEOUT_S = 90.0
 RECOVERY_TIMEOUT_S = 90.0
 RESTART_ATTEMPTS = 3
+STORE_FAULTS = frozenset({"redis_restart", "redis_stall", "replica_store_away"})
+"""Faults that take the joiner's Redis away: its exit (1, one line) is then expected."""
+FUTURE_TS = 4_102_444_800.0
+"""2100-01-01T00:00:00Z: the event time of the hostile click."""
+JOIN_EFFECT_TIMEOUT_S = 10.0
+"""How long a join fault waits for the joiner to have read its hostile records."""
 
 
 class Health:
@@ -137,7 +160,11 @@ def inject(rig: Rig, health: Health, kind: str, rng: random.Random) -> dict[str,
     answers = rig.client.counts()
     at = rig.clock()
     progress(f"fault {kind} at {at:.1f}s")
-    seen = FAULTS[kind](rig, health, rng)
+    outage: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if rig.join is not None and kind in STORE_FAULTS:
+        outage = rig.join.watch.store_outage()
+    with outage:
+        seen = FAULTS[kind](rig, health, rng)
     during = _delta(rig.client.counts(), answers)
     recovery = _recover(rig, health, rig.client.counts()[200])
     return {
@@ -217,6 +244,94 @@ def replica_store_away(rig: Rig, health: Health, rng: random.Random) -> dict[str
     return {"away_s": away_s, "replica_ready_while_away": readyz_while_away}
 
 
+def _rejected(side: JoinSide, reason: str) -> float:
+    return total(side.process.metrics(), "kelp_join_rejected_total", reason=reason)
+
+
+def _watermark(side: JoinSide) -> float | None:
+    m = side.process.metrics()
+    return total(m, "kelp_join_watermark_seconds") if m else None
+
+
+def _await_until(check: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return check()
+
+
+def _ahead_of_wall(watermark: float | None) -> float | str | None:
+    """How far the joiner's watermark runs ahead of the wall clock (it should trail it); JSON-safe."""
+    if watermark is None:
+        return None
+    if not math.isfinite(watermark):
+        return str(watermark)  # JSON has no NaN or infinity
+    return round(watermark - time.time(), 1)
+
+
+def join_future_action(rig: Rig, health: Any, rng: random.Random) -> dict[str, Any]:
+    """While the impressions pause (their partition idle), a click dated 2100 for an unknown request."""
+    side = _side(rig)
+    live_s = side.joined_again_s(time.time())  # a joiner restarting after the last fault would miss it
+    exits = len(side.watch.exits)
+    pause_s = round(2 * IDLE_PARTITION_S + 1.0 + rng.uniform(0.0, 1.0), 2)
+    with side.load.paused():
+        time.sleep(pause_s)  # the impressions partition idle and caught up: it no longer holds the watermark
+        before = _rejected(side, "future_ts")
+        rid = f"chaos-future-{uuid.uuid4().hex[:8]}"
+        send_now(side.broker.bootstrap, side.topics.clicks, rid, click_record(rid, 1, FUTURE_TS))
+        sent = time.time()
+
+        def seen() -> bool:
+            wm = _watermark(side)
+            return _rejected(side, "future_ts") > before or (wm is not None and wm > sent + WINDOW_S)
+
+        _await_until(seen, JOIN_EFFECT_TIMEOUT_S)
+        watermark = _watermark(side)
+    return {
+        "join_live_before_s": live_s,
+        "impressions_paused_s": pause_s,
+        "future_ts": FUTURE_TS,
+        "join_rejected_future_ts": _rejected(side, "future_ts") - before,
+        "join_watermark_ahead_of_wall_s": _ahead_of_wall(watermark),
+        "join_exits_during": len(side.watch.exits) - exits,
+        "join_positive_again_s": side.joined_again_s(sent),
+    }
+
+
+def join_nonfinite_impression(rig: Rig, health: Any, rng: random.Random) -> dict[str, Any]:
+    """An impression whose ``ts`` is NaN and one whose ``ts`` is infinity, as raw msgpack floats."""
+    side = _side(rig)
+    live_s = side.joined_again_s(time.time())
+    exits = len(side.watch.exits)
+    before = _rejected(side, "bad_type")
+    items = np.arange(3, dtype=np.uint64) + np.uint64(rng.randrange(1 << 40))
+    for name, ts in (("nan", float("nan")), ("inf", float("inf"))):
+        rid = f"chaos-{name}-{uuid.uuid4().hex[:8]}"
+        send_now(side.broker.bootstrap, side.topics.impressions, rid, impression_record(rid, ts, items))
+    sent = time.time()
+    _await_until(
+        lambda: _rejected(side, "bad_type") - before >= 2 or len(side.watch.exits) > exits,
+        JOIN_EFFECT_TIMEOUT_S,
+    )
+    return {
+        "join_live_before_s": live_s,
+        "impressions_sent": ["nan", "inf"],
+        "join_rejected_bad_type": _rejected(side, "bad_type") - before,
+        "join_watermark_ahead_of_wall_s": _ahead_of_wall(_watermark(side)),
+        "join_exits_during": len(side.watch.exits) - exits,
+        "join_positive_again_s": side.joined_again_s(sent),
+    }
+
+
+def _side(rig: Rig) -> JoinSide:
+    if rig.join is None:
+        raise RuntimeError("this rig runs no kelp join")
+    return rig.join
+
+
 FAULTS: dict[str, Callable[[Rig, Health, random.Random], dict[str, Any]]] = {
     "trainer_kill9": trainer_kill9,
     "redis_restart": redis_restart,
@@ -224,4 +339,6 @@ FAULTS: dict[str, Callable[[Rig, Health, random.Random], dict[str, Any]]] = {
     "broker_restart": broker_restart,
     "replica_store_away": replica_store_away,
     "poisoned_rows": poisoned_rows,
+    "join_future_action": join_future_action,
+    "join_nonfinite_impression": join_nonfinite_impression,
 }

@@ -5,23 +5,51 @@ restarts it (each run an *incarnation*, with its own log file). Readiness is
 the process's own ``/readyz``; its counters come from its own ``/metrics``,
 parsed with prometheus-client's parser, so the bench sees what Prometheus
 would.
+
+:class:`JoinWatch` watches ``kelp join``. Any exit the bench did not ask for is
+restarted (with a doubling back-off, as Kubernetes would) and counted; an
+exit while the bench has the joiner's Redis away (a kill, a stall), or
+shortly after, is the documented behaviour (exit 1, the restart reads again
+what was not committed) and counted apart. Every other exit is a *crash*:
+the ``join_crash_loops`` invariant.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["KelpProcess", "Metrics", "http_status", "proc_figures", "scrape", "total"]
+from kelp.bench.runner import progress
+
+__all__ = [
+    "JoinExit",
+    "JoinWatch",
+    "KelpProcess",
+    "Metrics",
+    "http_status",
+    "proc_figures",
+    "scrape",
+    "total",
+]
+
+OUTAGE_GRACE_S = 15.0
+"""An exit this long after a Redis fault ended still counts as the fault's (Redis replaying its file)."""
+RESTART_BACKOFF_S = (1.0, 10.0)
+"""The first and the longest wait before restarting an exited joiner (doubling in between)."""
+STABLE_S = 30.0
+"""A joiner that ran this long before exiting restarts after the first back-off again."""
 
 Metrics = dict[tuple[str, frozenset[tuple[str, str]]], float]
 """``{(sample name, frozenset(labels)): value}`` of one scrape."""
@@ -152,3 +180,97 @@ class KelpProcess:
             return self._log.read_text(errors="replace")[-chars:] if self._log else ""
         except OSError:
             return ""
+
+
+@dataclass(frozen=True)
+class JoinExit:
+    """One exit of the joiner the bench did not ask for; ``at_s`` counts from the bench's start of it."""
+
+    at_s: float
+    code: int | None
+    during_store_outage: bool
+    last_line: str
+
+
+class JoinWatch(threading.Thread):
+    """Restarts the joiner whenever it exits by itself and counts each exit (see the module docstring).
+
+    Stop it (:meth:`finish`) before stopping the process: an exit after that is the bench's.
+    """
+
+    def __init__(
+        self,
+        process: KelpProcess,
+        interval_s: float = 0.2,
+        grace_s: float = OUTAGE_GRACE_S,
+        backoff_s: tuple[float, float] = RESTART_BACKOFF_S,
+    ) -> None:
+        super().__init__(name="chaos-join-watch", daemon=True)
+        self.process = process
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self.backoff_s = backoff_s
+        self.exits: list[JoinExit] = []
+        self._t0 = time.monotonic()
+        self._outages: list[tuple[float, float]] = []
+        self._open_outages = 0
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+
+    @property
+    def crash_loops(self) -> int:
+        """Exits outside every Redis outage: the joiner died of its input or of itself."""
+        with self._lock:
+            return sum(1 for e in self.exits if not e.during_store_outage)
+
+    @property
+    def store_outage_exits(self) -> int:
+        with self._lock:
+            return sum(1 for e in self.exits if e.during_store_outage)
+
+    @contextlib.contextmanager
+    def store_outage(self) -> Iterator[None]:
+        """The block takes the joiner's Redis away: an exit inside it (or ``grace_s`` after) is expected."""
+        begin = self._now()
+        with self._lock:
+            self._open_outages += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open_outages -= 1
+                self._outages.append((begin, self._now()))
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def _in_outage(self, t: float) -> bool:
+        with self._lock:
+            return self._open_outages > 0 or any(b <= t <= e + self.grace_s for b, e in self._outages)
+
+    def run(self) -> None:
+        failures = 0
+        up_since = self._now()
+        while not self._halt.wait(self.interval_s):
+            if self.process.alive():
+                continue
+            at = self._now()
+            tail = self.process.log_tail(600).strip().splitlines()
+            record = JoinExit(
+                round(at, 2), self.process.exit_code(), self._in_outage(at), tail[-1] if tail else ""
+            )
+            with self._lock:
+                self.exits.append(record)
+            if not record.during_store_outage:
+                progress(f"kelp join exited by itself ({record.code}): {record.last_line[:300]}")
+            failures = 0 if at - up_since >= STABLE_S else failures + 1
+            wait = min(self.backoff_s[0] * 2 ** max(failures - 1, 0), self.backoff_s[1])
+            if self._halt.wait(wait):
+                return
+            self.process.start()
+            up_since = self._now()
+
+    def finish(self) -> None:
+        self._halt.set()
+        if self.ident is not None:  # started: a rig that failed to start stops it unstarted
+            self.join(30)

@@ -84,7 +84,7 @@ def test_the_quick_schedule_has_three_kills_and_every_other_fault() -> None:
     quick, full = schedule(quick=True), schedule(quick=False)
     assert quick.count("trainer_kill9") == 3 and len(quick) >= 6
     kinds = {"trainer_kill9", "redis_restart", "redis_stall", "broker_restart", "replica_store_away"}
-    assert set(quick) == kinds | {"poisoned_rows"}
+    assert set(quick) == kinds | {"poisoned_rows", "join_future_action", "join_nonfinite_impression"}
     assert full.count("trainer_kill9") >= 10 and set(full) == set(quick)
     # a trainer kill follows every poisoning: the next incarnation reads the rows from Redis, not its hot tier
     for schedule_ in (quick, full):
