@@ -45,8 +45,19 @@ class RequestLogConfig(StrictModel):
     queue_requests: int = Field(
         10_000,
         ge=1,
-        description="Requests waiting to be sent; past it (Kafka slow or down) new ones are dropped and "
+        description="Records not yet acknowledged by Kafka (queued, or in the producer's batches); past it "
+        "(Kafka slow or down) new ones are dropped and "
         'counted in kelp_serving_request_log_records_total{result="dropped"}, never waited for.',
+    )
+    queue_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Bytes of encoded records not yet acknowledged by Kafka (queued, or in the producer's "
+        "batches): the memory the request log may hold while Kafka is slow or down. Past it new records "
+        "are dropped and counted like queue_requests "
+        '(kelp_serving_request_log_dropped_total{reason="queue_bytes"}). A record holds every candidate\'s '
+        "ids, the user's repeated for each (docs/serving.md sizes it). Hazard: the pod's memory limit must "
+        "have room for it.",
     )
     linger_ms: int = Field(
         20, ge=0, le=10_000, description="kafka-python's linger: how long a batch may wait."
@@ -64,6 +75,15 @@ class ServingConfig(StrictModel):
         "this port, beside HTTP; None (default): HTTP only. Needs `pip install 'kelp[grpc]'`.",
     )
     workers: int = Field(1, ge=1, le=64)
+    worker_healthcheck_timeout_s: int = Field(
+        30,
+        ge=1,
+        le=600,
+        description="With workers > 1: how long a worker may take to answer the supervisor's health ping "
+        "before it is killed and replaced (uvicorn's timeout_worker_healthcheck, 5 s by default there). A "
+        "starting worker imports torch and loads the model, which holds the interpreter for seconds on a "
+        "busy machine. Hazard: a hung worker is replaced only this long after it stops answering.",
+    )
     model_version: Literal["latest"] | Annotated[int, Field(ge=1)] = Field(
         "latest",
         description="`latest`: serve what the snapshot channel names (the newest version, or the one "
@@ -73,6 +93,13 @@ class ServingConfig(StrictModel):
     max_samples_per_request: int = Field(1024, ge=1)
     max_ids_per_feature: int = Field(256, ge=1)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_vector_values: int = Field(
+        262_144,
+        ge=1,
+        description="Floats in one /v1/embeddings answer (ids x dim for stored rows; samples x d summed "
+        "over the encode hook's outputs); more: 413 answer_too_large, checked before the answer is built. "
+        "Bounds the answer's size and the scoring thread's time on it (about 12 bytes of JSON a float).",
+    )
     local_cache_ttl_ms: int = Field(
         0, ge=0, description="Serving-side row cache; 0 = off. Hazard: rows can be this much staler."
     )
@@ -87,8 +114,9 @@ class ServingConfig(StrictModel):
     body_timeout_s: float = Field(
         10.0,
         gt=0,
-        description="A score request's body must arrive within this many seconds of its headers, else 408 "
-        "(a slow-body client holds one connection, never a scoring thread).",
+        description="A request's body (any route that reads one: /v1, /v2, /v1/embeddings) must arrive "
+        "within this many seconds of its headers, else 408 and the connection closed (a slow-body client "
+        "holds one connection, never a scoring thread).",
     )
     max_header_bytes: int = Field(
         64 * 1024,

@@ -15,7 +15,7 @@ Endpoints (the contract; see docs/serving.md for examples):
 Errors are ``{"error": <reason>, "detail": ...}``: 401 on the score
 endpoints without the bearer token when ``serving.auth_token_file`` is set
 (:mod:`kelp.serving.auth`), 408 for a body slower than
-``serving.body_timeout_s``, 413 for a body above
+``serving.body_timeout_s`` (on every route that reads a body), 413 for a body above
 ``max_body_bytes`` or more samples than ``max_samples_per_request``, 422 for
 anything else the input gets wrong (the reason names it: ``too_many_ids``,
 ``unknown_feature``, ``bad_dense``...; ``nonfinite_score`` when an item's score
@@ -283,6 +283,7 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
         replica.parser,
         replica.scorer,
         serving.max_samples_per_request * serving.max_ids_per_feature,
+        serving.max_vector_values,
     )
 
     @app.post(
@@ -313,8 +314,9 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
             return _unauthorized(refusal)
         raw = await request.body()
         content_type = request.headers.get("content-type", "application/json")
-        answer = await routes.run(lambda: vectors.answer(decode_body(raw, content_type)))
-        return Response(orjson.dumps(answer), media_type="application/json")
+        # Encoding a large answer takes a while: on the scoring thread, not the event loop.
+        answer = await routes.run(lambda: orjson.dumps(vectors.answer(decode_body(raw, content_type))))
+        return Response(answer, media_type="application/json")
 
     @app.get("/healthz", summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:
@@ -365,7 +367,9 @@ def create_app(replica: ServingReplica, *, manage_lifecycle: bool = True) -> Fas
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=serving.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=serving.max_body_bytes, body_timeout_s=serving.body_timeout_s
+    )
     app.add_middleware(
         MetricsMiddleware, metrics=replica.metrics, endpoints=ENDPOINTS, template=endpoint_label
     )

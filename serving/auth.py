@@ -3,8 +3,11 @@
 Off unless ``serving.auth_token_file`` names a file; then ``POST /v1/score``
 and ``/v1/score/candidates`` need ``Authorization: Bearer <token>`` and answer
 401 with a reason (``missing_token`` or ``wrong_token``) and
-``WWW-Authenticate: Bearer`` otherwise, before the body is read. ``/healthz``,
-``/readyz`` and ``/metrics`` stay open (probes and scrapers carry no token).
+``WWW-Authenticate: Bearer`` otherwise, before the body is read. So do
+``/v1/embeddings`` and the Open Inference Protocol's inference and metadata,
+over REST and gRPC alike (:mod:`kelp.serving.oip.routes`). ``/healthz``,
+``/readyz``, ``/metrics`` and the protocol's health checks stay open (probes and
+scrapers carry no token).
 
 The token is read from its file once at start (a Kubernetes Secret mounted as
 a file), never from the config itself, so ``kelp config show`` cannot print

@@ -45,8 +45,14 @@ from kelp.errors import KelpError
 from kelp.serving.auth import BearerAuth
 from kelp.serving.body import decode_body, encode_body, wants_msgpack
 from kelp.serving.errors import error_answer
-from kelp.serving.middleware import RequestRecorder, body_too_large, declared_length, send_response
-from kelp.serving.request_log import REQUEST_ID_HEADER, RequestLog, request_id
+from kelp.serving.middleware import (
+    RequestRecorder,
+    body_timeout,
+    body_too_large,
+    declared_length,
+    send_response,
+)
+from kelp.serving.request_log import REQUEST_ID_HEADER, RequestLog, client_request_id, new_request_id
 from kelp.serving.scorer import Scorer, ScoreResult
 
 __all__ = ["SCORE_THREADS", "VERSION_HEADER", "Parse", "ScoreRoutes", "body_timeout"]
@@ -74,13 +80,7 @@ class _BodyTooLargeError(Exception):
 
 
 _WWW_AUTHENTICATE = ((b"www-authenticate", b'Bearer realm="kelp"'),)
-
-
-def body_timeout(seconds: float) -> dict[str, Any]:
-    return {
-        "error": "body_timeout",
-        "detail": f"the request body did not arrive within serving.body_timeout_s ({seconds:g} s)",
-    }
+_CLOSE = ((b"connection", b"close"),)  # a late body's rest must not be left to arrive on the connection
 
 
 class ScoreRoutes:
@@ -138,11 +138,12 @@ class ScoreRoutes:
         return self.auth.refusal(None if authorization is None else authorization.encode("latin-1"))
 
     def log(self, client_id: bytes | str | None, batch: MicroBatch, result: ScoreResult) -> str | None:
-        """Record a scored request in the request log and return its id; None when the log is off."""
+        """Record a scored request in the request log and return the id it is logged under (new for each
+        request; the client's own id, when valid, is kept beside it); None when the log is off."""
         if self.request_log is None:
             return None
-        logged_as = request_id(client_id)
-        self.request_log.record(logged_as, batch, result)
+        logged_as = new_request_id()
+        self.request_log.record(logged_as, batch, result, client_request_id(client_id))
         return logged_as
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, parse: Parse) -> None:
@@ -177,7 +178,7 @@ class ScoreRoutes:
                 except _BodyTooLargeError:
                     status, content, media = 413, orjson.dumps(body_too_large(self.limit)), "application/json"
                 except TimeoutError:
-                    status = 408
+                    status, headers = 408, _CLOSE
                     content, media = orjson.dumps(body_timeout(self.body_timeout_s)), "application/json"
                 else:
                     if raw is None:

@@ -12,17 +12,23 @@ the body per request. The score routes skip this stack
 * :class:`BodyLimitMiddleware`: a declared ``Content-Length`` above
   ``max_body_bytes`` is answered 413 before the body is read; a chunked body is
   counted as it streams, and the request fails with 413 once it passes the limit.
+  A body not complete ``body_timeout_s`` after the request reached the app is
+  answered 408 ``body_timeout`` and the connection closed; a client that goes
+  away mid-body is logged in one line (no traceback).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kelp.serving.metrics import ServingMetrics
@@ -31,16 +37,27 @@ __all__ = [
     "BodyLimitMiddleware",
     "MetricsMiddleware",
     "RequestRecorder",
+    "body_timeout",
     "body_too_large",
     "declared_length",
     "send_response",
 ]
+
+_log = logging.getLogger(__name__)
+_CLOSE = ((b"connection", b"close"),)  # a late body's rest must not be read as a next request
 
 
 def body_too_large(limit: int) -> dict[str, Any]:
     return {
         "error": "body_too_large",
         "detail": f"request body exceeds serving.max_body_bytes ({limit} bytes)",
+    }
+
+
+def body_timeout(seconds: float) -> dict[str, Any]:
+    return {
+        "error": "body_timeout",
+        "detail": f"the request body did not arrive within serving.body_timeout_s ({seconds:g} s)",
     }
 
 
@@ -129,10 +146,23 @@ class MetricsMiddleware:
             self.recorder.finish(endpoint, status[0], started)
 
 
+class _BodyTimeoutError(Exception):
+    """The body was not complete by its deadline (raised from ``receive``, answered 408 here)."""
+
+
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    """The body guards of every route FastAPI answers: size (413) and deadline (408).
+
+    Any route that reads a body (``/v2`` inference, ``/v1/embeddings``, the score routes under a
+    ``root_path``) gets them here rather than in its handler, so a new route cannot forget them.
+    The deadline covers ``receive`` only until the body is complete: what a handler waits for
+    afterwards (a disconnect, while the scoring thread works) is not a body.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 10.0) -> None:
         self.app = app
         self.limit = max_body_bytes
+        self.timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -143,18 +173,54 @@ class BodyLimitMiddleware:
             await _send_json(send, 413, body_too_large(self.limit))
             return
         seen = 0
+        complete = False
+        started = False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    # FastAPI re-raises HTTPException from body reading; the app's handler answers 413.
-                    raise HTTPException(413, detail=body_too_large(self.limit)["detail"])
+        async def guarded() -> Message:
+            nonlocal seen, complete
+            if complete:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise _BodyTimeoutError from None
+            if message["type"] != "http.request":
+                complete = True  # a disconnect: Starlette raises ClientDisconnect, answered below
+                return message
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                # FastAPI re-raises HTTPException from body reading; the app's handler answers 413.
+                raise HTTPException(413, detail=body_too_large(self.limit)["detail"])
+            complete = not message.get("more_body", False)
             return message
 
-        await self.app(scope, limited, send)
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, guarded, watched)
+        except _BodyTimeoutError:
+            if started:  # a handler that answers before reading its body: nothing left to say
+                return
+            # The rest of the body may still come: close, so it is never read as a next request.
+            await _send_json(send, 408, body_timeout(self.timeout_s), _CLOSE)
+        except ClientDisconnect:
+            # The client went away mid-body: routine for a server, one line and no traceback.
+            _log.info(
+                "client %s went away before its %s %s body was complete",
+                _client(scope),
+                scope.get("method", ""),
+                scope.get("path", ""),
+            )
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return "?" if not client else f"{client[0]}:{client[1]}"
 
 
 async def send_response(
@@ -179,5 +245,7 @@ async def send_response(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    await send_response(send, status, json.dumps(payload).encode(), b"application/json")
+async def _send_json(
+    send: Send, status: int, payload: dict[str, Any], extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    await send_response(send, status, json.dumps(payload).encode(), b"application/json", extra_headers)

@@ -2,22 +2,38 @@
 
 The online-learning loop needs a record of what was served (the features as
 scored, the scores, the model version) to join with the clicks that come
-later. :meth:`RequestLog.record` runs on the scoring thread and only puts a
-reference on a bounded queue (the request's batch and result, already built);
-a sender thread encodes each record
-(:func:`~kelp.consumers.codec.encode_request_record`) and hands it to
-kafka-python's producer, which batches (``linger_ms``) and retries.
+later. :meth:`RequestLog.record` runs on the scoring thread: it encodes the
+record (:func:`~kelp.consumers.codec.encode_request_record`) and queues the
+bytes. A sender thread hands them to kafka-python's producer, which batches
+(``linger_ms``) and retries. What the log holds, from ``record`` until Kafka
+acknowledges a record or the producer gives up on it, is bounded twice: in
+records (``queue_requests``) and in bytes (``queue_bytes``). The producer's
+batches count too: kafka-python bounds them by time only
+(``delivery_timeout_ms``), so a broker lost after start would otherwise move
+the whole queue into it.
+
+Why encode before queueing: the queue then holds exactly the bytes it counts.
+A queued batch and its result hold more than the record (the Python floats of
+the scores, the decoded msgpack columns the batch's arrays may be views of),
+and no count bound fits both a 1-sample and a 1,000-candidate request: with
+Kafka down, a count bound alone lets a replica grow until it is killed.
 
 Pressure never reaches a request:
 
-* a full queue (Kafka slow or down) drops the new record and counts it
-  (``kelp_serving_request_log_records_total{result="dropped"}``);
+* a full log (Kafka slow or down) drops the new record and counts it
+  (``kelp_serving_request_log_records_total{result="dropped"}``, and
+  ``kelp_serving_request_log_dropped_total{reason}`` naming the bound);
 * the producer is built on the sender thread, retried with backoff while the
   brokers do not answer, so a replica starts and scores with Kafka down;
 * ``max_block_ms`` is short, so a broker that vanishes stalls the sender
   thread for at most that long per record, and then the queue, not a request, waits;
 * a record the producer gives up on is counted as ``failed``, an acknowledged
   one as ``sent``.
+
+Every request is logged under an id of its own (:func:`new_request_id`): a
+client's ``X-Request-Id`` (or OIP ``id``) may be reused, and the join keeps one
+impression per id. A valid client id travels beside it in the record, as
+``request.client_id``, and so on into the joined training events.
 
 The Kafka message: key the request id, value the record, headers
 ``schema=kelp-request-v1`` and ``model_version``.
@@ -26,10 +42,10 @@ The Kafka message: key the request id, value the record, headers
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,57 +54,107 @@ import numpy as np
 
 from kelp.config import KafkaSourceConfig, RequestLogConfig
 from kelp.consumers.batch import MicroBatch
-from kelp.consumers.codec import encode_request_record
+from kelp.consumers.codec import MAX_REQUEST_ID_BYTES, encode_request_record, is_valid_request_id
 from kelp.consumers.kafka_client import client_settings
 from kelp.serving.features import RequestBatch
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.scorer import ScoreResult
 
 __all__ = [
+    "DROP_REASONS",
     "MAX_REQUEST_ID_BYTES",
     "REQUEST_ID_HEADER",
     "SCHEMA_HEADER",
     "RequestLog",
+    "client_request_id",
     "is_valid_request_id",
-    "request_id",
+    "new_request_id",
 ]
 
 log = logging.getLogger("kelp.serving")
 
 SCHEMA_HEADER = ("schema", b"kelp-request-v1")
+DROP_REASONS = ("queue_requests", "queue_bytes")
+"""The ``reason`` of ``kelp_serving_request_log_dropped_total``: the bound that was full."""
 _MAX_BLOCK_MS = 1_000
 _RETRY_S = (0.5, 1.0, 2.0, 5.0)
 _CLOSE_FLUSH_S = 5.0
+_CLOSE_UNCONNECTED_S = 0.5
 
 
 REQUEST_ID_HEADER = "kelp-request-id"
 """The response header with the id a request was logged under (with ``serving.request_log`` on)."""
-MAX_REQUEST_ID_BYTES = 128
-"""The longest request id Kelp logs or joins on: one rule for the request log and ``kelp join``, so an
-id is never accepted by one and refused (or stored at any size) by the other."""
 
 
-def is_valid_request_id(given: bytes | str | None) -> bool:
-    """True for 1 to :data:`MAX_REQUEST_ID_BYTES` printable ASCII characters (no spaces)."""
-    if isinstance(given, str):
-        given = given.encode("utf-8", "replace")
-    return bool(given) and len(given) <= MAX_REQUEST_ID_BYTES and all(0x21 <= b <= 0x7E for b in given)
-
-
-def request_id(given: bytes | str | None) -> str:
+def client_request_id(given: bytes | str | None) -> str | None:
     """The client's own id (``X-Request-Id``, or the OIP request's ``id``) when it is a valid request id
-    (:func:`is_valid_request_id`), else a new random one: the join matches clicks to requests by it."""
+    (:func:`is_valid_request_id`), else None: it is kept beside the record, never as its key."""
     if is_valid_request_id(given):
         return given.decode("ascii") if isinstance(given, bytes) else str(given)
+    return None
+
+
+def new_request_id() -> str:
+    """A fresh id for one logged request. Never the client's: clients reuse ids (retries, a constant
+    header), and the join keeps one impression per id, so a reused one would lose the later request's
+    clicks."""
     return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
-class _Entry:
+class _Record:
+    """One encoded record waiting for the sender: what the Kafka message needs, and nothing else."""
+
     request_id: str
-    ts: float
-    batch: MicroBatch
-    result: ScoreResult
+    model_version: int
+    value: bytes
+
+
+class _Held:
+    """The records the request log holds, from :meth:`put` until :meth:`release`: queued for the sender,
+    or handed to the producer and not yet acknowledged (kafka-python's producer has no memory bound of its
+    own: with a broker gone after start, its batches wait for ``delivery_timeout_ms``). Bounded in count
+    and in bytes; :meth:`put` refuses rather than waits. :meth:`get` hands out the queued ones in order."""
+
+    def __init__(self, max_records: int, max_bytes: int) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._queued: deque[_Record] = deque()
+        self._count = 0
+        self._bytes = 0
+        self._ready = threading.Condition(threading.Lock())
+
+    def put(self, record: _Record) -> str | None:
+        """Hold ``record``; when it does not fit, the name of the full bound (in :data:`DROP_REASONS`)."""
+        with self._ready:
+            if self._count >= self.max_records:
+                return "queue_requests"
+            if self._bytes + len(record.value) > self.max_bytes:
+                return "queue_bytes"
+            self._queued.append(record)
+            self._count += 1
+            self._bytes += len(record.value)
+            self._ready.notify()
+        return None
+
+    def get(self, timeout: float) -> _Record | None:
+        """The oldest queued record, waiting up to ``timeout``; None when there is none. It stays held."""
+        with self._ready:
+            if not self._queued:
+                self._ready.wait(timeout)
+            return self._queued.popleft() if self._queued else None
+
+    def release(self, record: _Record) -> None:
+        """``record`` is acknowledged, or given up on: it no longer counts against the bounds."""
+        with self._ready:
+            self._count -= 1
+            self._bytes -= len(record.value)
+
+    def count(self) -> int:
+        return self._count
+
+    def nbytes(self) -> int:
+        return self._bytes
 
 
 class RequestLog:
@@ -112,23 +178,32 @@ class RequestLog:
             "retries": 3,
         }
         self._make_producer = make_producer
-        self._queue: queue.Queue[_Entry] = queue.Queue(cfg.queue_requests)
+        self._held = _Held(cfg.queue_requests, cfg.queue_bytes)
         self._records = metrics.request_log_records
         self._sent = self._records.labels(result="sent")
         self._dropped = self._records.labels(result="dropped")
         self._failed = self._records.labels(result="failed")
-        metrics.request_log_queue.set_function(self._queue.qsize)
+        self._dropped_by = {r: metrics.request_log_dropped.labels(reason=r) for r in DROP_REASONS}
+        metrics.request_log_queue.set_function(self._held.count)
+        metrics.request_log_queue_bytes.set_function(self._held.nbytes)
         self._stop = threading.Event()
         self._producer: Any = None
         self._thread = threading.Thread(target=self._run, name="kelp-request-log", daemon=True)
         self._thread.start()
 
-    def record(self, logged_as: str, batch: MicroBatch, result: ScoreResult) -> None:
-        """Queue one scored request; never blocks (a full queue drops it, counted)."""
-        try:
-            self._queue.put_nowait(_Entry(logged_as, time.time(), batch, result))
-        except queue.Full:
+    def record(
+        self, logged_as: str, batch: MicroBatch, result: ScoreResult, client_id: str | None = None
+    ) -> None:
+        """Encode one scored request and queue it; never blocks (when a bound is full it drops it, counted).
+
+        Runs on the scoring thread: the encode (a copy of the request's columns) is the price of a queue
+        that holds only what it counts.
+        """
+        value = self._encode(logged_as, time.time(), batch, result, client_id)
+        full = self._held.put(_Record(logged_as, result.model_version, value))
+        if full is not None:
             self._dropped.inc()
+            self._dropped_by[full].inc()
 
     # ------------------------------------------------------------------ the sender thread
 
@@ -146,11 +221,9 @@ class RequestLog:
                     attempt += 1
                     self._stop.wait(delay)
                     continue
-            try:
-                entry = self._queue.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self._send(entry)
+            record = self._held.get(timeout=0.1)
+            if record is not None:
+                self._send(record)
         self._drain()
 
     def _connect(self) -> Any:
@@ -160,24 +233,27 @@ class RequestLog:
             return KafkaProducer(**self._settings)
         return self._make_producer(**self._settings)
 
-    def _send(self, entry: _Entry) -> None:
+    def _send(self, record: _Record) -> None:
+        headers = [SCHEMA_HEADER, ("model_version", b"%d" % record.model_version)]
         try:
-            value = self._encode(entry)
             future = self._producer.send(
-                self.topic,
-                value=value,
-                key=entry.request_id.encode(),
-                headers=[SCHEMA_HEADER, ("model_version", b"%d" % entry.result.model_version)],
+                self.topic, value=record.value, key=record.request_id.encode(), headers=headers
             )
         except Exception as exc:  # a full buffer past max_block_ms, metadata that never came
-            self._failed.inc()
-            log.debug("request log: record %s not sent: %s", entry.request_id, exc)
+            self._done(record, self._failed)
+            log.debug("request log: record %s not sent: %s", record.request_id, exc)
             return
-        future.add_callback(lambda _meta: self._sent.inc())
-        future.add_errback(lambda _exc: self._failed.inc())
+        future.add_callback(lambda _meta: self._done(record, self._sent))
+        future.add_errback(lambda _exc: self._done(record, self._failed))
 
-    def _encode(self, entry: _Entry) -> bytes:
-        batch, result = entry.batch, entry.result
+    def _done(self, record: _Record, outcome: Any) -> None:
+        """``record`` left the request log's hands (``outcome``: the sent or failed counter)."""
+        self._held.release(record)
+        outcome.inc()
+
+    def _encode(
+        self, request_id: str, ts: float, batch: MicroBatch, result: ScoreResult, client_id: str | None
+    ) -> bytes:
         by_task = result.scores_of(self.tasks)
         raw = (
             batch.raw_dense
@@ -185,12 +261,13 @@ class RequestLog:
             else batch.dense
         )
         return encode_request_record(
-            request_id=entry.request_id,
+            request_id=request_id,
             model_version=result.model_version,
-            ts=entry.ts,
+            ts=ts,
             dense=raw,
             sparse={name: (ids.values, np.diff(ids.offsets)) for name, ids in batch.sparse.items()},
             scores={task: np.asarray(by_task[task], np.float32) for task in self.tasks},
+            client_id=client_id,
         )
 
     def _drain(self) -> None:
@@ -199,17 +276,29 @@ class RequestLog:
             return
         deadline = time.monotonic() + _CLOSE_FLUSH_S
         while time.monotonic() < deadline:
-            try:
-                self._send(self._queue.get_nowait())
-            except queue.Empty:
+            record = self._held.get(timeout=0)
+            if record is None:
                 break
+            self._send(record)
         try:
             self._producer.flush(timeout=max(0.1, deadline - time.monotonic()))
         except Exception as exc:  # a flush that timed out: those records count as failed by their futures
             log.warning("request log: flush at close did not complete: %s", exc)
-        self._producer.close(timeout=1.0)
+        try:
+            self._producer.close(timeout=1.0)
+        except Exception as exc:  # kafka-python's close flushes first, and raises when that times out
+            log.info("request log: records left unsent at close: %s", exc)
+            sender = getattr(self._producer, "_sender", None)  # then it never stops its I/O thread
+            if sender is not None:
+                sender.force_close()  # which fails what is pending: counted as failed
 
     def close(self) -> None:
-        """Stop the sender after it sent what it can within a few seconds."""
+        """Stop the sender after it sent what it can within a few seconds.
+
+        When Kafka was never reached there is no producer to flush, and kafka-python's constructor may
+        still be waiting on an unreachable broker: shutdown does not wait for it (the daemon thread still
+        sends what is queued if the broker answers before the process ends).
+        """
         self._stop.set()
-        self._thread.join(_CLOSE_FLUSH_S + 2.0)
+        connected = self._producer is not None
+        self._thread.join(_CLOSE_FLUSH_S + 2.0 if connected else _CLOSE_UNCONNECTED_S)

@@ -17,7 +17,11 @@ vector come from one endpoint:
 
 Ids follow the one id rule (integers, or strings read as in training). A
 request holds at most ``max_samples_per_request * max_ids_per_feature`` ids
-(413 ``too_many_ids``).
+(413 ``too_many_ids``); a repeated id is read once and listed at each of its
+positions. An answer holds at most ``serving.max_vector_values`` floats (ids x
+dim, or the encode hook's outputs together), checked on counts and shapes before
+anything is read or converted (413 ``answer_too_large``): the answer's size and
+the scoring thread's time on it stay bounded.
 """
 
 from __future__ import annotations
@@ -41,11 +45,19 @@ ENCODE_HOOK = "encode"
 class VectorLookup:
     """Answers ``/v1/embeddings`` bodies (already decoded) on the scoring thread."""
 
-    def __init__(self, store: EmbeddingStore, parser: RequestParser, scorer: Scorer, max_ids: int) -> None:
+    def __init__(
+        self,
+        store: EmbeddingStore,
+        parser: RequestParser,
+        scorer: Scorer,
+        max_ids: int,
+        max_values: int,
+    ) -> None:
         self.store = store
         self.parser = parser
         self.scorer = scorer
         self.max_ids = max_ids
+        self.max_values = max_values
         spec = parser.spec
         self.table_of = {f.name: f.table_name for f in spec.sparse}
         self.dims = {t.name: t.dim for t in spec.tables}
@@ -79,8 +91,9 @@ class VectorLookup:
             raise BadRequestError("invalid_request", "'ids' must be a non-empty list")
         if len(raw) > self.max_ids:
             raise RequestError("too_many_ids", f"{len(raw)} ids, at most {self.max_ids}", status=413)
+        self._check_size(len(raw) * self.dims[table], f"{len(raw)} ids x dim {self.dims[table]}")
         ids = ids_of(raw, "ids")
-        unique, inverse = np.unique(ids, return_inverse=True)
+        unique, inverse = np.unique(ids, return_inverse=True)  # a repeated id is read once
         pulled = self.store.pull_many({table: unique}, count=False)[table]
         stored = pulled.admitted if pulled.updated_s is None else pulled.updated_s > 0
         return {
@@ -110,7 +123,6 @@ class VectorLookup:
         except Exception as exc:  # user model code may raise anything
             raise RequestError("model_error", f"model v{served.version}: encode raised {exc!r}", 500) from exc
         vectors = out if isinstance(out, Mapping) else {"vector": out}
-        answer: dict[str, Any] = {}
         for name, tensor in vectors.items():
             if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2 or tensor.shape[0] != batch.size:
                 shape = getattr(tensor, "shape", type(tensor).__name__)
@@ -120,8 +132,23 @@ class VectorLookup:
                     f"[{batch.size}, d]",
                     500,
                 )
+        # On shapes, before any copy or conversion: turning a huge output into lists is what costs.
+        shapes = ", ".join(f"{name!r} {list(t.shape)}" for name, t in vectors.items())
+        self._check_size(sum(t.numel() for t in vectors.values()), f"model v{served.version}: {shapes}")
+        answer: dict[str, Any] = {}
+        for name, tensor in vectors.items():
             values = tensor.detach().float().cpu()
             if not bool(torch.isfinite(values).all()):
                 raise BadRequestError("nonfinite_vector", f"model v{served.version}: {name!r} is not finite")
             answer[str(name)] = values.tolist()
         return {"vectors": answer, "model_version": served.version}
+
+    def _check_size(self, values: int, what: str) -> None:
+        """Refuse an answer of more than ``max_values`` floats before it is built (413)."""
+        if values > self.max_values:
+            raise RequestError(
+                "answer_too_large",
+                f"{what}: {values} values, at most serving.max_vector_values ({self.max_values}); "
+                "ask for fewer ids or samples per request",
+                status=413,
+            )

@@ -33,7 +33,9 @@ model is loaded and warmed.
 A broken ``latest`` (not a version number, or naming a version the channel
 does not hold) is counted as ``reason="pointer"`` and logged once per value,
 not once per poll; the replica keeps serving, and ``last_error`` (shown by
-``/readyz`` before the first load) says what is wrong.
+``/readyz`` before the first load) says what is wrong. So does
+``last_rejection`` for a refused snapshot: a replica with no model says which
+version it refused and why, not only that it has none.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class SnapshotWatcher:
         self.rejected: set[int] = set()  # bad snapshots: not read again
         self.older: set[int] = set()  # a `latest` below the served version: not read again unless pinned
         self.last_error: str | None = None
+        self.last_rejection: str | None = None
+        """The newest snapshot refused, its reason and why (``/readyz`` says it while no model is loaded)."""
         self._pointer_problem: str | None = None  # the broken `latest` last reported, to say it once
         self._behind_reported = False  # a `latest` below the served version was reported
         self._stop = threading.Event()
@@ -121,6 +125,7 @@ class SnapshotWatcher:
                 return False  # otherwise pruned between the pointer read and the read: the next check
             except SnapshotRejectedError as exc:
                 self.rejected.add(latest)
+                self.last_rejection = f"v{latest} rejected ({exc.reason}): {exc}"
                 self.metrics.snapshots_rejected.labels(reason=exc.reason).inc()
                 log.warning(
                     "rejected snapshot v%d (%s): %s; still serving %s",

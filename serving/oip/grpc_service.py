@@ -13,7 +13,10 @@ the reason first, as over REST, with the gRPC status of the HTTP one: 401
 ``UNAUTHENTICATED``, 404 ``NOT_FOUND``, 413 ``RESOURCE_EXHAUSTED``, any other
 4xx ``INVALID_ARGUMENT``, 503 ``UNAVAILABLE``, else ``INTERNAL``. With
 ``serving.auth_token_file`` set, calls need ``authorization: Bearer <token>``
-metadata, except the liveness and readiness checks.
+metadata, except the health checks (``ServerLive``, ``ServerReady``,
+``ModelReady``): the rule of the REST routes, where the server and model
+metadata need the token too. ``FP16`` has no typed ``contents`` field in the
+protocol, so it comes as ``raw_input_contents`` only (400 otherwise).
 """
 
 from __future__ import annotations
@@ -26,8 +29,15 @@ import numpy as np
 
 from kelp.errors import KelpError, UserError
 from kelp.serving.errors import RequestError, error_answer
-from kelp.serving.oip.model import OipModel
-from kelp.serving.oip.tensors import DTYPES, InferRequest, OutputRequest, Tensor, from_binary
+from kelp.serving.oip.model import LOGGED_ID_PARAMETER, OipModel
+from kelp.serving.oip.tensors import (
+    DTYPES,
+    CountCheck,
+    InferRequest,
+    OutputRequest,
+    Tensor,
+    from_binary,
+)
 
 __all__ = ["GRPC_THREADS", "start_grpc_server"]
 
@@ -112,6 +122,7 @@ def _service_class(grpc: Any, pb: Any, rpc: Any) -> type:
             return pb.ModelReadyResponse(ready=self.model.replica.readiness()[0])
 
         def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+            self._authorized(context)
             return pb.ServerMetadataResponse(name="kelp", version=self.server_version, extensions=[])
 
         def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -135,7 +146,7 @@ def _service_class(grpc: Any, pb: Any, rpc: Any) -> type:
             self._authorized(context)
             try:
                 pinned = self.model.requested_version(request.model_name, request.model_version or None)
-                parsed = _infer_request(request)
+                parsed = _infer_request(request, self.model.inputs.check_count)
                 done = self.model.routes.run_blocking(self.model.infer, parsed, pinned, None)
             except KelpError as exc:
                 self._abort(context, exc)
@@ -147,6 +158,8 @@ def _service_class(grpc: Any, pb: Any, rpc: Any) -> type:
             for key, value in done.parameters().items():
                 if value is not None and math.isfinite(value):
                     response.parameters[key].double_param = float(value)
+            if done.logged_as is not None:
+                response.parameters[LOGGED_ID_PARAMETER].string_param = done.logged_as
             for name, values, _binary in done.outputs:
                 response.outputs.add(name=name, datatype="FP32", shape=list(values.shape))
                 response.raw_output_contents.append(np.ascontiguousarray(values, "<f4").tobytes())
@@ -155,8 +168,9 @@ def _service_class(grpc: Any, pb: Any, rpc: Any) -> type:
     return InferenceService
 
 
-def _infer_request(request: Any) -> InferRequest:
-    """The protocol buffer request as the REST parser's :class:`InferRequest` (every output binary)."""
+def _infer_request(request: Any, check_count: CountCheck | None = None) -> InferRequest:
+    """The protocol buffer request as the REST parser's :class:`InferRequest` (every output binary);
+    ``check_count`` sees each input's element count before its elements are read."""
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
         raise RequestError(
@@ -171,6 +185,8 @@ def _infer_request(request: Any) -> InferRequest:
         if any(d < 0 for d in shape):
             raise RequestError("invalid_request", f"{where}: a negative dimension in {list(shape)}", 400)
         count = math.prod(shape)
+        if check_count is not None:
+            check_count(tensor.name, count)
         if raw:
             data = from_binary(raw[k], tensor.datatype, count, where)
         else:
@@ -185,7 +201,15 @@ def _infer_request(request: Any) -> InferRequest:
 
 
 def _typed_contents(tensor: Any, count: int, where: str) -> np.ndarray:
-    values = getattr(tensor.contents, _CONTENTS[tensor.datatype])
+    field = _CONTENTS.get(tensor.datatype)
+    if field is None:  # the protocol's InferTensorContents has no field for it (FP16)
+        raise RequestError(
+            "invalid_request",
+            f"{where}: {tensor.datatype} has no typed contents in the protocol; "
+            "send it as raw_input_contents",
+            400,
+        )
+    values = getattr(tensor.contents, field)
     if len(values) != count:
         raise RequestError("invalid_request", f"{where}: {len(values)} values for {count} elements", 400)
     dtype = DTYPES[tensor.datatype]

@@ -63,6 +63,33 @@ class TensorInputs:
         self._sparse = set(self.sparse_names)
         # A feature's name wins: `dense` is the matrix input only when no feature is called that.
         self._matrix = bool(self.dense_names) and DENSE_INPUT not in self._dense | self._sparse
+        self._per_sample = self._elements_per_sample()
+        self._most_per_sample = max(self._per_sample.values(), default=1)
+
+    def _elements_per_sample(self) -> dict[str, int]:
+        """The most elements each input may have per sample: its count's bound, before any is read."""
+        most: dict[str, int] = {}
+        for i, name in enumerate(self.sparse_names):
+            most.setdefault(name + LENGTHS_SUFFIX, 1)
+            most[name] = max(self.parser.id_limits[i], 1)
+        if self._matrix:
+            most[DENSE_INPUT] = len(self.dense_names)
+        for name in self.dense_names:
+            most[name] = 1
+        return most
+
+    def check_count(self, name: str, count: int) -> None:
+        """413 ``too_many_samples`` for an input with more elements than fit
+        ``serving.max_samples_per_request`` samples; called on its shape, before its elements are read."""
+        per_sample = self._per_sample.get(name, self._most_per_sample)
+        most = self.parser.max_samples * per_sample
+        if count > most:
+            raise RequestError(
+                "too_many_samples",
+                f"input {name!r}: {count} elements, more than serving.max_samples_per_request "
+                f"({self.parser.max_samples}) samples of {per_sample} can hold",
+                status=413,
+            )
 
     def metadata(self) -> list[dict[str, Any]]:
         """The inputs as the model metadata lists them (``-1``: any size)."""

@@ -20,7 +20,7 @@ from kelp.serving.oip.tensors import InferRequest
 from kelp.serving.replica import ServingReplica
 from kelp.serving.scorer import ScoreResult
 
-__all__ = ["Inferred", "OipModel", "version_number"]
+__all__ = ["LOGGED_ID_PARAMETER", "Inferred", "OipModel", "version_number"]
 
 PLATFORM = "kelp_pytorch"
 
@@ -30,13 +30,23 @@ def version_number(version: str) -> int | None:
     return int(version) if version.isascii() and version.isdigit() and len(version) < 19 else None
 
 
+LOGGED_ID_PARAMETER = "kelp_request_id"
+"""The response parameter (REST and gRPC) with the id the request was logged under; REST also sends it
+as the ``kelp-request-id`` header. Absent while ``serving.request_log`` is off."""
+
+
 @dataclass(frozen=True)
 class Inferred:
-    """One inference: the scores, the outputs asked for as ``(task, FP32 [B], binary)``, the request's id."""
+    """One inference: the scores, the outputs asked for as ``(task, FP32 [B], binary)``, the request's ids.
+
+    ``request_id`` is the client's own (the protocol echoes it as the response's ``id``); ``logged_as``
+    the id the request log gave it, which the client's actions must carry for ``kelp join`` to match them.
+    """
 
     result: ScoreResult
     outputs: list[tuple[str, np.ndarray, bool]]
     request_id: str | None
+    logged_as: str | None = None
 
     def parameters(self) -> dict[str, Any]:
         """What ``/v1/score`` adds to its scores, as the response's parameters."""
@@ -121,4 +131,4 @@ class OipModel:
                     raise RequestError("unknown_output", message, status=400)
                 outputs.append((wanted.name, np.asarray(by_task[wanted.name], np.float32), wanted.binary))
         logged_as = self.routes.log(request.id or client_id, batch, result)
-        return Inferred(result, outputs, logged_as or request.id)
+        return Inferred(result, outputs, request.id, logged_as)

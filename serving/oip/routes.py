@@ -18,6 +18,10 @@ Errors have the protocol's shape, ``{"error": "<reason>: <message>"}``: 400 for
 a request that does not fit the model, 401 without the bearer token (when
 ``serving.auth_token_file`` is set), 404 for another model or version, 413 over
 the limits, 503 when no model is loaded or the store is unreachable.
+
+With ``serving.auth_token_file`` set, inference and metadata (server and model)
+need the token; the health checks (live, ready, model ready) stay open. gRPC
+(:mod:`kelp.serving.oip.grpc_service`) keeps the same rule.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from kelp.errors import KelpError
 from kelp.serving.dispatch import VERSION_HEADER
 from kelp.serving.errors import RequestError, error_answer
-from kelp.serving.oip.model import OipModel
+from kelp.serving.oip.model import LOGGED_ID_PARAMETER, OipModel
 from kelp.serving.oip.schemas import (
     InferResponseBody,
     ModelMetadata,
@@ -81,6 +85,13 @@ def endpoint_label(path: str) -> str | None:
     return "/".join(parts)
 
 
+_MAX_DIGITS = 18  # any byte count a body can have; more digits than int() may even take are refused
+
+
+def _byte_count(value: str) -> bool:
+    return value.isascii() and value.isdigit() and len(value) <= _MAX_DIGITS
+
+
 def _oip_error(status: int, reason: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": f"{reason}: {message}"}, status_code=status, headers=headers)
 
@@ -93,12 +104,29 @@ def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
     """Declare the ``/v2`` endpoints of ``model`` on ``app``; inference runs on its routes' scoring thread."""
     routes = model.routes
 
+    def unauthorized(request: Request) -> JSONResponse | None:
+        """The 401 for a request without the bearer token (when one is set), else None."""
+        refusal = routes.refusal(request.headers.get("authorization"))
+        if refusal is None:
+            return None
+        return _oip_error(
+            401, refusal["error"], refusal["detail"], {"WWW-Authenticate": 'Bearer realm="kelp"'}
+        )
+
     def readiness() -> Response:
         is_ready, reason = model.replica.readiness()
         return Response(status_code=200) if is_ready else _oip_error(503, "not_ready", reason or "")
 
-    @app.get("/v2", response_model=ServerMetadata, summary="Server metadata (Open Inference Protocol)")
-    async def server_metadata() -> dict[str, Any]:
+    @app.get(
+        "/v2",
+        response_model=ServerMetadata,
+        responses={401: _ERRORS[401]},
+        summary="Server metadata (Open Inference Protocol)",
+    )
+    async def server_metadata(request: Request) -> Any:
+        refused = unauthorized(request)
+        if refused is not None:
+            return refused
         return {"name": "kelp", "version": server_version, "extensions": EXTENSIONS}
 
     @app.get("/v2/health/live", summary="Liveness (Open Inference Protocol)", response_class=Response)
@@ -114,15 +142,18 @@ def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
     def ready() -> Response:
         return readiness()
 
-    def metadata(name: str, version: str | None) -> JSONResponse:
+    def metadata(request: Request, name: str, version: str | None) -> JSONResponse:
+        refused = unauthorized(request)
+        if refused is not None:
+            return refused
         problem = model.problem(name, version)
         return _refused(problem) if problem is not None else JSONResponse(model.metadata())
 
     @app.get(
         "/v2/models/{name}", response_model=ModelMetadata, responses=_ERRORS, summary="Model metadata (OIP)"
     )
-    async def model_metadata(name: str) -> JSONResponse:
-        return metadata(name, None)
+    async def model_metadata(request: Request, name: str) -> JSONResponse:
+        return metadata(request, name, None)
 
     @app.get(
         "/v2/models/{name}/versions/{version}",
@@ -130,8 +161,8 @@ def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
         responses=_ERRORS,
         summary="Model version metadata (OIP)",
     )
-    async def version_metadata(name: str, version: str) -> JSONResponse:
-        return metadata(name, version)
+    async def version_metadata(request: Request, name: str, version: str) -> JSONResponse:
+        return metadata(request, name, version)
 
     def model_ready(name: str, version: str | None) -> Response:
         problem = model.problem(name, version)
@@ -159,31 +190,34 @@ def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
         raw: bytes, header_length: int | None, version: int | None, client_id: str | None
     ) -> tuple[bytes, int | None, dict[str, str]]:
         """Parse, score, encode: one call on the scoring thread. Also returns the response's headers."""
-        done = model.infer(parse_request(raw, header_length), version, client_id)
+        done = model.infer(parse_request(raw, header_length, model.inputs.check_count), version, client_id)
         headers = {VERSION_HEADER: str(done.result.model_version)}
-        if done.request_id is not None and routes.request_log is not None:
-            headers[REQUEST_ID_HEADER] = done.request_id
+        if done.logged_as is not None:
+            headers[REQUEST_ID_HEADER] = done.logged_as
         head: dict[str, Any] = {"model_name": model.name, "model_version": str(done.result.model_version)}
         if done.request_id is not None:
             head["id"] = done.request_id
         head["parameters"] = done.parameters()
+        if done.logged_as is not None:
+            head["parameters"][LOGGED_ID_PARAMETER] = done.logged_as
         body, length = encode_response(head, done.outputs)
         return body, length, headers
 
     async def infer(request: Request, name: str, version: str | None) -> Response:
-        refusal = routes.refusal(request.headers.get("authorization"))
-        if refusal is not None:
-            return _oip_error(
-                401, refusal["error"], refusal["detail"], {"WWW-Authenticate": 'Bearer realm="kelp"'}
-            )
+        refused = unauthorized(request)
+        if refused is not None:
+            return refused
         try:
             pinned = model.requested_version(name, version)
         except RequestError as exc:
             return _refused(exc)
         declared = request.headers.get(BINARY_HEADER)
-        if declared is not None and not (declared.isascii() and declared.isdigit()):
+        if declared is not None and not _byte_count(declared):
             return _oip_error(
-                400, "invalid_request", f"{BINARY_HEADER} must be a byte count, not {declared!r}"
+                400,
+                "invalid_request",
+                f"{BINARY_HEADER} must be a byte count (at most {_MAX_DIGITS} digits), "
+                f"not {declared[:40]!r}" + ("..." if len(declared) > 40 else ""),
             )
         raw = await request.body()
         try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from kelp.serving.errors import RequestError
 __all__ = [
     "BINARY_HEADER",
     "DTYPES",
+    "CountCheck",
     "InferRequest",
     "OutputRequest",
     "Tensor",
@@ -65,6 +66,11 @@ DTYPES: dict[str, np.dtype[Any] | None] = {
 # names the model).
 _REQUEST_KEYS = frozenset({"id", "parameters", "inputs", "outputs", "model_name", "model_version"})
 _TENSOR_KEYS = frozenset({"name", "shape", "datatype", "parameters", "data"})
+
+
+CountCheck = Callable[[str, int], None]
+"""Called with an input's name and element count (from its shape) before its elements are read;
+raises a :class:`RequestError` when no request within the limits has that many."""
 
 
 def _bad(message: str) -> RequestError:
@@ -100,8 +106,15 @@ class InferRequest:
     binary_output: bool
 
 
-def parse_request(raw: bytes, header_length: int | None) -> InferRequest:
-    """The request in ``raw``; ``header_length`` is the binary extension's header (None: all JSON)."""
+def parse_request(
+    raw: bytes, header_length: int | None, check_count: CountCheck | None = None
+) -> InferRequest:
+    """The request in ``raw``; ``header_length`` is the binary extension's header (None: all JSON).
+
+    ``check_count`` sees each input's element count before its elements are read, so an input too
+    big to score is refused at the cost of its shape, not of its elements (a ``BYTES`` element
+    costs a Python call).
+    """
     if header_length is None:
         head, rest = raw, b""
     else:
@@ -127,7 +140,7 @@ def parse_request(raw: bytes, header_length: int | None) -> InferRequest:
     inputs: dict[str, Tensor] = {}
     offset = 0
     for k, item in enumerate(raw_inputs):
-        tensor, used = _tensor(item, f"inputs[{k}]", memoryview(rest)[offset:])
+        tensor, used = _tensor(item, f"inputs[{k}]", memoryview(rest)[offset:], check_count)
         if tensor.name in inputs:
             raise _bad(f"input {tensor.name!r} is given twice")
         inputs[tensor.name] = tensor
@@ -171,7 +184,9 @@ def _outputs(value: Any) -> tuple[OutputRequest, ...] | None:
     return tuple(outputs) or None  # an empty list asks for nothing in particular: every output
 
 
-def _tensor(item: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
+def _tensor(
+    item: Any, where: str, binary: memoryview, check_count: CountCheck | None = None
+) -> tuple[Tensor, int]:
     """The tensor ``item`` describes, and how many bytes of ``binary`` it took."""
     if not isinstance(item, dict):
         raise _bad(f"{where} must be an object")
@@ -187,12 +202,15 @@ def _tensor(item: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
     if datatype not in DTYPES:
         raise _bad(f"{where}: datatype {datatype!r} is not one of {sorted(DTYPES)}")
     count = math.prod(shape)
+    if check_count is not None:
+        check_count(name, count)
     parameters = _parameters(item.get("parameters"), where)
     size = parameters.get("binary_data_size")
     if size is None:
         if "data" not in item:
             raise _bad(f"{where}: needs 'data' or parameters.binary_data_size")
-        return Tensor(name, datatype, tuple(shape), _inline(item["data"], datatype, count, where)), 0
+        data = _inline(item["data"], datatype, count, len(shape), where)
+        return Tensor(name, datatype, tuple(shape), data), 0
     if "data" in item:
         raise _bad(f"{where}: has both 'data' and parameters.binary_data_size")
     if type(size) is not int or not 0 <= size <= len(binary):
@@ -201,20 +219,30 @@ def _tensor(item: Any, where: str, binary: memoryview) -> tuple[Tensor, int]:
     return Tensor(name, datatype, tuple(shape), data), size
 
 
-def _flatten(data: Any) -> list[Any]:
-    """Row-major elements of a flat or nested list."""
-    if not isinstance(data, list):
-        return [data]
-    if not any(isinstance(x, list) for x in data):
-        return data
-    flat: list[Any] = []
-    for x in data:
-        flat.extend(_flatten(x))
-    return flat
+def _flatten(data: Any, rank: int, where: str) -> list[Any]:
+    """Row-major elements of a flat or nested list, nested at most as deep as the shape has dimensions.
+
+    One level at a time, not recursively: a document nested as deep as the JSON parser allows must
+    be a 400 naming the input, never a ``RecursionError``.
+    """
+    values = data if isinstance(data, list) else [data]
+    depth = 1
+    while any(isinstance(x, list) for x in values):
+        depth += 1
+        if depth > max(rank, 1):
+            raise _bad(f"{where}: 'data' is nested deeper than its shape's {rank} dimension(s)")
+        flat: list[Any] = []
+        for x in values:
+            if isinstance(x, list):
+                flat.extend(x)
+            else:
+                flat.append(x)
+        values = flat
+    return values
 
 
-def _inline(data: Any, datatype: str, count: int, where: str) -> np.ndarray:
-    values = _flatten(data)
+def _inline(data: Any, datatype: str, count: int, rank: int, where: str) -> np.ndarray:
+    values = _flatten(data, rank, where)
     if len(values) != count:
         raise _bad(f"{where}: {len(values)} values for a shape of {count} elements")
     dtype = DTYPES[datatype]
