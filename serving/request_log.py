@@ -199,7 +199,12 @@ class RequestLog:
         Runs on the scoring thread: the encode (a copy of the request's columns) is the price of a queue
         that holds only what it counts.
         """
-        value = self._encode(logged_as, time.time(), batch, result, client_id)
+        try:
+            value = self._encode(logged_as, time.time(), batch, result, client_id)
+        except Exception as exc:  # the request was answered; its record must never turn that into a 500
+            self._failed.inc()
+            log.warning("request log: record %s not encoded: %s", logged_as, exc)
+            return
         full = self._held.put(_Record(logged_as, result.model_version, value))
         if full is not None:
             self._dropped.inc()

@@ -1,4 +1,4 @@
-"""Cheap requests that would cost the replica dear, and inputs that used to end in a 5xx, on ``/v2``
+"""Cheap requests that would cost the replica dear, and inputs that must get a 4xx, not a 5xx, on ``/v2``
 (REST and gRPC) and ``/v1/embeddings``: a real replica under uvicorn with its gRPC port, on real Redis.
 
 * sizes are checked before work: an input's element count against the sample

@@ -286,3 +286,20 @@ def test_serving_validates_without_kafka_secrets_unless_it_logs(tmp_path: Path) 
     logging_on = {**config, "serving": {"request_log": {"enabled": True}}}
     refused = validate("serve", logging_on)
     assert refused.returncode == 2 and "source.security" in refused.stderr
+
+
+def test_a_record_that_cannot_be_encoded_is_counted_failed_and_never_raises(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The request was answered before its record is made: a record that cannot be encoded (here the
+    log expects a task the scores lack) is counted as failed, and ``record`` returns as usual."""
+    closed = f"127.0.0.1:{free_port()}"
+    request_log, registry, (batch, result) = _large_log(redis_url, tmp_path, closed)
+    request_log.tasks = ("label", "not_scored")
+    try:
+        request_log.record("unencodable", batch, result)
+        counted = registry.get_sample_value
+        assert counted("kelp_serving_request_log_records_total", {"result": "failed"}) == 1
+        assert counted("kelp_serving_request_log_queue") == 0
+    finally:
+        request_log.close()
