@@ -9,7 +9,9 @@ and trains on the rest. :class:`ModelErrors` then decides, per batch:
 * every sample failed: the batch is *held*: neither dead-lettered nor committed.
   One such batch may be one odd sample arriving alone; the next batch that
   trains shows the model works, and the held batches are dead-lettered and
-  committed with it;
+  committed with it. A step skipped for another reason (a non-finite loss)
+  shows nothing, so they stay held; :meth:`ModelErrors.trained_through` keeps
+  checkpoints from claiming them meanwhile;
 * ``max_failed_batches`` such batches in a row: the model is broken, not the
   data. :class:`BrokenModelError` stops the trainer with one line; the held
   batches stay uncommitted and are read again once the model is fixed, so a
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,15 +96,34 @@ class ModelErrors:
         """Dead-letter what must be before the batch is committed; raises :class:`BrokenModelError`."""
         if result.skipped == REASON:
             return self._failed_whole(batch, result.model_errors)
-        letters = ([(batch, result.model_errors)] if result.model_errors else []) + self._held
-        released = [held for held, _ in self._held]
-        self._held = []
+        # This batch is committed, so the samples that failed in it are dead-lettered whatever the step
+        # did with the rest; the held ones only once a step trains (a non-finite skip proves nothing).
+        letters = [(batch, result.model_errors)] if result.model_errors else []
+        released: list[MicroBatch] = []
+        if result.skipped is None:
+            letters += self._held
+            released = [held for held, _ in self._held]
+            self._held = []
         if letters:
             for failed_batch, parts in letters:
                 self._dead_letter(failed_batch, parts)
             assert self._sink is not None
             self._sink.flush(30.0)  # before any commit that covers these records
         return Verdict(hold=False, released=released)
+
+    def trained_through(self, offsets: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """``offsets`` (next record per partition) stopped at each partition's first held record.
+
+        A held batch is neither trained nor dead-lettered, and the source commits
+        nothing past it; a checkpoint or snapshot must not claim it either.
+        """
+        out = dict(offsets)
+        for batch, _ in self._held:
+            for r in batch.sources:
+                key = (r.topic, r.partition)
+                if key in out:
+                    out[key] = min(out[key], r.first_offset)
+        return out
 
     def _failed_whole(self, batch: MicroBatch, parts: tuple[ModelErrorRows, ...]) -> Verdict:
         error = parts[0].error if parts else "unknown error"

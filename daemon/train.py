@@ -440,12 +440,12 @@ class TrainDaemon:
         """A trained step's number, offsets, report and metrics; ``on_step`` sees it last."""
         self.step_no = trained.step
         batch, result = trained.batch, trained.result
-        for r in batch.sources:
+        for r in batch.sources:  # held batches included: _trained_through() stops short of them
             key = (r.topic, r.partition)
             self.offsets[key] = max(self.offsets.get(key, 0), r.last_offset + 1)
         trained = batch.size - result.failed_samples  # the others were dead-lettered (model_error)
         if result.skipped == "model_error":
-            pass  # held or dead-lettered by ModelErrors, never committed untrained
+            pass  # held by ModelErrors until a batch trains, never committed untrained
         elif (
             result.skipped is not None
         ):  # nothing applied or pushed; the empty push still commits its offsets
@@ -463,6 +463,16 @@ class TrainDaemon:
             m.observe_stages(result.timings)
         if self._on_step is not None:
             self._on_step(self.step_no, batch, result)
+
+    def _trained_through(self) -> dict[tuple[str, int], int]:
+        """The offsets a checkpoint or snapshot covers: ``self.offsets``, short of any held batch.
+
+        ``self.offsets`` advances past every batch stepped, held ones too, so that
+        dead-lettering a held batch later needs no bookkeeping here.
+        """
+        if self.pipeline is None:
+            return dict(self.offsets)
+        return self.pipeline.model_errors.trained_through(self.offsets)
 
     # ------------------------------------------------------------------ periodic work
 
@@ -501,7 +511,9 @@ class TrainDaemon:
         if not (force or due) or self.step_no == self._last_checkpoint_step:
             return
         started = time.perf_counter()
-        offsets, ranks = self.group.agree_on_checkpoint(self.offsets, self.step.model, self.step_no)
+        offsets, ranks = self.group.agree_on_checkpoint(
+            self._trained_through(), self.step.model, self.step_no
+        )
         try:
             if not self.group.is_leader:
                 return
@@ -544,7 +556,7 @@ class TrainDaemon:
         started = time.perf_counter()
         try:
             version = publisher.maybe_publish(
-                self.step.model, step=self.step_no, offsets=self.offsets, force=force
+                self.step.model, step=self.step_no, offsets=self._trained_through(), force=force
             )
         except UserError:
             # Wrong credentials or permissions for the channel: no later interval can succeed, and a

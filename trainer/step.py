@@ -441,7 +441,10 @@ class TrainStep:
                 restore_buffers(saved)
 
         failed = isolate(batch.size, probe, probe_budget(batch.size), str(failure))
-        good = np.setdiff1d(np.arange(batch.size), np.concatenate([part.rows for part in failed]))
+        # No part may fail alone (a model that fails only on large batches, or at random): then every
+        # row is retried at once, and a second failure skips the step below.
+        bad = np.concatenate([part.rows for part in failed]) if failed else np.empty(0, np.int64)
+        good = np.setdiff1d(np.arange(batch.size, dtype=np.int64), bad)
         if len(good):
             sub, sub_pulled, sub_plan = self._subset(batch, pulled, plan, good)
             try:

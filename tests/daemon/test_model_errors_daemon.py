@@ -3,6 +3,7 @@ a model that raises on everything stops the trainer with one line, dead-letterin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+import torch
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry
 
@@ -24,8 +26,10 @@ from kelp.consumers.metrics import ConsumerMetrics
 from kelp.daemon.model_errors import BrokenModelError, ModelErrors, encode_row
 from kelp.daemon.train import TrainDaemon
 from kelp.harness import KafkaBroker
+from kelp.trainer import build_model
+from kelp.trainer.checkpoint import load_latest
 from kelp.trainer.isolate import ModelErrorRows
-from kelp.trainer.step import StepResult
+from kelp.trainer.step import StageTimer, StepResult, TrainStep
 
 from .conftest import Running, base_config, on_kafka, write_config
 
@@ -75,6 +79,69 @@ def test_wholly_failed_batches_are_held_until_one_trains_and_a_run_of_them_stops
     ) as info:
         errors.after(_batch(4, first=28), _result(4, [0, 1, 2, 3], whole=True))
     assert "\n" not in str(info.value) and rejected() == 2  # the broken model's batches: no dead letters
+
+
+def test_a_step_skipped_as_nonfinite_keeps_the_held_batches_held() -> None:
+    registry = CollectorRegistry()
+    errors = ModelErrors(SPEC, lambda: LogDeadLetter(ConsumerMetrics(registry)), max_failed_batches=3)
+    rejected = lambda: registry.get_sample_value("kelp_records_rejected_total", {"reason": "model_error"})  # noqa: E731
+
+    alone = _batch(1, first=10)
+    assert errors.after(alone, _result(1, [0], whole=True)).hold
+    nonfinite = dataclasses.replace(_result(8, [2]), skipped="nonfinite_loss")
+    verdict = errors.after(_batch(8, first=11), nonfinite)  # nothing trained: no proof the model works
+    assert not verdict.hold and verdict.released == []
+    assert errors.held == 1 and errors.trained_through({("t", 0): 19}) == {("t", 0): 10}
+    assert rejected() == 1  # its own failed sample only: that batch is committed
+    verdict = errors.after(_batch(4, first=19), _result(4, []))  # a batch trains
+    assert verdict.released == [alone] and errors.held == 0 and rejected() == 2
+    assert errors.trained_through({("t", 0): 23}) == {("t", 0): 23}
+
+
+def test_trained_through_stops_each_partition_at_its_first_held_record() -> None:
+    errors = ModelErrors(
+        SPEC, lambda: LogDeadLetter(ConsumerMetrics(CollectorRegistry())), max_failed_batches=5
+    )
+    held = _batch(2, first=40)
+    held.sources.append(SourceRange("t", 1, 7, 9))
+    errors.after(held, _result(2, [0, 1], whole=True))
+    errors.after(_batch(2, first=50), _result(2, [0, 1], whole=True))
+    offsets = {("t", 0): 60, ("t", 1): 12, ("u", 0): 5}
+    assert errors.trained_through(offsets) == {("t", 0): 40, ("t", 1): 7, ("u", 0): 5}
+
+
+class _HeldThenNonFinite(TrainStep):
+    """The model raises on every sample of the first batch; every later step has a non-finite loss."""
+
+    def __call__(self, batch, pulled, dense_sync=None, *, plan=None):  # type: ignore[no-untyped-def, override]
+        first = not getattr(self, "stepped", False)
+        self.stepped = True
+        nan = torch.tensor(float("nan"))
+        result = self._skip(
+            "model_error" if first else "nonfinite_loss",
+            timer=StageTimer(self.device, self.sync_timings),
+            batch=batch,
+            loss=nan,
+            logits=torch.full((batch.size,), float("nan")),
+            dense_sync=dense_sync,
+        )
+        if first:
+            rows = ModelErrorRows(np.arange(batch.size, dtype=np.int64), "ValueError: odd")
+            result = dataclasses.replace(result, model_errors=(rows,))
+        return result
+
+
+def test_a_checkpoint_written_while_a_batch_is_held_covers_nothing_from_it_on(tmp_path: Path) -> None:
+    cfg = base_config(tmp_path)
+    cfg.batching.batch_size = 1000
+    cfg.metrics.enabled = False
+    daemon = TrainDaemon(cfg, step_class=_HeldThenNonFinite)
+    report = daemon.run()  # the file ends: drained, and a final checkpoint written
+    assert report.stopped_by == "source exhausted" and report.checkpoint is not None
+    assert daemon.pipeline is not None and daemon.pipeline.model_errors.held == 1
+    info = load_latest(cfg.trainer.checkpoint_dir, build_model(cfg.features, cfg.trainer))
+    assert info is not None and info.step == 2
+    assert list(info.offsets.values()) == [0]  # the held first batch starts the file: nothing past it
 
 
 def test_a_dead_lettered_sample_is_a_message_that_decodes_back_to_it() -> None:

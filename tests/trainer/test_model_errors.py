@@ -120,3 +120,59 @@ def test_a_model_that_raises_on_every_sample_applies_nothing(rng: np.random.Gene
         assert torch.equal(p, q) and p.grad is None
     assert not step.optimizer.state  # no optimizer step was taken
     assert step.skips.total == 0  # not a non-finite skip: the daemon handles model errors
+
+
+class _Flaky(torch.nn.Module):
+    """A working model that raises on more than ``limit`` samples, and on its first ``times`` forwards."""
+
+    def __init__(self, inner: torch.nn.Module, *, limit: int | None = None, times: int = 0) -> None:
+        super().__init__()
+        self.inner = inner
+        self.limit = limit
+        self.times = times
+
+    def forward(self, batch):  # type: ignore[no-untyped-def]
+        if self.limit is not None and batch.dense.shape[0] > self.limit:
+            raise RuntimeError(f"cannot score more than {self.limit} samples")
+        if self.times:
+            self.times -= 1
+            raise RuntimeError("transient failure")
+        return self.inner(batch)
+
+
+def _flaky_steps(**flaky: int) -> tuple[TrainStep, TrainStep]:
+    """A step on a flaky model, and one on an identical model that never raises."""
+    spec = small_spec()
+    config = small_config(model="tiny_models:tiny_mlp", model_args={})
+    model = build_model(spec, config)
+    reference = TrainStep(copy.deepcopy(model), spec, config, CPU)
+    return TrainStep(_Flaky(model, **flaky), spec, config, CPU), reference
+
+
+def test_a_model_that_fails_only_on_large_batches_skips_the_step_as_model_error(
+    rng: np.random.Generator,
+) -> None:
+    # Every half passes, so no sample fails alone; the retry on all rows fails again.
+    step, _ = _flaky_steps(limit=8)
+    before = [p.detach().clone() for p in step.model.parameters()]
+    batch = random_batch(small_spec(), 16, rng)
+    result = step(batch, DictStore(spec_init(small_spec())).pull_many(batch))
+    assert result.skipped == "model_error" and result.updates == {}
+    (part,) = result.model_errors
+    assert part.rows.tolist() == list(range(16)) and result.failed_samples == 16
+    assert part.error.startswith("RuntimeError: cannot score more than 8 samples")
+    for p, q in zip(step.model.parameters(), before, strict=True):
+        assert torch.equal(p, q) and p.grad is None
+    assert not step.optimizer.state
+
+
+def test_a_model_that_fails_once_trains_on_every_row_in_the_retry(rng: np.random.Generator) -> None:
+    step, reference = _flaky_steps(times=1)
+    batch = random_batch(small_spec(), 16, rng)
+    store = DictStore(spec_init(small_spec()))
+    result = step(batch, store.pull_many(batch))
+    assert result.skipped is None and result.model_errors == () and result.failed_samples == 0
+    expected = reference(batch, store.pull_many(batch))
+    assert result.loss == pytest.approx(expected.loss, rel=1e-6)
+    for p, q in zip(step.model.inner.parameters(), reference.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q)  # the same update as a step that never failed
