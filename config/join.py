@@ -142,7 +142,9 @@ class JoinConfig(StrictModel):
     )
     dead_letter_topic: str | None = Field(
         "kelp-join-dead-letter",
-        description="Inputs that cannot be read go here with the reason in headers. None: counted only.",
+        description="Inputs that cannot be read, and impressions whose labelled event the output topic "
+        "refuses for good (too large), go here with the reason in headers. None: counted only, and such an "
+        "event is dropped (logged as an error).",
     )
     max_poll_records: int = Field(2000, ge=1, description="Input records handled per step.")
     host: str = "0.0.0.0"

@@ -115,7 +115,7 @@ class _Work:
         """The stored impression's message, decoded once per step."""
         imp = self.decoded.get(w.request_id)
         if imp is None:
-            imp = self.decoded[w.request_id] = Impression.stored(w.raw, w.request_id, w.ts, w.n)
+            imp = self.decoded[w.request_id] = Impression.stored(w.raw, w.request_id, w.ts, w.n, w.msg)
         return imp
 
     def emit(self, w: Waiting, rows: np.ndarray, *, late: bool, knowable_at: float) -> None:
@@ -287,8 +287,9 @@ class Joiner:
         waiting.update(self.store.load(missing, self.tasks))
         for rid in due:
             w = waiting.get(rid)
-            if w is None:
-                continue  # expired by its TTL since it was listed
+            if w is None:  # expired by its TTL since it was listed: its deadline goes too
+                work.step.changes.forget.add(rid)
+                continue
             work.touched[rid] = w
             newly_closed = [t for t in self.tasks if t not in w.closed and w.ts + self.windows[t] <= wm]
             if not newly_closed:

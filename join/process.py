@@ -243,7 +243,9 @@ class JoinProcess:
         A send refused for a passing reason (a broker away, a leader moving) is sent again until
         acknowledged, holding the step. A refusal no retry changes (the record is larger than the
         topic allows, or otherwise invalid) is replaced: a labelled event by a dead letter of its
-        impression (it leaves ``step.outputs``), a dead letter by the same without its value.
+        impression (it leaves ``step.outputs``), a dead letter by the same without its value. With
+        no ``dead_letter_topic`` the refused event is only counted and logged at ERROR, and the step
+        commits past it: its labels are lost.
         """
         pending = [self._event(out) for out in step.outputs]
         if self.join.dead_letter_topic is not None:
@@ -307,7 +309,11 @@ class JoinProcess:
         return _Send(self.join.dead_letter_topic, rec.value or b"", headers=tuple(headers), rejected=rejected)
 
     def _replace(self, send: _Send, exc: Exception, step: Step) -> list[_Send] | None:
-        """What to send instead of ``send``, refused for good with ``exc``; None: nothing can replace it."""
+        """What to send instead of ``send``, refused for good with ``exc``; None: nothing can replace it.
+
+        A labelled event with no ``dead_letter_topic`` to take its impression is replaced by nothing:
+        the step commits past it and its labels are gone, so that is an ERROR, not a WARNING.
+        """
         name = type(exc).__name__
         if send.output is not None:
             out = send.output
@@ -317,12 +323,19 @@ class JoinProcess:
                 f"{name}: the labelled event of request {rid[:200]} ({len(out.value)} bytes, {out.rows} "
                 f"samples) was refused by {self.output_topic}: {exc}"
             )
-            log.warning("join: %s; its impression is dead-lettered as %s", detail[:500], reason)
             step.outputs[:] = [o for o in step.outputs if o is not out]  # by identity: fields hold arrays
             record = InputRecord(self.join.impressions_topic, -1, -1, out.source, 0)
             rejected = Rejected(record, "impressions", reason, detail)
             step.rejected.append(rejected)  # counted with the other dead letters
-            return [] if self.join.dead_letter_topic is None else [self._dead_letter(rejected)]
+            if self.join.dead_letter_topic is None:
+                log.error(
+                    "join: %s; no dead_letter_topic is set: the event is dropped (counted as %s)",
+                    detail[:500],
+                    reason,
+                )
+                return []
+            log.warning("join: %s; its impression is dead-lettered as %s", detail[:500], reason)
+            return [self._dead_letter(rejected)]
         if send.value:  # a dead letter: keep its headers (where the record is), drop its value
             log.warning(
                 "join: a dead letter (%d bytes) was refused (%s); sent without its value",

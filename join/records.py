@@ -179,11 +179,16 @@ class Impression:
         return cls(raw, msg, rid, ts, n)
 
     @classmethod
-    def stored(cls, raw: bytes, request_id: str, ts: float, n: int) -> Impression:
+    def stored(
+        cls, raw: bytes, request_id: str, ts: float, n: int, msg: dict[str, Any] | None = None
+    ) -> Impression:
         """An impression kept in the waiting state, read back with the id, time and size it was
         stored under: checked when it was first read, and not again under rules that may since
-        have changed (state written before an upgrade must still close)."""
-        msg = msgpack.unpackb(raw, raw=False)
+        have changed (state written before an upgrade must still close). ``msg`` is ``raw``
+        already decoded; the store decodes it when it loads the entry, and quarantines an entry
+        whose ``raw`` does not decode to a map, so this does not fail on stored state."""
+        if msg is None:
+            msg = msgpack.unpackb(raw, raw=False)
         return cls(raw, msg, request_id, ts, n)
 
     def check_columns(self, item_feature: str | None) -> None:

@@ -12,12 +12,15 @@ Two backends share one contract (tests/join/test_state_contract.py):
 unit tests. In Redis every key carries one hash tag (``{kelp:<deployment>:join}``),
 so a step's changes go in one ``MULTI``.
 
-A step is applied whole or not at all. ``MULTI`` does not roll back a command
-that Redis refuses while it runs (a NaN score, an expiry out of range, a key of
-the wrong type), so every value is checked before anything is sent
+``MULTI`` does not roll back a command that Redis refuses while it runs (a NaN
+score, an expiry out of range, a key of the wrong type): the step's other
+commands stay applied. So every value is checked before anything is sent
 (:class:`StateValueError`), and the shared keys' types just before the
-``MULTI``. A stored value that does not read back (corrupt, or written by an
-incompatible version) is *quarantined*: logged once, counted
+``MULTI``, so that no command is refused; one that still is (a key changing type
+in between) stops the process before the step is committed, and the step read
+again rewrites its state (:meth:`RedisWaitingStore.apply`). A stored value that
+does not read back (corrupt, or written by an incompatible version) is
+*quarantined*: logged once, counted
 (:meth:`WaitingStore.take_corrupt`), and deleted with its deadline, so the join
 goes on without it instead of failing on it at every restart.
 """
@@ -82,7 +85,8 @@ class Waiting:
 
     ``labels[task]`` is u8[n] of UNDECIDED/POSITIVE/NEGATIVE; ``emitted`` u8[n] is 1 for candidates
     whose event went out; ``closed`` the tasks whose window has closed. ``stored_bytes`` is the size
-    it has in the store (0 for a new one), for the byte count.
+    it has in the store (0 for a new one), for the byte count. ``msg`` is ``raw`` decoded, when
+    :meth:`unpack` had to decode it to check it (None: not decoded yet); it is not stored.
     """
 
     request_id: str
@@ -93,6 +97,7 @@ class Waiting:
     emitted: np.ndarray
     closed: set[str] = field(default_factory=set)
     stored_bytes: int = 0
+    msg: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def new(cls, request_id: str, ts: float, raw: bytes, n: int, tasks: list[str]) -> Waiting:
@@ -123,7 +128,8 @@ class Waiting:
         """A stored impression; a task the config gained since it was stored starts undecided.
 
         :class:`CorruptStateError` when ``blob`` is not one, field by field, so nothing later in
-        the step fails on it.
+        the step fails on it: the raw impression included, decoded whole (a value that only starts
+        like a map would fail the step that closes its window, at every restart).
         """
         doc = _unpack(blob)
         if not isinstance(doc, dict):
@@ -135,6 +141,9 @@ class Waiting:
             raise CorruptStateError(f"ts is {doc.get('ts')!r}")
         if type(doc.get("raw")) is not bytes or not doc["raw"] or not _is_map(doc["raw"][0]):
             raise CorruptStateError("no raw impression (a msgpack map)")
+        msg = _unpack(doc["raw"], "raw impression")
+        if not isinstance(msg, dict):
+            raise CorruptStateError(f"the raw impression is a {type(msg).__name__}, expected a map")
         if not isinstance(stored, dict) or any(type(v) is not bytes or len(v) != n for v in stored.values()):
             raise CorruptStateError("labels are not one byte per candidate")
         if type(emitted) is not bytes or len(emitted) != n:
@@ -154,6 +163,7 @@ class Waiting:
             np.frombuffer(doc["emitted"], dtype=np.uint8).copy(),
             set(doc["closed"]) & set(tasks),
             len(blob),
+            msg,
         )
 
 
@@ -182,11 +192,11 @@ def unpack_actions(blob: bytes) -> list[Action]:
     return actions
 
 
-def _unpack(blob: bytes) -> Any:
+def _unpack(blob: bytes, what: str = "value") -> Any:
     try:
         return msgpack.unpackb(blob, raw=False)
     except (ValueError, TypeError) as exc:  # msgpack's own errors are ValueErrors
-        raise CorruptStateError(f"not msgpack ({type(exc).__name__})") from None
+        raise CorruptStateError(f"the {what} is not msgpack ({type(exc).__name__})") from None
 
 
 def _check(changes: Changes) -> None:
@@ -233,12 +243,15 @@ class Changes:
 
     put: dict[str, tuple[Waiting, float, float]] = field(default_factory=dict)
     delete: dict[str, Waiting] = field(default_factory=dict)
+    forget: set[str] = field(default_factory=set)
+    """Deadlines whose impression is gone (its TTL ran out while the watermark stood still): dropped,
+    or they would stay the earliest forever and, once a step's worth pile up, hide every other."""
     early_put: dict[str, tuple[list[Action], float, float]] = field(default_factory=dict)
     early_delete: set[str] = field(default_factory=set)
     watermark: float | None = None
 
     def __bool__(self) -> bool:
-        staged = self.put or self.delete or self.early_put or self.early_delete
+        staged = self.put or self.delete or self.forget or self.early_put or self.early_delete
         return bool(staged) or self.watermark is not None
 
 
@@ -266,7 +279,8 @@ class WaitingStore(Protocol):
         ...
 
     def apply(self, changes: Changes) -> None:
-        """Apply a step's changes all together."""
+        """Apply a step's changes in one transaction (what a refused command leaves:
+        :meth:`RedisWaitingStore.apply`)."""
         ...
 
     def counts(self) -> tuple[int, int, int]:
@@ -337,6 +351,8 @@ class MemoryWaitingStore:
             self._due[rid] = deadline
         for rid in changes.delete:
             self._blobs.pop(rid, None)
+            self._due.pop(rid, None)
+        for rid in changes.forget:
             self._due.pop(rid, None)
         for rid, (actions, deadline, _ttl) in changes.early_put.items():
             self._early[rid] = pack_actions(actions)
@@ -440,7 +456,15 @@ class RedisWaitingStore:
         return [m.decode() if isinstance(m, bytes) else m for m in found]
 
     def watermark(self) -> float | None:
-        value = self._r.get(self._wm)
+        """The stored watermark; a value that is not an event time, or a key of another type (GET
+        answers WRONGTYPE), is quarantined: read at start, it would otherwise stop every start."""
+        try:
+            value = self._r.get(self._wm)
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            self._drop_watermark(CorruptStateError("a key of another type, not a string"))
+            return None
         if value is None:
             return None
         try:
@@ -448,22 +472,28 @@ class RedisWaitingStore:
         except ValueError:
             wm = math.nan
         if not _time_ok(wm):
-            exc = CorruptStateError(f"{value[:40]!r} is not an event time")
-            _quarantined(self._wm, "watermark", exc, self._corrupt)
-            self._r.delete(self._wm)  # the inputs' own times set it again
+            self._drop_watermark(CorruptStateError(f"{value[:40]!r} is not an event time"))
             return None
         return wm
+
+    def _drop_watermark(self, exc: CorruptStateError) -> None:
+        _quarantined(self._wm, "watermark", exc, self._corrupt)
+        self._r.delete(self._wm)  # the inputs' own times set it again
 
     def take_corrupt(self) -> Counter[str]:
         taken, self._corrupt = self._corrupt, Counter()
         return taken
 
     def apply(self, changes: Changes) -> None:
-        """Apply ``changes`` in one ``MULTI``, whole or not at all.
+        """Apply ``changes`` in one ``MULTI``.
 
-        Every value is checked first (:class:`StateValueError`), then the shared keys' types, so no
-        command in the transaction is refused; a refusal that still happens (a key changed type in
-        between) raises :class:`redis.ResponseError` naming it, and the step is not committed.
+        ``MULTI`` has no rollback: a command Redis refuses leaves the others applied. So every value
+        is checked first (:class:`StateValueError`, nothing sent) and then the types of the keys
+        whose commands could be refused (the deadline sets, the byte count), so that none is. If one
+        still is (a key changed type between the check and the ``MULTI``), the rest of the step
+        stays applied and this raises :class:`redis.ResponseError` naming the refusal: the process
+        stops before committing the step's offsets, its records are read again, and the replayed
+        step stages their impressions again, rewriting their state and deadlines.
         """
         if not changes:
             return
@@ -485,6 +515,8 @@ class RedisWaitingStore:
             pipe.delete(*(self._imp + r for r in changes.delete))
             pipe.zrem(self._due, *changes.delete)
             byte_delta -= sum(w.stored_bytes for w in changes.delete.values())
+        if changes.forget:
+            pipe.zrem(self._due, *changes.forget)
         early_due: dict[str, float] = {}
         for rid, (actions, deadline, ttl_s) in changes.early_put.items():
             pipe.set(self._act + rid, pack_actions(actions), px=_px(ttl_s))

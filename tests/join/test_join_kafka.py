@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 from kafka import KafkaConsumer
@@ -30,6 +31,7 @@ from kafka.structs import TopicPartition
 from kelp.errors import StoreUnavailableError
 from kelp.harness import KafkaBroker, RedisServer
 from kelp.join import JoinProcess
+from kelp.join.joiner import Output, Step
 
 from .helpers import (
     HEARTBEAT,
@@ -366,13 +368,15 @@ def test_far_future_and_non_finite_times_are_dead_lettered_and_real_clicks_still
     caplog.set_level(logging.WARNING, logger="kelp.join")
     topics = _topics(kafka_broker)
     bootstrap = kafka_broker.bootstrap
-    produce(bootstrap, topics["clicks"], [("ghost", click("ghost", FAR_FUTURE, 101))])
     produce(
         bootstrap,
         topics["imp"],
         [("rinf", impression("rinf", math.inf)), ("rnan", impression("rnan", math.nan))],
     )
-    process = JoinProcess(join_config(bootstrap, redis_url, topics, idle_partition_s=1))
+    # Following the wall clock while every partition is idle is the signal that the impressions'
+    # partition is idle: from then on a click partition that is read holds the watermark alone.
+    config = join_config(bootstrap, redis_url, topics, idle_partition_s=1, advance_when_idle=True)
+    process = JoinProcess(config)
     stop = threading.Event()
     thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
     thread.start()
@@ -381,13 +385,19 @@ def test_far_future_and_non_finite_times_are_dead_lettered_and_real_clicks_still
         wait_for(
             lambda: _count(rejected.labels(input="impressions", reason="bad_type")) == 2, 60, "bad times"
         )
+        wait_for(lambda: _count(process.metrics.watermark) > 0, 60, "the watermark following the clock")
+        produce(bootstrap, topics["clicks"], [("ghost", click("ghost", FAR_FUTURE, 101))])
         wait_for(
             lambda: _count(rejected.labels(input="actions", reason="future_ts")) == 1, 60, "the future click"
         )
-        time.sleep(2)  # both partitions idle: a watermark taken from the future click would be 2100 by now
-        now = time.time()
-        produce(bootstrap, topics["imp"], [("r1", impression("r1", now - 20))])
-        produce(bootstrap, topics["clicks"], [("r1", click("r1", now - 19, 102))])
+        # Counted after the step that read the click applied its state: a watermark taken from the
+        # click (the only partition holding it then) would be 2100 now, in memory and in Redis.
+        assert 0 < _count(process.metrics.watermark) < time.time() + 300
+        stored = redis.Redis.from_url(redis_url).get("{kelp:jt:join}:wm")
+        assert stored is not None and float(stored) < time.time() + 300
+        now = time.time()  # windows close a minute of wall clock from now: after the test
+        produce(bootstrap, topics["imp"], [("r1", impression("r1", now))])
+        produce(bootstrap, topics["clicks"], [("r1", click("r1", now + 1, 102))])
         wait_for(lambda: len(read_output(bootstrap, topics["out"], 0.5)) >= 1, 60, "the positive")
         assert thread.is_alive()
     finally:
@@ -397,7 +407,7 @@ def test_far_future_and_non_finite_times_are_dead_lettered_and_real_clicks_still
     matched = process.metrics.actions.labels(task="click", result="matched")
     assert _count(matched) == 1
     stored = redis.Redis.from_url(redis_url).get("{kelp:jt:join}:wm")
-    assert stored is None or float(stored) < time.time() + 300
+    assert stored is not None and float(stored) < time.time() + 300
     reasons = sorted(dict(m.headers)["reason"] for m in _letters(bootstrap, topics["dlq"]))
     assert reasons == [b"bad_type", b"bad_type", b"future_ts"]
     # The waiting state shares the store's Redis here: said once at start, the URL redacted.
@@ -523,3 +533,65 @@ def test_a_stored_watermark_past_the_wall_clock_is_reported_at_start(
         thread.join(15)
     said = [r.getMessage() for r in caplog.records if "stored watermark" in r.getMessage()]
     assert len(said) == 1 and "past the wall clock" in said[0] and "docs/join.md" in said[0]
+
+
+def test_a_watermark_key_of_another_type_is_dropped_counted_and_the_joiner_starts(
+    kafka_broker: KafkaBroker, redis_url: str
+) -> None:
+    """GET on a list answers WRONGTYPE while the joiner opens: quarantined like a value that is not a
+    time, never a traceback at every start."""
+    topics = _topics(kafka_broker)
+    client = redis.Redis.from_url(redis_url)
+    client.rpush("{kelp:jt:join}:wm", b"1700000000.0")
+    process = JoinProcess(join_config(kafka_broker.bootstrap, redis_url, topics))
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            process.run(stop)
+        except BaseException as exc:  # the test asserts on it
+            failure.append(exc)
+
+    stop = threading.Event()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    corrupt = process.metrics.state_corrupt.labels(kind="watermark")
+    try:
+        wait_for(lambda: _count(corrupt) == 1 or failure, 60, "the watermark dropped")
+    finally:
+        stop.set()
+        thread.join(15)
+    assert failure == [] and process.ready
+    assert _count(corrupt) == 1 and client.type("{kelp:jt:join}:wm") in (b"none", b"string")
+
+
+def test_an_output_refused_for_good_without_a_dead_letter_topic_is_dropped_with_an_error(
+    kafka_broker: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No dead-letter topic: the event the output topic refuses is counted and the step commits past
+    it, so the line that says a labelled event is gone is an ERROR."""
+    from kafka import KafkaProducer
+
+    tag = uuid.uuid4().hex[:8]
+    topics = {k: f"join-{k}-{tag}" for k in ("imp", "clicks", "out", "dlq")}
+    kafka_broker.create_topic(topics["out"], config={"max.message.bytes": "20000"})
+    cfg = join_config(kafka_broker.bootstrap, "redis://127.0.0.1:1", topics, dead_letter_topic=None)
+    # The joiner's own producer settings: not idempotent, requests larger than any topic allows.
+    producer = KafkaProducer(
+        bootstrap_servers=kafka_broker.bootstrap,
+        acks="all",
+        enable_idempotence=False,
+        max_request_size=16 << 20,
+    )
+    try:
+        process = JoinProcess(cfg, consumer=object(), producer=producer)
+        big = b"x" * 30_000
+        out = Output(b"r1", big, 1, {"click": np.ones(1, np.float32)}, False, T0, source=b"impression")
+        step = Step(outputs=[out])
+        caplog.set_level(logging.WARNING, logger="kelp.join")
+        assert process._deliver(step, threading.Event())
+    finally:
+        producer.close(timeout=5)
+    assert step.outputs == [] and [r.reason for r in step.rejected] == ["output_too_large"]
+    said = [r for r in caplog.records if "r1" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.ERROR] and "dead_letter_topic" in said[0].getMessage()

@@ -439,6 +439,22 @@ def test_a_corrupt_stored_impression_or_early_list_is_dropped_counted_and_the_jo
     assert sorted(e["id"] for e in rig.emitted()) == ["r1/0", "r1/1", "r1/2"]
 
 
+def test_a_stored_impression_whose_message_does_not_decode_is_dropped_and_the_join_goes_on() -> None:
+    """A waiting entry whose raw impression starts as a msgpack map but is cut short: found when it is
+    loaded (by an item's action, or by its deadline), not when its message is first used mid-step."""
+    rig = Rig()
+    cut = {"ts": T0, "raw": b"\x81", "n": 3, "labels": {}, "emitted": b"\0\0\0", "closed": []}
+    rig.store.put_raw("r1", msgpack.packb(cut), T0 + 60)
+    rig.store.put_raw("r2", msgpack.packb(cut), T0 + 60)
+    step = rig.feed((IMP, impression("r3", T0)), (CLICKS, action("r2", T0 + 1, item=101)))
+    assert step.actions[("click", "waiting")] == 1  # r2 is gone: its click waits for an impression
+    assert rig.store.take_corrupt() == {"impression": 1}
+    rig.tick(T0 + 100)  # r1's deadline passes: it is listed, read, found corrupt and dropped
+    assert rig.store.take_corrupt() == {"impression": 1}
+    assert rig.store.load(["r1", "r2"], ["click"]) == {}
+    assert sorted(e["id"] for e in rig.emitted()) == ["r3/0", "r3/1", "r3/2"]
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("dense", b"\0" * 5), ("sparse", {"item": {"values": b"\0" * 7, "lengths": b"\1\0\0\0" * 3}})],
@@ -458,7 +474,8 @@ def test_an_impression_whose_columns_do_not_fit_its_batch_is_a_dead_letter_at_re
 
 
 def test_state_stored_under_an_id_the_rule_now_refuses_still_closes() -> None:
-    """Impressions waiting from before the id rule (an id with a space) are emitted, not re-judged."""
+    """Stored impressions whose id fails the current rule (an id with a space) are still closed and
+    emitted, not re-judged."""
     rig = Rig()
     rid = "old id"
     waiting = Waiting.new(rid, T0, impression(rid, T0), 3, ["click"])

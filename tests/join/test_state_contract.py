@@ -208,8 +208,12 @@ def test_a_huge_ttl_is_capped_to_one_redis_accepts(store: WaitingStore) -> None:
         msgpack.packb(
             {"ts": 1.0, "raw": b"\x80", "n": 2, "labels": {"click": b"\0"}, "emitted": b"\0\0", "closed": []}
         ),
+        # A raw impression that starts as a map but does not decode: read whole when it is stored back,
+        # it would fail the step that closes its window, at every restart.
+        msgpack.packb({"ts": 1.0, "raw": b"\x81", "n": 1, "labels": {}, "emitted": b"\0", "closed": []}),
+        msgpack.packb({"ts": 1.0, "raw": b"\x80\x01", "n": 1, "labels": {}, "emitted": b"\0", "closed": []}),
     ],
-    ids=["format", "truncated", "list", "nan-ts", "raw-not-a-map", "short-labels"],
+    ids=["format", "truncated", "list", "nan-ts", "raw-not-a-map", "short-labels", "raw-cut-map", "raw-more"],
 )
 def test_a_corrupt_impression_is_quarantined_with_its_deadline(store: WaitingStore, blob: bytes) -> None:
     _put_raw(store, "bad", blob, 5.0)
@@ -225,3 +229,54 @@ def test_a_corrupt_early_action_list_is_quarantined_with_its_deadline(store: Wai
     assert store.load_early(["bad"]) == {}
     assert store.take_corrupt() == {"early_actions": 1}
     assert store.early_due(100.0, 10) == [] and store.counts()[2] == 0
+
+
+@pytest.mark.parametrize(
+    "put", [lambda c, k: c.rpush(k, b"1.0"), lambda c, k: c.set(k, b"garbage")], ids=["a-list", "not-a-time"]
+)
+def test_a_stored_watermark_that_is_not_a_time_is_quarantined(redis_url: str, put: Any) -> None:
+    """A key of another type answers GET with WRONGTYPE: dropped and counted like a value that is not
+    a time, so the joiner starts (its inputs set the watermark again) instead of failing at every start."""
+    client = redis.Redis.from_url(redis_url)
+    store = RedisWaitingStore(client, "contract")
+    put(client, "{kelp:contract:join}:wm")
+    assert store.watermark() is None
+    assert store.take_corrupt() == {"watermark": 1}
+    assert client.exists("{kelp:contract:join}:wm") == 0
+    store.apply(Changes(watermark=5.0))
+    assert store.watermark() == 5.0 and store.take_corrupt() == {}
+
+
+def test_a_forgotten_deadline_leaves_the_due_list(store: WaitingStore) -> None:
+    store.apply(
+        Changes(
+            put={"gone": (_waiting("gone", 1.0), 5.0, 600.0), "kept": (_waiting("kept", 2.0), 6.0, 600.0)}
+        )
+    )
+    store.apply(Changes(forget={"gone"}))
+    assert store.due(100.0, 10) == ["kept"]
+
+
+def test_the_deadline_of_an_impression_its_ttl_removed_is_dropped_by_the_next_close(redis_url: str) -> None:
+    """An impression whose key expired while the watermark stood still leaves its deadline behind; the
+    step that finds it gone drops it, so expired ids never fill a step's share of due deadlines."""
+    from kelp.config import JoinConfig
+    from kelp.join.joiner import Joiner
+
+    client = redis.Redis.from_url(redis_url)
+    store = RedisWaitingStore(client, "contract")
+    store.apply(Changes(put={"gone": (_waiting("gone", 1.0), 5.0, 600.0)}))
+    client.delete("{kelp:contract:join}:i:gone")  # what its TTL does
+    config = JoinConfig(
+        impressions_topic="imp",
+        item_feature="item",
+        allowed_lateness_s=0,
+        actions=[{"topic": "clicks", "task": "click", "window_s": 60}],
+    )
+    joiner = Joiner(config, ["click"], store)
+    for partition in (("imp", 0), ("clicks", 0)):
+        joiner.watermark.observe(partition, 100.0)
+    step = joiner.step([], 100.0, [("imp", 0), ("clicks", 0)], idle=set())
+    assert step.changes.forget == {"gone"}
+    store.apply(step.changes)
+    assert store.due(1000.0, 10) == []
