@@ -90,6 +90,7 @@ _WRITE = (
     "pexpire",
     "hset",
     "hdel",
+    "hstrlen",
     "zadd",
     "zrem",
     "publish",
@@ -100,7 +101,8 @@ _WRITE = (
     "info",
     "dbsize",
 )
-"""The trainer's extra commands: row and counter writes, the Lua scripts, snapshot publish, stats."""
+"""The trainer's extra commands: row and counter writes, the Lua scripts, snapshot publish and its
+read-back (HSTRLEN of the weights), stats."""
 
 _JOIN = (
     "get",
