@@ -74,12 +74,27 @@ RUN --mount=type=secret,id=pip_cert \
     && pip install --no-cache-dir -r /tmp/requirements.txt "torch==${TORCH_VERSION}" \
     && pip uninstall --yes --quiet pip
 
+# kelp_native (native/: Rust, PyO3) is built here from source with Debian's own
+# cargo, before Kelp's code so that a change to Kelp's code does not rebuild it;
+# the runtime stage gets the built extension, never the toolchain. cargo reaches
+# crates.io for the crates Cargo.lock pins (the CA bundle secret serves it too).
+FROM deps AS build
+# DL3008: cargo is used once here and never reaches the runtime stage.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends cargo \
+    && rm -rf /var/lib/apt/lists/*
+COPY native/ native/
+RUN --mount=type=secret,id=pip_cert \
+    if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert CARGO_HTTP_CAINFO=/run/secrets/pip_cert; fi \
+    && python -m venv /opt/pip \
+    && /opt/pip/bin/pip --python /opt/kelp/bin/python install --no-cache-dir ./native \
+    && rm -rf native/target
 # Kelp itself, installed into the venv by a throwaway pip (`pip --python`), and
-# its files (the RECORD's list, read with -I so that /src's kelp.egg-info is not
-# the one found) gathered under /app. The runtime stage copies
+# its files and kelp_native's (the RECORDs' lists, read with -I so that /src's
+# kelp.egg-info is not the one found) gathered under /app. The runtime stage copies
 # the dependency venv and /app as two layers, so a change to Kelp's code ships
 # as a layer of a few MB instead of the whole venv again.
-FROM deps AS build
 COPY README.md ./
 COPY kelp/ kelp/
 COPY config/ config/
@@ -98,11 +113,11 @@ COPY publish/ publish/
 COPY serving/ serving/
 RUN --mount=type=secret,id=pip_cert \
     if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
-    && python -m venv /opt/pip \
     && /opt/pip/bin/pip --python /opt/kelp/bin/python install --no-cache-dir --no-deps . \
     && /opt/pip/bin/pip --python /opt/kelp/bin/python check \
     && kelp --version \
-    && python -I -c "import importlib.metadata as m, os; print('\n'.join(os.path.normpath(f.locate()).lstrip('/') for f in m.distribution('kelp').files))" >/tmp/kelp-files \
+    && python -I -c "import kelp.store.redis._wire.row_replies" \
+    && python -I -c "import importlib.metadata as m, os; print('\n'.join(os.path.normpath(f.locate()).lstrip('/') for d in ('kelp', 'kelp-native') for f in m.distribution(d).files))" >/tmp/kelp-files \
     && grep -qx opt/kelp/bin/kelp /tmp/kelp-files \
     && tar -C / -cf /tmp/kelp.tar -T /tmp/kelp-files \
     && mkdir /app \

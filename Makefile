@@ -1,6 +1,7 @@
 # Kelp developer entry points. `make demo` and `make test` work on a fresh
 # machine: they create .venv, install everything (torch from the local CPU
-# build first), install redis-server with apt-get when missing, then run.
+# build first, kelp_native built from native/ with cargo), install redis-server
+# and cargo with apt-get when missing, then run.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -12,7 +13,9 @@ PYTEST_ARGS ?=
 
 .PHONY: setup system-deps system-deps-test kafka-jars demo test lint fmt bench clean
 
-setup: system-deps $(STAMP)
+NATIVE_STAMP := $(VENV)/.kelp-native-stamp
+
+setup: system-deps $(STAMP) $(NATIVE_STAMP)
 
 # Re-runs only when the dependency declarations change, so a second
 # `make test` starts in seconds.
@@ -23,6 +26,13 @@ $(STAMP): pyproject.toml requirements/broker.txt
 	$(PIP) install --quiet -e '.[dev]'
 	$(PIP) install --quiet --require-hashes --no-deps -r requirements/broker.txt
 	@touch $(STAMP)
+
+# kelp_native (native/, Rust + PyO3) built from source by maturin with the machine's cargo;
+# not a dependency in pyproject.toml, where pip would look for it on PyPI. An edit to the
+# crate rebuilds it. After system-deps, which installs cargo when missing (also under make -j).
+$(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs) native/kelp_native.pyi | system-deps
+	$(PIP) install --quiet --force-reinstall --no-deps ./native
+	@touch $(NATIVE_STAMP)
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -73,4 +83,4 @@ image-test:
 	$(IMAGE_ENV) bash scripts/image/image-test.sh
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache native/target

@@ -3,7 +3,9 @@
 #
 #   scripts/install-system-deps.sh                    redis-server and redis-cli (Debian packages
 #                                                     `redis-server`, `redis-tools`): what the demo and
-#                                                     every Redis-backed run need (`make demo`, `make setup`)
+#                                                     every Redis-backed run need (`make demo`, `make setup`);
+#                                                     and cargo (Debian package `cargo`), which builds the
+#                                                     native extension kelp_native from native/ (`make setup`)
 #   scripts/install-system-deps.sh --with-test-tools  also promtool (Debian package `prometheus`): a
 #                                                     test-only tool, the deploy tests check the alert
 #                                                     rules and the dashboard's PromQL with it (`make test`);
@@ -59,8 +61,22 @@ if [ ${#optional[@]} -gt 0 ]; then
   fi
 fi
 
+# Rust's cargo builds kelp_native (native/) from source: required, and installed on its own so its
+# reason is said. Debian 12's own cargo is new enough (native/Cargo.toml's rust-version).
+if ! command -v cargo >/dev/null 2>&1; then
+  why="Rust's cargo: it builds the native extension kelp_native from native/"
+  if [ "$dry_run" -eq 1 ]; then
+    echo "kelp: would install cargo with apt-get ($why)" >&2
+  elif ! command -v apt-get >/dev/null 2>&1; then
+    echo "kelp: cargo missing and apt-get is not available; install Rust's cargo (rustc >= 1.63) yourself ($why)" >&2
+    exit 1
+  else
+    apt_install "$why" cargo
+  fi
+fi
+
 if [ ${#missing[@]} -eq 0 ]; then
-  [ "$dry_run" -eq 1 ] && echo "kelp: nothing to install" >&2
+  [ "$dry_run" -eq 1 ] && command -v cargo >/dev/null 2>&1 && echo "kelp: nothing to install" >&2
   exit 0
 fi
 

@@ -1,4 +1,4 @@
-"""read_rows: row replies parsed by numpy off a real redis-server's socket, against hiredis's parse."""
+"""read_rows: row replies parsed natively (kelp_native) off a real redis-server, as hiredis parses them."""
 
 from __future__ import annotations
 
