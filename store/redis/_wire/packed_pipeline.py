@@ -14,8 +14,8 @@ to the pool, so the next use reconnects. Retries stay where they were, in
 (:mod:`kelp.store.redis._wire.packing`: one per row, one per bucket, or lazily packed parts);
 their replies come back as one list, read straight from hiredis
 (:func:`~kelp.store.redis._wire.packing.read_replies`), or, for row values of one width, as
-one :class:`~kelp.store.redis._wire.row_replies.RowReplies` parsed off the socket by numpy,
-or, for integer replies (``HSET``), as one int64 array
+one :class:`~kelp.store.redis._wire.row_replies.RowReplies` walked off the socket by
+``kelp_native`` (the GIL released), or, for integer replies (``HSET``), as one int64 array
 (:func:`~kelp.store.redis._wire.int_replies.read_ints`).
 The pipeline's bytes go out in parts as they are produced, never joined whole.
 """
@@ -83,8 +83,9 @@ class PackedPipeline:
 
         ``payload`` may be an iterable of parts (:class:`~kelp.store.redis._wire.packing.GroupedCommands`):
         each part is sent as soon as it is produced. With ``width`` every reply is a value of that many
-        bytes or nil, parsed off the socket by numpy (:func:`~kelp.store.redis._wire.row_replies.read_rows`);
-        with ``integers`` every reply is an integer, parsed the same way
+        bytes or nil, walked off the socket by ``kelp_native``
+        (:func:`~kelp.store.redis._wire.row_replies.read_rows`); with ``integers`` every reply is an
+        integer, parsed off the socket by numpy
         (:func:`~kelp.store.redis._wire.int_replies.read_ints`).
         Either falls back to the list at the first reply of another kind (an error, say)."""
         self._commands.append((payload, replies, width, integers))
