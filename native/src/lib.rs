@@ -4,6 +4,8 @@
 
 use pyo3::prelude::*;
 
+mod sketch;
+
 const NIL2: &[u8] = b"$-1\r\n";
 const NIL3: &[u8] = b"_\r\n";
 const CRLF: &[u8] = b"\r\n";
@@ -140,6 +142,8 @@ mod bindings {
 #[pymodule]
 fn kelp_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bindings::take_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(sketch::bindings::sketch_add, m)?)?;
+    m.add_function(wrap_pyfunction!(sketch::bindings::sketch_estimate, m)?)?;
     Ok(())
 }
 

@@ -9,8 +9,12 @@ overcounts by at most ~``e / width`` of the total with high probability), and
 halving every counter once ``window`` sightings were added (TinyLFU's "reset")
 makes the estimate follow the recent stream rather than all history.
 
-Every operation is vectorised over an id array (numpy ``ufunc.at``), so a
-training pull of ~1,700 ids per table costs a few numpy calls.
+Every operation takes a whole id array and runs in Kelp's native extension
+(``kelp_native.sketch_add`` / ``sketch_estimate``, native/src/sketch.rs): one
+pass per call over the ids and rows, with the GIL released. The numpy version
+(``np.add.at`` per row) held the GIL for ~5.7 ms per 4096-sample training step,
+the largest single item of the trainer's feed (docs/performance.md); the
+counters stay a numpy array, and the halving stays here.
 
 >>> sk = CountMinSketch(width=1024, depth=2, window=1_000_000)
 >>> sk.add(np.array([7, 9], np.uint64), np.array([5, 1]))
@@ -21,8 +25,9 @@ training pull of ~1,700 ids per table costs a few numpy calls.
 from __future__ import annotations
 
 import numpy as np
+from kelp_native import sketch_add, sketch_estimate
 
-from kelp.store.rows.hashing import name_seed, splitmix64
+from kelp.store.rows.hashing import name_seed
 
 __all__ = ["CountMinSketch"]
 
@@ -39,25 +44,26 @@ class CountMinSketch:
         self.width = size
         self.depth = depth
         self._mask = np.uint64(size - 1)
-        self._seeds = [name_seed("cms", seed, d) for d in range(depth)]
+        self._seeds = [int(name_seed("cms", seed, d)) for d in range(depth)]
         self._counts = np.zeros((depth, size), dtype=np.uint32)
         self.window = window if window is not None else 10 * size
         """Sightings added between two halvings (aging): the sketch follows roughly this many recent ones."""
         self._added = 0
         self.halvings = 0
 
-    def _cells(self, ids: np.ndarray) -> list[np.ndarray]:
-        return [(splitmix64(ids ^ s) & self._mask).astype(np.intp) for s in self._seeds]
-
     def add(self, ids: np.ndarray, counts: np.ndarray | int = 1) -> None:
         """Add ``counts`` sightings (int per id, or one int for all) of uint64 ``ids``."""
-        ids = np.asarray(ids, dtype=np.uint64)
+        ids = np.ascontiguousarray(ids, dtype=np.uint64)
         if not len(ids):
             return
-        inc = np.broadcast_to(np.asarray(counts, dtype=np.uint32), ids.shape)
-        for d, cells in enumerate(self._cells(ids)):
-            np.add.at(self._counts[d], cells, inc)
-        self._added += int(inc.sum(dtype=np.int64))
+        inc = np.asarray(counts, dtype=np.uint32)
+        if inc.ndim == 0:
+            sketch_add(self._counts, ids, int(inc), self._seeds, int(self._mask))
+            self._added += int(inc) * len(ids)
+        else:
+            inc = np.ascontiguousarray(np.broadcast_to(inc, ids.shape))
+            sketch_add(self._counts, ids, inc, self._seeds, int(self._mask))
+            self._added += int(inc.sum(dtype=np.int64))
         while self._added >= self.window:
             self._counts >>= 1
             self._added -= self.window
@@ -65,11 +71,9 @@ class CountMinSketch:
 
     def estimate(self, ids: np.ndarray) -> np.ndarray:
         """uint32[n]: the estimated recent count of each id (the minimum over the rows)."""
-        ids = np.asarray(ids, dtype=np.uint64)
-        cells = self._cells(ids)
-        out = self._counts[0][cells[0]]
-        for d in range(1, self.depth):
-            out = np.minimum(out, self._counts[d][cells[d]])
+        ids = np.ascontiguousarray(ids, dtype=np.uint64)
+        out = np.empty(ids.shape, dtype=np.uint32)
+        sketch_estimate(self._counts, ids.reshape(-1), self._seeds, int(self._mask), out.reshape(-1))
         return out
 
     @property
