@@ -221,7 +221,7 @@ class RequestLog:
                     attempt = 0
                 except Exception as exc:  # kafka-python raises several types for an unreachable broker
                     delay = _RETRY_S[min(attempt, len(_RETRY_S) - 1)]
-                    if attempt == 0:
+                    if attempt == 0 and not self._stop.is_set():  # a closed log has no one to warn
                         log.warning("request log: Kafka unavailable (%s); retrying, records queue", exc)
                     attempt += 1
                     self._stop.wait(delay)
