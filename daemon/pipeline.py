@@ -8,6 +8,15 @@ sits behind it, in this order::
     source ──poll──> [Prefetcher thread: plan, pull] ──queue──> progress(): ledger.apply,
     TrainStep, ledger.record ──queue──> [PushWriter thread: push, acknowledge, commit once durable]
 
+With a working copy (:mod:`kelp.store.hot.working_copy`, the hot tier of one
+trainer) the prefetcher reserves the rows instead of pulling copies, the step
+gathers them as they are when it runs and applies its update in place, and
+the writer only writes back what is due and commits; no overlay is needed,
+because no update is ever in flight::
+
+    source ──poll──> [Prefetcher: plan, reserve] ──queue──> progress(): gather, TrainStep, apply
+    ──queue──> [PushWriter: write back what is due, commit once durable]
+
 * The plan (each table's unique ids plus fallback buckets) is made once, by
   the prefetcher, and the step trains on that same plan.
 * The ledger (:mod:`kelp.daemon.ledger`) makes a prefetched batch see every
@@ -52,6 +61,7 @@ from kelp.daemon.row_owners import Contributions, RowOwners, SentRows
 from kelp.daemon.stages import END, Prefetcher, Prepared, PushWriter
 from kelp.daemon.written_rows import WrittenRows
 from kelp.store.base import EmbeddingStore
+from kelp.store.hot.working_copy import WorkingCopy
 from kelp.store.rows.id_sets import shared
 from kelp.trainer.metrics import TrainerMetrics
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate
@@ -119,8 +129,17 @@ class TrainPipeline:
         if owners is not None:
             step.sparse_optimizer = dataclasses.replace(step.sparse_optimizer, defer=True)
         stage = {"guard": guard, "metrics": metrics}
+        self._working = (
+            store if isinstance(store, WorkingCopy) and owners is None and adagrad is None else None
+        )
         self._prefetcher = Prefetcher(
-            source, store, self.ledger, **stage, depth=settings.prefetch_batches, plan=step.pull_plan
+            source,
+            store,
+            self.ledger,
+            **stage,
+            depth=settings.prefetch_batches,
+            plan=step.pull_plan,
+            working=self._working,
         )
         self._writer = PushWriter(
             source,
@@ -142,6 +161,11 @@ class TrainPipeline:
     def exhausted(self) -> bool:
         """The source has ended: what was fetched is trained, nothing more will come."""
         return self._exhausted
+
+    @property
+    def working_copy(self) -> WorkingCopy | None:
+        """The working copy the steps train in (None: the pipeline pulls copies and pushes updates)."""
+        return self._working
 
     @property
     def committed_step(self) -> int:
@@ -172,12 +196,21 @@ class TrainPipeline:
                 if self._owners is not None:  # the rows this rank owns may have been trained by others
                     self._settle(step_no + 1, None, {}, {})
             return Progress(None, self._exhausted)
-        pulled = self.ledger.apply(item.watermark, item.pulled, item.ids)
+        if item.reservation is not None:
+            assert self._working is not None
+            pulled = self._working.gather(item.reservation)
+        else:
+            pulled = self.ledger.apply(item.watermark, item.pulled, item.ids)
         result = self.step(item.batch, pulled, dense_sync, plan=item.plan)
         step = step_no + 1
         verdict = self.model_errors.after(item.batch, result)
         commits = None if verdict.hold else item.batch  # a held batch's offsets wait
-        if self._owners is not None:
+        if item.reservation is not None:
+            assert self._working is not None
+            rows = {t: (u.ids, u.rows, u.state) for t, u in result.updates.items() if len(u.ids)}
+            ticket = self._working.apply(item.reservation, rows)
+            self._writer.submit(step, commits, {}, ticket=ticket)
+        elif self._owners is not None:
             owned = self._settle(step, commits, result.updates, result.grads)
             result = dataclasses.replace(result, updates=owned, grads={})
         else:

@@ -36,11 +36,12 @@ from kelp.consumers.errors import SourceClosedError
 from kelp.daemon.ledger import UpdateLedger
 from kelp.daemon.outage import OutageGuard
 from kelp.store.base import EmbeddingStore, PullResult
+from kelp.store.hot.working_copy import Reservation, WorkingCopy
 from kelp.store.policy.fallback import PullPlan
 from kelp.trainer.metrics import TrainerMetrics
 from kelp.trainer.optim import RowWiseAdagrad, SparseUpdate
 
-__all__ = ["END", "Prefetcher", "Prepared", "PushWriter", "training_pull"]
+__all__ = ["END", "Prefetcher", "Prepared", "PushWriter", "training_occurrences", "training_pull"]
 
 log = logging.getLogger("kelp.train")
 _POLL_S = 0.2
@@ -59,6 +60,8 @@ class Prepared:
     watermark: int
     pull_s: float
     plan: PullPlan
+    reservation: Reservation | None = None
+    """Set when the rows were reserved in a working copy: ``pulled`` is empty, the step gathers them."""
 
     @property
     def ids(self) -> dict[str, np.ndarray]:
@@ -105,6 +108,8 @@ class Prefetcher(_Stage):
     """
 
     plan: Callable[[MicroBatch], PullPlan] | None = None
+    working: WorkingCopy | None = None
+    """Reserve each batch's rows in this working copy instead of pulling copies of them."""
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -145,6 +150,14 @@ class Prefetcher(_Stage):
         self._stop.set()
         if wait and self._thread is not None:
             self._thread.join(timeout=10)
+        if wait and self.working is not None:  # dropped batches: their rows need not stay pinned
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, Prepared) and item.reservation is not None:
+                    self.working.release(item.reservation)
 
     def _prepare(self, timeout_s: float) -> Prepared | _End | None:
         try:
@@ -153,12 +166,21 @@ class Prefetcher(_Stage):
             return END
         if batch is None or self._stop.is_set():  # stopping: a batch polled now would be dropped unpulled
             return None
-        watermark = self.ledger.begin_pull()
         started = time.perf_counter()
         if self.plan is not None:
             plan = self.plan(batch)
         else:
             plan = PullPlan({table: t.unique_ids for table, t in batch.tables.items()}, {})
+        working = self.working
+        if working is not None:
+            occurrences = training_occurrences(batch)
+            reservation = self.guard.call("pull", lambda: working.reserve(plan.ids, occurrences=occurrences))
+            pull_s = time.perf_counter() - started
+            self.metrics.stage_seconds.labels(stage="pull").observe(pull_s)
+            return Prepared(
+                batch=batch, pulled={}, watermark=0, pull_s=pull_s, plan=plan, reservation=reservation
+            )
+        watermark = self.ledger.begin_pull()
         pulled = self.guard.call("pull", lambda: training_pull(self.store, batch, plan.ids))
         pull_s = time.perf_counter() - started
         self.metrics.stage_seconds.labels(stage="pull").observe(pull_s)
@@ -186,10 +208,12 @@ def training_pull(
     store: EmbeddingStore, batch: MicroBatch, ids: Mapping[str, np.ndarray]
 ) -> dict[str, PullResult]:
     """A trainer's pull of ``ids`` for ``batch``: admission counts each id's occurrences in the batch."""
-    occurrences = {
-        table: np.bincount(t.inverse, minlength=len(t.unique_ids)) for table, t in batch.tables.items()
-    }
-    return store.pull_many(ids, occurrences=occurrences)
+    return store.pull_many(ids, occurrences=training_occurrences(batch))
+
+
+def training_occurrences(batch: MicroBatch) -> dict[str, np.ndarray]:
+    """Per table, how often each of ``batch``'s unique ids occurs in it (what admission counts)."""
+    return {table: np.bincount(t.inverse, minlength=len(t.unique_ids)) for table, t in batch.tables.items()}
 
 
 @dataclass
@@ -204,6 +228,9 @@ class _Pending:
     (it is durable once every earlier push is)."""
     refresh: Mapping[str, SparseUpdate] | None = None
     """Rows other ranks own, as their owners stepped them: the store's copies take them (row owners)."""
+    applied: bool = False
+    """The step's rows were already written in place (a working copy): ``ticket`` is theirs, nothing
+    is pushed here."""
 
 
 @dataclass(eq=False)
@@ -259,13 +286,18 @@ class PushWriter(_Stage):
         grads: Mapping[str, np.ndarray] | None = None,
         *,
         refresh: Mapping[str, SparseUpdate] | None = None,
+        ticket: int | None = None,
     ) -> None:
         """Queue a trained step (its row grads too, for ``adagrad``); blocks while ``depth`` are in flight.
 
         ``refresh``: rows other ranks own as they stepped them, for the store's copies
         (:meth:`~kelp.store.base.EmbeddingStore.refresh`), before the step is acknowledged.
+        ``ticket``: the step's rows were written in place already (a working copy's
+        :meth:`~kelp.store.hot.working_copy.WorkingCopy.apply`), under this ticket; nothing is pushed.
         """
         item = _Pending(step, batch, updates, grads or {}, refresh=refresh)
+        if ticket is not None:
+            item.ticket, item.applied = ticket, True
         if self._thread is None:
             self._write(item)
             return
@@ -328,9 +360,12 @@ class PushWriter(_Stage):
 
     def _write(self, item: _Pending) -> None:
         started = time.perf_counter()
-        ticket = self._push({t: u for t, u in item.updates.items() if len(u.ids)}, item.grads)
+        if item.applied:
+            ticket: int | None = item.ticket
+        else:
+            ticket = self._push({t: u for t, u in item.updates.items() if len(u.ids)}, item.grads)
         if ticket is not None:
-            self._last_ticket = ticket
+            self._last_ticket = max(self._last_ticket, ticket)
         item.ticket = self._last_ticket
         if item.refresh:
             self.store.refresh({t: (u.ids, u.rows, u.state) for t, u in item.refresh.items()})

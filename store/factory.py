@@ -110,7 +110,7 @@ def build_store(
     else:
         store = cls(store_cfg, tables, deployment, registry, **kwargs)
     if store_cfg.hot_tier(trainers):
-        from kelp.store.hot.tier import HotRowCache
+        from kelp.store.hot.working_copy import WorkingCopy
 
-        store = HotRowCache(store, store_cfg.hot_cache, owned=owned_rows)
+        store = WorkingCopy(store, store_cfg.hot_cache, owned=owned_rows)
     return store

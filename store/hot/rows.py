@@ -66,7 +66,11 @@ class HotRows:
 
     Columns: ``rows``, ``state``, ``loaded`` (tier clock when read from the
     store), ``updated_s`` (unix seconds of the last update), ``dirty``, ``since``
-    (the push that dirtied the row first since its last write-back).
+    (the push that dirtied the row first since its last write-back), ``last`` (the
+    push that wrote it last: a write-back that ran while a step wrote the row again
+    keeps it dirty), ``pins`` (prepared batches that will train the row: it may not
+    leave), ``fresh`` (admitted and trained, but its trained value never written:
+    due at the next write-back, not at the end of the period).
     """
 
     def __init__(self, names: Sequence[str], dim: int, capacity: int) -> None:
@@ -83,6 +87,9 @@ class HotRows:
                 "updated_s": Column(np.uint32),
                 "dirty": Column(bool),
                 "since": Column(np.int64),
+                "last": Column(np.int64),
+                "pins": Column(np.int32),
+                "fresh": Column(bool),
             },
             capacity=min(capacity, 1 << 18),
             tagged=True,
@@ -113,18 +120,20 @@ class HotRows:
         return self.table.lookup(batch.ids, batch.tags)
 
     def clean_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Slots of the rows that may leave (clean), and their estimated frequencies."""
+        """Slots of the rows that may leave (clean, and no prepared batch will train them), and their
+        estimated frequencies."""
         t = self.table
         live = t.live_slots()
-        clean = live[~t["dirty"][live]]
+        clean = live[~t["dirty"][live] & (t["pins"][live] == 0)]
         return clean, self.sketch.estimate(self.sketch_keys(t.ids[clean], t.tags[clean]))
 
     def due(self, cutoff: int) -> np.ndarray:
         """Slots of the dirty rows whose first update since their last write-back is at push ``cutoff`` or
-        earlier."""
+        earlier, and of every dirty ``fresh`` row."""
         t = self.table
         high = t.high
-        return np.flatnonzero(t["dirty"][:high] & (t["since"][:high] <= cutoff))
+        dirty = t["dirty"][:high]
+        return np.flatnonzero(dirty & ((t["since"][:high] <= cutoff) | t["fresh"][:high]))
 
     def by_table(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """``slots`` grouped by their table (sorted by tag once)."""

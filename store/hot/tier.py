@@ -213,6 +213,7 @@ class HotRowCache(EmbeddingStore):
         self._groups = [HotRows(names, dim, max(64, cfg.capacity_rows)) for dim, names in widths.items()]
         self._group_of = {name: g for g in self._groups for name in g.names}
         self._threshold = 0  # a fetched row enters a full tier only above this estimate (set by trims)
+        self._fresh_waiting = False  # a fresh row was written: the next write-back takes it, due or not
         self._held = 0
         self._lock = threading.RLock()  # the tables: short sections, never held across a store call
         self._push_lock = threading.RLock()  # pushes, write-backs, flushes and deletes, one at a time
@@ -232,34 +233,58 @@ class HotRowCache(EmbeddingStore):
     # -- write-back -----------------------------------------------------------------------------
 
     def _write_back(self, force: bool = False) -> None:
-        """Push the rows that are due (:class:`~kelp.store.hot.writeback.WritebackSchedule`) to ``inner``
-        in one call; they stay dirty if that raises. Then trim if the tier is over capacity.
+        """Push the rows that are due (:class:`~kelp.store.hot.writeback.WritebackSchedule`, and every
+        ``fresh`` row) to ``inner`` in one call; they stay dirty if that raises. Then trim if the tier
+        is over capacity.
 
-        Runs under ``_push_lock`` only while it talks to the store: pulls go on meanwhile. That is
-        safe because only this thread (the pushing one) writes, trims or clears rows, and a pull
-        only removes clean rows (stale ones), never one of these dirty ones.
+        Runs under ``_push_lock`` only while it talks to the store: pulls, and the working copy's
+        in-place writes (:class:`~kelp.store.hot.working_copy.WorkingCopy`), go on meanwhile. A row
+        written again while its old value was on the way stays dirty (its ``last`` push moved) and
+        waits for its new write-back; a pull only removes clean rows, never one of these dirty ones.
         """
         with self._lock:
             cutoff = self._schedule.due(force)
+            fresh, self._fresh_waiting = self._fresh_waiting, False
             updates = {}
-            due = []
-            if cutoff:
+            due: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+            if cutoff or fresh:
                 for g in self._groups:
-                    slots = g.due(cutoff)
-                    due.append(slots)
                     t = g.table
+                    slots = g.due(cutoff)
+                    due.append((slots, t["last"][slots], t["since"][slots]))
                     for name, mine in g.by_table(slots).items():
                         updates[name] = (t.ids[mine], t["rows"][mine], t["state"][mine])
         if updates:
             self.inner.push_many(updates)
         with self._lock:
-            if cutoff:
-                for g, slots in zip(self._groups, due, strict=True):
-                    g.table["dirty"][slots] = False
-                self.metrics.hot_writeback.inc(sum(len(s) for s in due))
-                self._schedule.written(cutoff)
+            if due:
+                self._written_back(due, cutoff)
             if self._held > self.capacity:
                 self._trim()
+
+    def _written_back(self, due: list[tuple[np.ndarray, np.ndarray, np.ndarray]], cutoff: int) -> None:
+        """The rows of ``due`` (per group: slots, their ``last`` and ``since`` when copied) are in the
+        store: clean where nothing wrote them since; the schedule learns what is durable."""
+        early: list[int] = []  # the since of fresh rows written before their period ended
+        again: dict[int, int] = {}  # rows written while on the way whose pending entry went: last -> count
+        for g, (slots, last, since) in zip(self._groups, due, strict=True):
+            t = g.table
+            same = t["last"][slots] == last
+            t["dirty"][slots[same]] = False
+            t["fresh"][slots] = False
+            early.extend(since[same & (since > cutoff)].tolist())
+            moved = slots[~same & (since <= cutoff)]
+            if len(moved):
+                t["since"][moved] = t["last"][moved]
+                pushes, counts = np.unique(t["last"][moved], return_counts=True)
+                for push, n in zip(pushes.tolist(), counts.tolist(), strict=True):
+                    again[push] = again.get(push, 0) + n
+        self._schedule.forget(early)
+        for push, n in again.items():
+            self._schedule.dirtied(push, n)
+        if cutoff:
+            self._schedule.written(cutoff)
+        self.metrics.hot_writeback.inc(sum(len(s) for s, _, _ in due))
 
     def _trim(self) -> None:
         """Drop the clean rows with the lowest estimated frequency, over all tables at once, until the
@@ -352,7 +377,7 @@ class HotRowCache(EmbeddingStore):
         if self._owned is not None and len(hit):
             theirs = min(self.cfg.max_staleness_s, self.cfg.writeback_interval_s)
             limit = np.where(self._owned(batch.ids[hit]), self.cfg.max_staleness_s, theirs)
-        stale = (now - t["loaded"][at] > limit) & ~t["dirty"][at]
+        stale = (now - t["loaded"][at] > limit) & ~t["dirty"][at] & (t["pins"][at] == 0)
         if stale.any():
             t.remove(at[stale])
             slots[hit[stale]] = -1
@@ -463,7 +488,7 @@ class HotRowCache(EmbeddingStore):
                     newly = slots[~t["dirty"][slots]]
                     t["since"][newly] = push
                     self._schedule.dirtied(push, len(newly))
-                    t.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True)
+                    t.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True, last=push)
                 entry = (
                     self._inflight.begin({n: p[0] for n, p in passthrough.items()}) if passthrough else None
                 )

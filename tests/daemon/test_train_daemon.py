@@ -101,25 +101,29 @@ def _file_config(tmp_path: Path, url: str, deployment: str, **trainer: Any) -> K
     return cfg
 
 
-@pytest.mark.parametrize("hot_cache", [False, True], ids=["write-through", "hot-cache"])
+@pytest.mark.parametrize("hot_cache", [False, True], ids=["write-through", "working-copy"])
 def test_prefetch_and_write_behind_lose_no_update(tmp_path: Path, redis_url: str, hot_cache: bool) -> None:
-    """Prefetched pulls miss the previous batch's push; the overlay makes them exact anyway."""
+    """Prefetched pulls miss the previous batch's push; the overlay makes them exact anyway. With the
+    working copy the prefetch reserves rows that earlier steps then update; the gather sees them."""
     finals: dict[str, dict[str, dict[int, bytes]]] = {}
     tables = [f"C{i}" for i in range(1, 27)]
     for deployment, prefetch in (("sequential", 0), ("pipelined", 3)):
         cfg = _file_config(tmp_path, redis_url, deployment, prefetch_batches=prefetch, push_queue_batches=3)
         cfg.batching.batch_size = 128
         cfg.metrics.enabled = False
-        if hot_cache:
-            cfg.store.hot_cache.enabled = True
-            cfg.store.hot_cache.writeback_every_steps = 4
+        cfg.store.hot_cache.enabled = hot_cache
+        cfg.store.hot_cache.writeback_every_steps = 4
         torch.manual_seed(0)
         daemon = TrainDaemon(cfg)
         report = daemon.run()
         assert report.samples == CRITEO_ROWS and report.stopped_by == "source exhausted"
+        assert daemon.pipeline is not None
+        working = daemon.pipeline.working_copy
+        assert (working is not None) == hot_cache
         if prefetch:
-            patched = daemon.pipeline.ledger.patched_rows  # type: ignore[union-attr]
-            assert patched > 0, "prefetch never overlapped a push: the test proves nothing"
+            patched = daemon.pipeline.ledger.patched_rows
+            overlapped = working.overlapped_rows if working is not None else patched
+            assert overlapped > 0, "prefetch never overlapped a step's update: the test proves nothing"
         finals[deployment] = {t: _stored_rows(redis_url, deployment, t) for t in tables}
 
     for table in tables:

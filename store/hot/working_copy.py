@@ -1,0 +1,274 @@
+"""The working copy: every row a trainer trains lives in the hot tier, and the step updates it there.
+
+The hot tier (:mod:`kelp.store.hot.tier`) used to be a cache in front of the
+store: a prefetched pull copied rows out of it, the step trained the copies,
+and a separate push wrote the result back into the tier (hot rows) or through
+to Redis (the rest). Between the prefetch and the push, the trainer needed an
+overlay of in-flight updates (:mod:`kelp.daemon.ledger`) so that the next
+batch never trained on a copy older than the last step, and every row outside
+the tier cost a Redis write per step.
+
+Here the tier is the only copy a trainer works on, as in TorchRec's dynamic
+embedding and FBGEMM's cache: a resident row is authoritative and Redis holds
+it as of its last write-back::
+
+    prefetch thread        reserve(ids)   hits: pin;  misses: read from the store, enter the tier, pin
+    main thread            gather(res)    the rows as they are *now* (no overlay: nothing is in flight)
+                           step           forward, backward, row-wise Adagrad
+                           apply(res, u)  written in place (dirty), unpinned; the ticket is the push number
+    push thread            durable_through()   due rows written back once per period, however many
+                                               steps wrote them; offsets commit by the durable ticket
+
+Rules it keeps, beyond the tier's own:
+
+* **pinned rows stay.** A reserved row is pinned until its step applied (or
+  the batch was dropped): trims and staleness re-reads never remove it, so the
+  step's gather finds every row its prefetch read, and its updates have a slot.
+* **every admitted row enters.** A fetched admitted row enters the tier
+  whatever its frequency (no ``min_count``, no room check): its update has
+  nowhere else to go. The tier may hold more than ``capacity_rows`` until the
+  next write-back's trim, by the rows that are dirty or pinned then; trims drop
+  clean unpinned rows, the least frequent first (count-min estimate), so the
+  long tail leaves first.
+* **new rows are written soon.** A row admitted by this reservation, or one the
+  store holds nothing for (its store copy is the init row, or none), is
+  ``fresh``: once trained it is written at the next write-back, not at the end
+  of the period, so serving sees a new id within a step or two. A kept row's update waits for its period
+  (``writeback_every_steps`` / ``writeback_interval_s``).
+* **nothing lost.** A write-back copies the due rows under the lock and writes
+  them without it; a row that a step writes again meanwhile keeps its dirty flag
+  (its ``last`` push moved) and is written at its next period. Offsets commit
+  only once the schedule says every push up to theirs is in the store.
+
+Used by the trainer's pipeline for one trainer (:mod:`kelp.daemon.pipeline`).
+A trainer group with row owners still uses the tier's ``pull_many`` and
+``push_many`` with the overlay, because another rank steps some of its rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kelp.store.base import PullResult
+from kelp.store.hot.rows import HotRows, RowBatch
+from kelp.store.hot.tier import HotRowCache, _weights
+
+__all__ = ["Reservation", "WorkingCopy"]
+
+
+@dataclass
+class _Held:
+    """One width group's part of a reservation.
+
+    ``slots``: each id's slot (-1: no row, the id is not admitted); ``outside``: positions with
+    slot -1 and their pulled values (rows, state, updated_s) as the store answered;
+    ``admitted_now``: bool per id, admitted by this reservation's read.
+    """
+
+    group: HotRows
+    batch: RowBatch
+    slots: np.ndarray
+    admitted_now: np.ndarray
+    outside: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    outside_rows: np.ndarray | None = None
+    outside_state: np.ndarray | None = None
+    outside_updated_s: np.ndarray | None = None
+
+
+@dataclass
+class Reservation:
+    """The rows one prepared batch will train, pinned in the working copy until :meth:`WorkingCopy.apply`."""
+
+    held: list[_Held]
+    pushes: int
+    """The tier's push count when it was made: a row written by a later push changed after its read."""
+    done: bool = False
+
+    @property
+    def rows(self) -> int:
+        """How many of its ids have a row in the working copy."""
+        return sum(int((h.slots >= 0).sum()) for h in self.held)
+
+
+class WorkingCopy(HotRowCache):
+    """The hot tier, with the verbs a single trainer's pipeline trains through (see the module)."""
+
+    overlapped_rows = 0
+    """Rows a step gathered that an earlier step wrote after their reservation (a running total): the
+    updates a prefetched copy would have missed, which gathering at step time keeps."""
+
+    def reserve(
+        self, ids_by_table: Mapping[str, np.ndarray], *, occurrences: Mapping[str, np.ndarray] | None = None
+    ) -> Reservation:
+        """Pin the rows of ``ids_by_table`` (unique ids per table), reading the missing ones from the
+        store into the tier; their occurrences feed admission and the tier's frequency sketch.
+
+        Raises what the store's read raises, with nothing left pinned.
+        """
+        checked = {name: self.table(name).check_ids(raw) for name, raw in ids_by_table.items()}
+        occurrences = occurrences or {}
+        held: list[_Held] = []
+        need: dict[str, np.ndarray] = {}
+        need_occ: dict[str, np.ndarray] = {}
+        with self._lock:
+            now = self._clock()
+            for g in self._groups:
+                batch = g.batch(checked)
+                if batch is None:
+                    continue
+                g.sketch.add(g.sketch_keys(batch.ids, batch.tags), _weights(batch, occurrences))
+                slots = g.lookup(batch)
+                self._reread_stale(g, batch, slots, now)
+                miss = slots < 0
+                g.table["pins"][slots[~miss]] += 1
+                held.append(_Held(g, batch, slots, np.zeros(len(slots), dtype=bool)))
+                ids_by, miss_by = batch.split(batch.ids), batch.split(miss)
+                for name in batch.names:
+                    m = miss_by[name]
+                    if m.any():
+                        need[name] = ids_by[name][m]
+                        if name in occurrences:
+                            need_occ[name] = np.asarray(occurrences[name])[m]
+                self._count_hits(batch, miss)
+        reservation = Reservation(held, pushes=self._schedule.pushes)
+        try:
+            fetched = self.inner.pull_many(need, count=True, occurrences=need_occ) if need else {}
+        except BaseException:
+            self.release(reservation)
+            raise
+        with self._lock:
+            now = self._clock()
+            for h in held:
+                self._enter(h, fetched, now)
+            self._update_gauges()
+        return reservation
+
+    def _enter(self, h: _Held, fetched: Mapping[str, PullResult], now: float) -> None:
+        """The fetched rows of ``h``'s misses: admitted ones enter the tier pinned, the rest stay outside."""
+        got = [fetched[name] for name in h.batch.names if name in fetched]
+        if not got:
+            return
+        where = np.flatnonzero(h.slots < 0)
+        rows = np.concatenate([f.rows for f in got])
+        state = np.concatenate([f.state for f in got])
+        admitted = np.concatenate([f.admitted for f in got])
+        updated_s = np.concatenate(
+            [f.updated_s if f.updated_s is not None else np.zeros(len(f), np.uint32) for f in got]
+        )
+        admitted_now = np.concatenate(
+            [f.admitted_now if f.admitted_now is not None else np.zeros(len(f), bool) for f in got]
+        )
+        h.admitted_now[where] = admitted_now
+        t = h.group.table
+        enter = np.flatnonzero(admitted)
+        if len(enter):
+            at = where[enter]
+            # Another caller of the tier's pull_many may have brought some in meanwhile: the tier's copy wins.
+            present = t.lookup(h.batch.ids[at], h.batch.tags[at])
+            new = present < 0
+            if new.any():
+                k = enter[new]
+                present[new] = t.insert(
+                    h.batch.ids[where[k]],
+                    h.batch.tags[where[k]],
+                    rows=rows[k],
+                    state=state[k],
+                    loaded=now,
+                    updated_s=updated_s[k],
+                    fresh=admitted_now[k] | (updated_s[k] == 0),
+                )
+                self._held += int(new.sum())
+            t["pins"][present] += 1
+            h.slots[at] = present
+        out = np.flatnonzero(~admitted)
+        h.outside = where[out]
+        h.outside_rows, h.outside_state, h.outside_updated_s = rows[out], state[out], updated_s[out]
+
+    def gather(self, reservation: Reservation) -> dict[str, PullResult]:
+        """The reserved rows as they are now, per table in the order reserved (a pull's result)."""
+        out: dict[str, PullResult] = {}
+        with self._lock:
+            for h in reservation.held:
+                t = h.group.table
+                n = len(h.slots)
+                rows = np.empty((n, h.group.dim), dtype=np.float32)
+                state = np.empty(n, dtype=np.float32)
+                updated_s = np.zeros(n, dtype=np.uint32)
+                inside = np.flatnonzero(h.slots >= 0)
+                at = h.slots[inside]
+                self.overlapped_rows += int((t["last"][at] > reservation.pushes).sum())
+                rows[inside], state[inside], updated_s[inside] = (
+                    t["rows"][at],
+                    t["state"][at],
+                    t["updated_s"][at],
+                )
+                if len(h.outside):
+                    rows[h.outside], state[h.outside] = h.outside_rows, h.outside_state
+                    updated_s[h.outside] = h.outside_updated_s
+                admitted = h.slots >= 0
+                parts = [h.batch.split(a) for a in (rows, state, admitted, updated_s, h.admitted_now)]
+                out.update({name: PullResult(*(p[name] for p in parts)) for name in h.batch.names})
+        return out
+
+    def apply(
+        self, reservation: Reservation, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    ) -> int:
+        """Write a step's updated rows in place (dirty) and unpin its reservation; returns the ticket
+        (the tier's push number) that :meth:`durable_through` reaches once they are in the store.
+
+        Every updated id must be reserved: an admitted row of the batch. Rows holding a NaN or an
+        infinity are refused (counted), as the store refuses them. Writes nothing to the store.
+        """
+        checked = {
+            name: self._finite_only(name, *self.table(name).check_push(*u)) for name, u in updates.items()
+        }
+        with self._lock:
+            writes = []
+            for g in self._groups:
+                batch = g.batch({name: c[0] for name, c in checked.items()})
+                if batch is None:
+                    continue
+                slots = g.lookup(batch)
+                if (slots < 0).any():
+                    lost = batch.ids[slots < 0][:5].tolist()
+                    raise RuntimeError(
+                        f"working copy: {int((slots < 0).sum())} updated rows are not resident "
+                        f"(ids {lost}...); only a reserved batch's admitted rows can be applied"
+                    )
+                rows = np.concatenate([checked[n][1] for n in batch.names])
+                state = np.concatenate([checked[n][2] for n in batch.names])
+                writes.append((g, slots, rows, state))
+            push = self._schedule.begin_push()
+            stamp = np.uint32(time.time())
+            for g, slots, rows, state in writes:
+                t = g.table
+                newly = slots[~t["dirty"][slots]]
+                t["since"][newly] = push
+                self._schedule.dirtied(push, len(newly))
+                t.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True, last=push)
+                if t["fresh"][slots].any():
+                    self._fresh_waiting = True
+            self._unpin(reservation)
+        return push
+
+    def release(self, reservation: Reservation) -> None:
+        """Unpin a reservation that will not be applied (its batch was dropped before training)."""
+        with self._lock:
+            self._unpin(reservation)
+
+    def pinned_rows(self) -> int:
+        """Rows some prepared batch still holds (reserved, not applied or released)."""
+        with self._lock:
+            return int(sum((g.table["pins"][: g.table.high] > 0).sum() for g in self._groups))
+
+    def _unpin(self, reservation: Reservation) -> None:
+        if reservation.done:
+            return
+        reservation.done = True
+        for h in reservation.held:
+            pinned = h.slots[h.slots >= 0]
+            h.group.table["pins"][pinned] -= 1
