@@ -12,7 +12,9 @@ checks that each line is ``:<digits>\\r\\n``. Anything else (an error such as
 reply on to hiredis and the rest are read the usual way, so errors surface
 exactly as through :func:`~kelp.store.redis._wire.packing.read_replies`. A reply with more
 line ends than one only makes the count stop early, never wait for bytes that
-will not come.
+will not come. Bytes received past the ``n`` replies (the next command's) stay
+with the :class:`~kelp.store.redis._wire.stream.ReplyStream`, so the next run of
+integers or rows is parsed off the socket too.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from kelp.store.redis._wire.packing import read_replies
 from kelp.store.redis._wire.row_replies import receive
-from kelp.store.redis.client_internals import connection_socket, hiredis_reader
+from kelp.store.redis._wire.stream import ReplyStream
+from kelp.store.redis.client_internals import connection_socket
 
 __all__ = ["read_ints"]
 
@@ -31,8 +33,10 @@ _COLON, _CR, _LF, _ZERO, _NINE = ord(":"), ord("\r"), ord("\n"), ord("0"), ord("
 _MAX_DIGITS = 18  # longer integers (never an HSET count) go to hiredis
 
 
-def read_ints(conn: Any, n: int) -> np.ndarray | list[Any]:
-    """Read ``n`` replies, each expected to be a non-negative integer, from a redis-py connection.
+def read_ints(source: Any, n: int) -> np.ndarray | list[Any]:
+    """Read ``n`` replies, each expected to be a non-negative integer, from a redis-py connection or a
+    :class:`~kelp.store.redis._wire.stream.ReplyStream` over one (which then keeps the bytes received
+    past them for the next read; given a connection, they go to its hiredis reader).
 
     Returns int64[n], or the list :func:`~kelp.store.redis._wire.packing.read_replies` gives when a reply is
     something else (an error, say) or hiredis already holds bytes. Socket errors become
@@ -43,12 +47,20 @@ def read_ints(conn: Any, n: int) -> np.ndarray | list[Any]:
     >>> _parse(np.frombuffer(b":1\\r\\n-ERR no\\r\\n:3\\r\\n", np.uint8), 3)[1].tolist()
     [1]
     """
-    reader = hiredis_reader(conn)
-    sock = connection_socket(conn)
-    if reader is None or sock is None or reader.has_data() or n == 0:
-        return read_replies(conn, n)
-    buf = bytearray(n * 4 + 64)  # ":0\r\n" each; grows when replies are longer
-    got = lines = 0
+    if not isinstance(source, ReplyStream):
+        with ReplyStream(source) as stream:
+            return read_ints(stream, n)
+    stream = source
+    if n == 0:
+        return []
+    head = stream.start()
+    sock = connection_socket(stream.conn)
+    if head is None or sock is None:
+        return stream.replies(n)
+    buf = bytearray(head)  # bytes the previous read received past its replies: this run's first
+    buf.extend(bytes(n * 4 + 64))  # ":0\r\n" each; grows when replies are longer
+    got = len(head)
+    lines = buf.count(b"\n", 0, got)
     while lines < n:
         if got == len(buf):
             buf.extend(bytes(len(buf)))
@@ -58,10 +70,10 @@ def read_ints(conn: Any, n: int) -> np.ndarray | list[Any]:
         lines += buf.count(b"\n", before, got)
     data = np.frombuffer(buf, dtype=np.uint8, count=got)
     good, values, end = _parse(data, n)
-    if got > end:
-        reader.feed(bytes(buf[end:got]))  # a foreign reply onwards, or the next command's replies
     if good < n:
-        return values.tolist() + read_replies(conn, n - good)
+        stream.hand_to_hiredis(bytes(buf[end:got]))  # hiredis reads on from the first foreign reply
+        return values.tolist() + stream.replies(n - good)
+    stream.keep(bytes(buf[end:got]))  # the next command's replies, for the next read
     return values
 
 

@@ -16,7 +16,9 @@ their replies come back as one list, read straight from hiredis
 (:func:`~kelp.store.redis._wire.packing.read_replies`), or, for row values of one width, as
 one :class:`~kelp.store.redis._wire.row_replies.RowReplies` walked off the socket by
 ``kelp_native`` (the GIL released), or, for integer replies (``HSET``), as one int64 array
-(:func:`~kelp.store.redis._wire.int_replies.read_ints`).
+(:func:`~kelp.store.redis._wire.int_replies.read_ints`). One
+:class:`~kelp.store.redis._wire.stream.ReplyStream` carries the bytes a run's parser received
+past its replies on to the next run's, so consecutive runs all stay off hiredis.
 The pipeline's bytes go out in parts as they are produced, never joined whole.
 """
 
@@ -30,8 +32,9 @@ import numpy as np
 import redis
 
 from kelp.store.redis._wire.int_replies import read_ints
-from kelp.store.redis._wire.packing import first_error, read_replies
+from kelp.store.redis._wire.packing import first_error
 from kelp.store.redis._wire.row_replies import RowReplies, read_rows
+from kelp.store.redis._wire.stream import ReplyStream
 
 __all__ = ["PackedPipeline"]
 
@@ -101,15 +104,16 @@ class PackedPipeline:
         try:
             conn.send_packed_command(_wire(commands, kinds))  # type: ignore[arg-type]
             replies: list[Any] = []
-            for c, packed in zip(commands, kinds, strict=True):
-                if not packed:
-                    replies.append(read_replies(conn, 1)[0])
-                elif c[2] is not None:
-                    replies.append(read_rows(conn, c[1], c[2]))  # type: ignore[arg-type]
-                elif c[3]:
-                    replies.append(read_ints(conn, c[1]))  # type: ignore[arg-type]
-                else:
-                    replies.append(read_replies(conn, c[1]))  # type: ignore[arg-type]
+            with ReplyStream(conn) as stream:
+                for c, packed in zip(commands, kinds, strict=True):
+                    if not packed:
+                        replies.append(stream.replies(1)[0])
+                    elif c[2] is not None:
+                        replies.append(read_rows(stream, c[1], c[2]))  # type: ignore[arg-type]
+                    elif c[3]:
+                        replies.append(read_ints(stream, c[1]))  # type: ignore[arg-type]
+                    else:
+                        replies.append(stream.replies(c[1]))  # type: ignore[arg-type]
         except BaseException:
             conn.disconnect()
             raise

@@ -19,7 +19,8 @@ Anything else at a record's start (an error reply such as ``LOADING``, another
 type, another width) hands the unread bytes to hiredis and the rest of the
 replies are read the usual way (:func:`~kelp.store.redis._wire.packing.read_replies`),
 so errors surface exactly as before.
-Bytes read past this run's last reply (the next command's) go to hiredis too.
+Bytes read past this run's last reply (the next command's) stay with the
+:class:`~kelp.store.redis._wire.stream.ReplyStream`, for the next read.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from typing import Any
 import numpy as np
 import redis
 
-from kelp.store.redis._wire.packing import read_replies
-from kelp.store.redis.client_internals import connection_socket, hiredis_reader
+from kelp.store.redis._wire.stream import ReplyStream
+from kelp.store.redis.client_internals import connection_socket
 
 try:
     from kelp_native import take_rows
@@ -99,31 +100,43 @@ class _Walk:
         return not foreign
 
 
-def read_rows(conn: Any, n: int, width: int) -> RowReplies | list[Any]:
-    """Read ``n`` replies, each a ``width``-byte value or nil, from a redis-py connection.
+def read_rows(source: Any, n: int, width: int) -> RowReplies | list[Any]:
+    """Read ``n`` replies, each a ``width``-byte value or nil, from a redis-py connection or a
+    :class:`~kelp.store.redis._wire.stream.ReplyStream` over one (which then keeps the bytes received
+    past them for the next read; given a connection, they go to its hiredis reader).
 
     Returns :class:`RowReplies`, or the list :func:`~kelp.store.redis._wire.packing.read_replies` gives
     when a reply is something else (an error, say) or hiredis already holds bytes.
     Socket errors become redis-py's ``ConnectionError`` / ``TimeoutError``, as redis-py's own read does.
     """
-    reader = hiredis_reader(conn)
-    sock = connection_socket(conn)
-    if reader is None or sock is None or reader.has_data() or n == 0:
-        return read_replies(conn, n)
+    if not isinstance(source, ReplyStream):
+        with ReplyStream(source) as stream:
+            return read_rows(stream, n, width)
+    stream = source
+    if n == 0:
+        return []
+    head = stream.start()
+    sock = connection_socket(stream.conn)
+    if head is None or sock is None:
+        return stream.replies(n)
     walk = _Walk(width)
-    buf = bytearray(n * walk.value_record)  # the most this run's replies can take
+    # This run's replies take at most n * value_record bytes, after the bytes the previous read
+    # received past its own (they start this run): a full buffer short of n records holds a foreign one.
+    buf = bytearray(head)
+    buf.extend(bytes(n * walk.value_record))
     data = np.frombuffer(buf, dtype=np.uint8)
     view = memoryview(buf)
-    got = 0
-    while walk.count < n:
+    got = len(head)
+    foreign = bool(got) and not walk.advance(buf, got, n)
+    while not foreign and walk.count < n:
         got += receive(sock, view[got:])
         if got < len(view) and not _parse_now(sock, got - walk.cursor, n - walk.count):
             continue
-        if not walk.advance(buf, got, n) or (got == len(view) and walk.count < n):
-            reader.feed(bytes(buf[walk.cursor : got]))  # hiredis takes over from the first foreign reply
-            return _rows(walk, data).tolist() + read_replies(conn, n - walk.count)
-    if got > walk.cursor:
-        reader.feed(bytes(buf[walk.cursor : got]))  # the next command's replies
+        foreign = not walk.advance(buf, got, n) or (got == len(view) and walk.count < n)
+    if foreign:
+        stream.hand_to_hiredis(bytes(buf[walk.cursor : got]))  # from the first foreign reply on
+        return _rows(walk, data).tolist() + stream.replies(n - walk.count)
+    stream.keep(bytes(buf[walk.cursor : got]))  # the next command's replies
     return _rows(walk, data)
 
 

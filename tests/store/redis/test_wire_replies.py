@@ -1,15 +1,16 @@
 """The reply parsers read a recorded reply stream the same however the socket hands it over.
 
 ``read_rows`` and ``read_ints`` parse raw bytes as they arrive and hand the rest
-to hiredis; ``read_replies`` drives hiredis by hand. A reply cut anywhere (inside
-a length header, between a value and its CRLF, inside ``$-1``/``_`` or an error
-line) must neither be misread nor leave the connection out of step. So each
-stream is recorded once from a real redis-server (RESP2, and RESP3 after
-``HELLO 3``), then replayed to a real redis-py connection split at every byte
-boundary: the first part is written, the second only once the client has read
-the first, so the parser's first receive ends exactly at the cut. Each split
-parse must equal the unsplit parse, and the reply after the run (a ``PING``'s)
-must still come back to redis-py.
+to hiredis, or on one ``ReplyStream`` to the next run's parse; ``read_replies``
+drives hiredis by hand. A reply cut anywhere (inside a length header, between a
+value and its CRLF, inside ``$-1``/``_`` or an error line) must neither be
+misread nor leave the connection out of step. So each stream is recorded once
+from a real redis-server (RESP2, and RESP3 after ``HELLO 3``), then replayed to
+a real redis-py connection split at every byte boundary: the first part is
+written, the second only once the client has read the first, so the parser's
+first receive ends exactly at the cut. Each split parse must equal the unsplit
+parse, and the reply after the run (a ``PING``'s) must still come back to
+redis-py.
 
 The client is a redis-py Unix socket connection to a small server in a thread:
 it relays the connection handshake (``HELLO``, ``CLIENT SETINFO``) to the real
@@ -38,6 +39,7 @@ from kelp.harness import RedisServer
 from kelp.store.redis._wire.int_replies import read_ints
 from kelp.store.redis._wire.packing import read_replies
 from kelp.store.redis._wire.row_replies import RowReplies, read_rows
+from kelp.store.redis._wire.stream import ReplyStream
 from kelp.store.redis.client_internals import connection_socket, reads_from_socket
 
 WIDTH = 16
@@ -240,6 +242,17 @@ def _parse_split(
     return parsed, conn.read_response()
 
 
+def _one_stream(*reads: Callable[[ReplyStream], Any]) -> Callable[[Any], list[Any]]:
+    """``reads`` in turn on one :class:`ReplyStream` over the connection: each run after the first
+    starts in the bytes the run before received past its replies, cut wherever the split fell."""
+
+    def parse(conn: Any) -> list[Any]:
+        with ReplyStream(conn) as stream:
+            return [_plain(read(stream)) for read in reads]
+
+    return parse
+
+
 PARSERS: dict[str, tuple[list[bytes], Callable[[Any], Any]]] = {
     "read_rows": (ROW_RUN, lambda c: read_rows(c, len(ROW_RUN), WIDTH)),
     "read_rows, an error among the rows": (ROW_RUN_WITH_ERROR, lambda c: read_rows(c, 3, WIDTH)),
@@ -248,6 +261,14 @@ PARSERS: dict[str, tuple[list[bytes], Callable[[Any], Any]]] = {
     "read_ints": (INT_RUN, lambda c: read_ints(c, len(INT_RUN))),
     "read_ints, an error among the counts": (INT_RUN_WITH_ERROR, lambda c: read_ints(c, 3)),
     "read_replies, counts": (INT_RUN, lambda c: read_replies(c, len(INT_RUN))),
+    "read_ints, then read_rows on one stream": (
+        [*INT_RUN, *ROW_RUN],
+        _one_stream(lambda s: read_ints(s, len(INT_RUN)), lambda s: read_rows(s, len(ROW_RUN), WIDTH)),
+    ),
+    "read_rows, then read_ints on one stream": (
+        [*ROW_RUN, *INT_RUN],
+        _one_stream(lambda s: read_rows(s, len(ROW_RUN), WIDTH), lambda s: read_ints(s, len(INT_RUN))),
+    ),
 }
 
 EXPECTED: dict[str, tuple[str, Any]] = {
@@ -276,6 +297,8 @@ EXPECTED: dict[str, tuple[str, Any]] = {
     "read_replies, counts": ("list", [1, 0, 12]),
 }
 """What each unsplit parse must be: the recorded commands' replies, read by hand."""
+EXPECTED["read_ints, then read_rows on one stream"] = ("list", [EXPECTED["read_ints"], EXPECTED["read_rows"]])
+EXPECTED["read_rows, then read_ints on one stream"] = ("list", [EXPECTED["read_rows"], EXPECTED["read_ints"]])
 
 
 @pytest.mark.integration
