@@ -65,11 +65,20 @@ class FeedOnlyStep(TrainStep):
         if dense_sync is not None:
             dense_sync(batch.size)
         updates: dict[str, SparseUpdate] = {}
+        on_device = self.sparse_optimizer.on_device  # a working copy takes the rows where they are
         for table, ids in plan.ids.items():
             keep = pulled[table].admitted
-            rows = leaves[table].detach().to("cpu").numpy()
-            state = np.asarray(pulled[table].state, dtype=np.float32)
-            updates[table] = SparseUpdate(ids[keep], rows[keep], state[keep])
+            leaf = leaves[table].detach()
+            state = pulled[table].state
+            if on_device:
+                at = torch.from_numpy(np.flatnonzero(keep)).to(leaf.device)
+                state_t = state if isinstance(state, torch.Tensor) else torch.from_numpy(state)
+                kept = (leaf.index_select(0, at), state_t.to(leaf.device).index_select(0, at))
+                updates[table] = SparseUpdate(ids[keep], *kept)
+                continue
+            rows = leaf.to("cpu").numpy()
+            state_np = np.asarray(state, dtype=np.float32)
+            updates[table] = SparseUpdate(ids[keep], rows[keep], state_np[keep])
         timer.lap("sparse_update")
         self.steps += 1
         zeros = torch.zeros(batch.size)

@@ -56,9 +56,10 @@ class HotCacheConfig(StrictModel):
     min_count: int = Field(
         2,
         ge=1,
-        description="A fetched row enters the tier only once its id was seen this often (count-min "
-        "estimate of its occurrences): ids seen once stay write-through, so the long tail costs the tier "
-        "no insert and no write-back.",
+        description="In a trainer group (row owners), a fetched row enters the tier only once its id was "
+        "seen this often (count-min estimate of its occurrences): ids seen once stay write-through. A single "
+        "trainer's working copy takes every admitted row it trains (its update has nowhere else to go) and "
+        "trims the least frequent first.",
     )
     writeback_every_steps: int = Field(
         20, ge=1, description="Write dirty rows back after this many pushes (staleness bound in steps)."

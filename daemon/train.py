@@ -218,7 +218,13 @@ class TrainDaemon:
             owners = self._row_owners()
             owned_rows = owners.owned if owners is not None else None
             with build_store(
-                cfg.store, tables, cfg.deployment, self.registry, trainers=size, owned_rows=owned_rows
+                cfg.store,
+                tables,
+                cfg.deployment,
+                self.registry,
+                trainers=size,
+                owned_rows=owned_rows,
+                device=self._device(),
             ) as built:
                 store = built if self._wrap_store is None else self._wrap_store(built)
                 self._build_model()
@@ -260,12 +266,18 @@ class TrainDaemon:
         except ValueError as exc:
             raise UserError(f"{self.origin}: {exc}") from None
 
+    def _device(self) -> torch.device:
+        """This rank's torch device (``trainer.device``): the model's, and the working copy's rows'."""
+        from kelp.trainer import resolve_device
+
+        return self.group.rank_device(resolve_device(self.cfg.trainer.device))
+
     def _build_model(self) -> None:
-        from kelp.trainer import ProgressiveValidator, TrainStep, build_model, resolve_device
+        from kelp.trainer import ProgressiveValidator, TrainStep, build_model
         from kelp.trainer.checkpoint import config_hash
 
         cfg = self.cfg
-        device = self.group.rank_device(resolve_device(cfg.trainer.device))
+        device = self._device()
         self.validator = ProgressiveValidator(window_batches=cfg.trainer.eval_window_batches)
         self.step = (self._step_class or TrainStep)(
             build_model(cfg.features, cfg.trainer),

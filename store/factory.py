@@ -89,6 +89,7 @@ def build_store(
     *,
     trainers: int | None = None,
     owned_rows: Callable[[np.ndarray], np.ndarray] | None = None,
+    device: Any = "cpu",
     **kwargs: Any,
 ) -> EmbeddingStore:
     """The configured backend, wrapped in the hot tier when ``store_cfg.hot_tier(trainers)``
@@ -97,6 +98,7 @@ def build_store(
 
     ``owned_rows``: which ids' rows this trainer writes (bool per id; a trainer group's rank writes the
     rows it owns, :mod:`kelp.daemon.row_owners`), for the tier's staleness rule; None: all.
+    ``device``: where the hot tier keeps its row values (the trainer's torch device: HBM under CUDA).
     ``kwargs`` go to the backend (``retry=RetryPolicy(...)``, ``initial_state=``, ``seed=``).
     Raises :class:`~kelp.errors.ConfigError` (one line per problem) for what
     :func:`check_store_config` reports.
@@ -112,5 +114,5 @@ def build_store(
     if store_cfg.hot_tier(trainers):
         from kelp.store.hot.working_copy import WorkingCopy
 
-        store = WorkingCopy(store, store_cfg.hot_cache, owned=owned_rows)
+        store = WorkingCopy(store, store_cfg.hot_cache, owned=owned_rows, device=device)
     return store

@@ -154,8 +154,8 @@ def take_rows(batch: MicroBatch, rows: np.ndarray) -> MicroBatch:
 class Subset:
     """Pulled rows of the ids a sub-batch needs, cut from the whole batch's pull (``PulledRows``)."""
 
-    rows: np.ndarray
-    state: np.ndarray
+    rows: np.ndarray | torch.Tensor
+    state: np.ndarray | torch.Tensor
     admitted: np.ndarray
     admitted_now: np.ndarray | None
 
@@ -165,11 +165,18 @@ class Subset:
         at = np.searchsorted(all_ids, ids)
         now = got.admitted_now
         return cls(
-            rows=np.asarray(got.rows)[at],
-            state=np.asarray(got.state)[at],
+            rows=_take(got.rows, at),
+            state=_take(got.state, at),
             admitted=np.asarray(got.admitted)[at],
             admitted_now=None if now is None else np.asarray(now)[at],
         )
+
+
+def _take(values: np.ndarray | torch.Tensor, at: np.ndarray) -> np.ndarray | torch.Tensor:
+    """``values[at]``, where they are (a working copy's rows are tensors on the trainer's device)."""
+    if isinstance(values, torch.Tensor):
+        return values.index_select(0, torch.from_numpy(at.astype(np.int64)).to(values.device))
+    return np.asarray(values)[at]
 
 
 def snapshot_buffers(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:

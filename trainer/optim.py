@@ -37,13 +37,16 @@ class SparseUpdate(NamedTuple):
     * ``rows``: float32[K, dim];
     * ``state``: float32[K].
 
+    ``rows`` and ``state`` are numpy, or tensors on the trainer's device where the
+    optimizer is ``on_device`` (a working copy takes them there).
+
     With ``RowWiseAdagrad(keep_grads=True)`` the gradients that made ``rows``
     travel beside it (``StepResult.grads``), for a store that applies them itself.
     """
 
     ids: np.ndarray
-    rows: np.ndarray
-    state: np.ndarray
+    rows: np.ndarray | Tensor
+    state: np.ndarray | Tensor
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class RowWiseAdagrad:
     defer: bool = False
     """Return the rows as they were and their gradients, unapplied: in a trainer group each row's
     owner applies the step once, to every rank's gradients together (:mod:`kelp.daemon.row_owners`)."""
+    on_device: bool = False
+    """Return the stepped rows and state as tensors where they are (the trainer's device), not numpy:
+    a working copy (:mod:`kelp.store.hot.working_copy`) writes them in place there."""
 
     @classmethod
     def from_spec(cls, spec: SparseOptimizerSpec) -> RowWiseAdagrad:
@@ -116,6 +122,8 @@ class RowWiseAdagrad:
             )
         if grad is not None and not self.defer:
             rows, state = self.step(rows, state, grad)
+        if self.on_device:
+            return SparseUpdate(ids=ids, rows=rows.detach(), state=state.detach()), grads
         update = SparseUpdate(
             ids=ids,
             rows=rows.detach().to("cpu", torch.float32).numpy(),

@@ -155,17 +155,18 @@ def weighted_loss(logits: Tensor, targets: Targets) -> tuple[Tensor, Tensor]:
 class PulledRows(Protocol):
     """What the store's ``pull(table, unique_ids)`` returns (``PullResult`` fits), U = len(unique_ids).
 
-    * ``rows``: float32[U, dim], the default row where not admitted;
-    * ``state``: float32[U], row-wise Adagrad accumulator;
+    * ``rows``: float32[U, dim], the default row where not admitted (numpy, or a
+      tensor on any device: a working copy's gather hands tensors on the trainer's device);
+    * ``state``: float32[U], row-wise Adagrad accumulator (likewise);
     * ``admitted``: bool[U], whether the id has a stored row its update may overwrite;
     * ``admitted_now``: bool[U] or None, admitted by this very pull (its row is the init row).
     """
 
     @property
-    def rows(self) -> np.ndarray: ...
+    def rows(self) -> np.ndarray | Tensor: ...
 
     @property
-    def state(self) -> np.ndarray: ...
+    def state(self) -> np.ndarray | Tensor: ...
 
     @property
     def admitted(self) -> np.ndarray: ...
@@ -209,6 +210,13 @@ class StepResult:
     def failed_samples(self) -> int:
         """How many samples of the batch the model raised on (not trained)."""
         return sum(len(part.rows) for part in self.model_errors)
+
+
+def _as_tensor(values: np.ndarray | Tensor, device: torch.device) -> Tensor:
+    """float32 values on ``device`` (no copy when they are there already)."""
+    if isinstance(values, Tensor):
+        return values.detach().to(device=device, dtype=torch.float32)
+    return torch.from_numpy(np.asarray(values, dtype=np.float32)).to(device)
 
 
 class StageTimer:
@@ -341,7 +349,7 @@ class TrainStep:
 
     def _warm_start(
         self, table: str, got: PulledRows, pulled: Mapping[str, PulledRows], plan: PullPlan
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray | Tensor, np.ndarray | Tensor]:
         """``(rows, state)`` of ``table``: as pulled, but with ``admission.fallback_warm_start`` an id
         admitted by this pull starts from its bucket's row instead of the random init row.
 
@@ -354,10 +362,15 @@ class TrainStep:
         if table not in self._warm or new is None or not new.any():
             return got.rows, got.state
         bucket = pulled[self.fallback.tables[table].table]
+        at = plan.position[table][new]
+        if isinstance(got.rows, Tensor):  # a working copy's rows, on the device already
+            rows_t = got.rows.clone()
+            where = torch.from_numpy(np.flatnonzero(new)).to(rows_t.device)
+            rows_t[where] = _as_tensor(bucket.rows, rows_t.device)[torch.from_numpy(at).to(rows_t.device)]
+            return rows_t, got.state
         rows = np.array(got.rows, dtype=np.float32)
         state = np.array(got.state, dtype=np.float32)
-        at = plan.position[table][new]
-        rows[new] = bucket.rows[at]
+        rows[new] = np.asarray(bucket.rows)[at]
         return rows, state
 
     def _lookup_rows(
@@ -506,7 +519,7 @@ class TrainStep:
                 )
             table_rows, table_state = self._warm_start(table, got, pulled, plan)
             rows[table] = rows_to_leaf(table_rows, self.device)
-            states[table] = torch.from_numpy(np.asarray(table_state, dtype=np.float32)).to(self.device)
+            states[table] = _as_tensor(table_state, self.device)
         return bt, rows, states
 
     def _train(

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from kelp.store.hot.sketch import CountMinSketch
 from kelp.store.rows.index import MAX_TAG
@@ -61,6 +62,13 @@ class RowBatch:
         return (totals[self.bounds[1:]] - totals[self.bounds[:-1]]).tolist()
 
 
+def _values(width: int | None, device: torch.device | None) -> Column:
+    """A column of row values: a float32 tensor on ``device`` (the working copy), else numpy."""
+    if device is None:
+        return Column(np.float32, width=width)
+    return Column(torch.float32, width=width, device=device)
+
+
 class HotRows:
     """The tier's rows of ``names`` (all ``dim`` wide): one tagged SlotTable and one sketch.
 
@@ -73,7 +81,9 @@ class HotRows:
     due at the next write-back, not at the end of the period).
     """
 
-    def __init__(self, names: Sequence[str], dim: int, capacity: int) -> None:
+    def __init__(
+        self, names: Sequence[str], dim: int, capacity: int, device: torch.device | None = None
+    ) -> None:
         if len(names) > MAX_TAG + 1:
             raise ValueError(f"at most {MAX_TAG + 1} tables of one width in the hot tier, got {len(names)}")
         self.names = list(names)
@@ -81,8 +91,8 @@ class HotRows:
         self.tag_of = {name: i for i, name in enumerate(self.names)}
         self.table = SlotTable(
             {
-                "rows": Column(np.float32, width=dim),
-                "state": Column(np.float32),
+                "rows": _values(dim, device),
+                "state": _values(None, device),
                 "loaded": Column(np.float64),
                 "updated_s": Column(np.uint32),
                 "dirty": Column(bool),

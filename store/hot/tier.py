@@ -49,12 +49,14 @@ Rules it keeps:
   holding a NaN or an infinity is refused here as the store refuses it
   (counted as ``nonfinite_push``), so the tier keeps the row it had.
 
-Rows live in host memory (numpy): the tables of one width share one tagged
-table (:class:`~kelp.store.hot.rows.HotRows`), so each verb is a few numpy
-calls over all of a step's ids. On a CUDA trainer the step copies each batch's
-rows to the device once, as it does for rows from Redis. One lock serialises
-pulls, pushes and write-backs; see docs/store.md for the sizing (about 100
-bytes per dim-16 row).
+The tables of one width share one tagged table
+(:class:`~kelp.store.hot.rows.HotRows`), so each verb is a few array calls over
+all of a step's ids. The row values and their Adagrad state are numpy arrays,
+or, with ``device`` (the trainer's working copy,
+:class:`~kelp.store.hot.working_copy.WorkingCopy`), tensors on the trainer's
+device (HBM under CUDA); the bookkeeping columns (dirty, pins, frequencies)
+stay in host memory either way. One lock serialises the tables' sections;
+see docs/store.md for the sizing (about 100 bytes per dim-16 row).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 
 import numpy as np
+import torch
 
 from kelp.config import HotCacheConfig
 from kelp.store.base import EmbeddingStore, PullResult, StoreStats
@@ -148,7 +151,7 @@ def _hit_arrays(g: HotRows, slots: np.ndarray) -> _Arrays:
     updated_s = np.zeros(n, dtype=np.uint32)
     hit = np.flatnonzero(slots >= 0)
     at = slots[hit]
-    rows[hit], state[hit], updated_s[hit] = t["rows"][at], t["state"][at], t["updated_s"][at]
+    rows[hit], state[hit], updated_s[hit] = t.read(at, "rows", "state", "updated_s")
     admitted_now = np.zeros(n, dtype=bool)  # a row in the tier was admitted long ago
     return rows, state, updated_s, np.ones(n, dtype=bool), admitted_now
 
@@ -193,6 +196,7 @@ class HotRowCache(EmbeddingStore):
         clock: Callable[[], float] = time.monotonic,
         metrics: StoreMetrics | None = None,
         owned: Callable[[np.ndarray], np.ndarray] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.inner = inner
         self._owned = owned
@@ -210,7 +214,9 @@ class HotRowCache(EmbeddingStore):
         widths: dict[int, list[str]] = {}
         for name, t in self.tables.items():
             widths.setdefault(t.dim, []).append(name)
-        self._groups = [HotRows(names, dim, max(64, cfg.capacity_rows)) for dim, names in widths.items()]
+        self._groups = [
+            HotRows(names, dim, max(64, cfg.capacity_rows), device=device) for dim, names in widths.items()
+        ]
         self._group_of = {name: g for g in self._groups for name in g.names}
         self._threshold = 0  # a fetched row enters a full tier only above this estimate (set by trims)
         self._fresh_waiting = False  # a fresh row was written: the next write-back takes it, due or not
@@ -253,7 +259,7 @@ class HotRowCache(EmbeddingStore):
                     slots = g.due(cutoff)
                     due.append((slots, t["last"][slots], t["since"][slots]))
                     for name, mine in g.by_table(slots).items():
-                        updates[name] = (t.ids[mine], t["rows"][mine], t["state"][mine])
+                        updates[name] = (t.ids[mine], *t.read(mine, "rows", "state"))
         if updates:
             self.inner.push_many(updates)
         with self._lock:

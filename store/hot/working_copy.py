@@ -48,14 +48,19 @@ A trainer group with row owners still uses the tier's ``pull_many`` and
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import torch
+from torch import Tensor
 
-from kelp.store.base import PullResult
+from kelp.config import HotCacheConfig
+from kelp.store.base import EmbeddingStore, PullResult
 from kelp.store.hot.rows import HotRows, RowBatch
 from kelp.store.hot.tier import HotRowCache, _weights
+from kelp.store.metrics import StoreMetrics
 
 __all__ = ["Reservation", "WorkingCopy"]
 
@@ -94,8 +99,30 @@ class Reservation:
         return sum(int((h.slots >= 0).sum()) for h in self.held)
 
 
+Rows = np.ndarray | Tensor
+"""Row values or Adagrad state as a step hands them back: numpy, or a tensor on any device."""
+
+
 class WorkingCopy(HotRowCache):
-    """The hot tier, with the verbs a single trainer's pipeline trains through (see the module)."""
+    """The hot tier, with the verbs a single trainer's pipeline trains through (see the module).
+
+    Row values and Adagrad state live in tensors on ``device`` (the trainer's): :meth:`gather` hands
+    the step tensors already there, and :meth:`apply` writes its tensors back in place, so a CUDA
+    trainer's rows cross the bus only when they are read from or written to the store.
+    """
+
+    def __init__(
+        self,
+        inner: EmbeddingStore,
+        cfg: HotCacheConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: StoreMetrics | None = None,
+        owned: Callable[[np.ndarray], np.ndarray] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        super().__init__(inner, cfg, clock=clock, metrics=metrics, owned=owned, device=self.device)
 
     overlapped_rows = 0
     """Rows a step gathered that an earlier step wrote after their reservation (a running total): the
@@ -189,43 +216,56 @@ class WorkingCopy(HotRowCache):
         h.outside_rows, h.outside_state, h.outside_updated_s = rows[out], state[out], updated_s[out]
 
     def gather(self, reservation: Reservation) -> dict[str, PullResult]:
-        """The reserved rows as they are now, per table in the order reserved (a pull's result)."""
+        """The reserved rows as they are now, per table in the order reserved (a pull's result whose
+        ``rows`` and ``state`` are tensors on :attr:`device`)."""
         out: dict[str, PullResult] = {}
         with self._lock:
             for h in reservation.held:
                 t = h.group.table
-                n = len(h.slots)
-                rows = np.empty((n, h.group.dim), dtype=np.float32)
-                state = np.empty(n, dtype=np.float32)
-                updated_s = np.zeros(n, dtype=np.uint32)
                 inside = np.flatnonzero(h.slots >= 0)
                 at = h.slots[inside]
                 self.overlapped_rows += int((t["last"][at] > reservation.pushes).sum())
-                rows[inside], state[inside], updated_s[inside] = (
-                    t["rows"][at],
-                    t["state"][at],
-                    t["updated_s"][at],
-                )
+                if len(inside) == len(h.slots):  # the common case: one gather, no scatter
+                    index = self._index(at)
+                    rows, state = t["rows"].index_select(0, index), t["state"].index_select(0, index)
+                else:
+                    rows, state = self._assemble(h, inside, at)
+                updated_s = np.zeros(len(h.slots), dtype=np.uint32)
+                updated_s[inside] = t["updated_s"][at]
                 if len(h.outside):
-                    rows[h.outside], state[h.outside] = h.outside_rows, h.outside_state
                     updated_s[h.outside] = h.outside_updated_s
                 admitted = h.slots >= 0
                 parts = [h.batch.split(a) for a in (rows, state, admitted, updated_s, h.admitted_now)]
                 out.update({name: PullResult(*(p[name] for p in parts)) for name in h.batch.names})
         return out
 
-    def apply(
-        self, reservation: Reservation, updates: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
-    ) -> int:
+    def _assemble(self, h: _Held, inside: np.ndarray, at: np.ndarray) -> tuple[Tensor, Tensor]:
+        """Rows and state of ``h``'s ids: resident ones from their slots, the rest as the store answered."""
+        t = h.group.table
+        n = len(h.slots)
+        rows = torch.empty((n, h.group.dim), dtype=torch.float32, device=self.device)
+        state = torch.empty(n, dtype=torch.float32, device=self.device)
+        to, slots = self._index(inside), self._index(at)
+        rows[to], state[to] = t["rows"].index_select(0, slots), t["state"].index_select(0, slots)
+        if len(h.outside):
+            out = self._index(h.outside)
+            assert h.outside_rows is not None and h.outside_state is not None
+            rows[out] = torch.from_numpy(h.outside_rows).to(self.device)
+            state[out] = torch.from_numpy(h.outside_state).to(self.device)
+        return rows, state
+
+    def _index(self, positions: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(self.device)
+
+    def apply(self, reservation: Reservation, updates: Mapping[str, tuple[np.ndarray, Rows, Rows]]) -> int:
         """Write a step's updated rows in place (dirty) and unpin its reservation; returns the ticket
         (the tier's push number) that :meth:`durable_through` reaches once they are in the store.
 
-        Every updated id must be reserved: an admitted row of the batch. Rows holding a NaN or an
-        infinity are refused (counted), as the store refuses them. Writes nothing to the store.
+        ``updates``: per table, admitted ids and their rows and state (tensors on any device, or
+        numpy). Every updated id must be reserved: an admitted row of the batch. Rows holding a NaN
+        or an infinity are refused (counted), as the store refuses them. Writes nothing to the store.
         """
-        checked = {
-            name: self._finite_only(name, *self.table(name).check_push(*u)) for name, u in updates.items()
-        }
+        checked = {name: self._checked(name, *u) for name, u in updates.items()}
         with self._lock:
             writes = []
             for g in self._groups:
@@ -239,8 +279,8 @@ class WorkingCopy(HotRowCache):
                         f"working copy: {int((slots < 0).sum())} updated rows are not resident "
                         f"(ids {lost}...); only a reserved batch's admitted rows can be applied"
                     )
-                rows = np.concatenate([checked[n][1] for n in batch.names])
-                state = np.concatenate([checked[n][2] for n in batch.names])
+                rows = torch.cat([checked[n][1] for n in batch.names])
+                state = torch.cat([checked[n][2] for n in batch.names])
                 writes.append((g, slots, rows, state))
             push = self._schedule.begin_push()
             stamp = np.uint32(time.time())
@@ -249,11 +289,36 @@ class WorkingCopy(HotRowCache):
                 newly = slots[~t["dirty"][slots]]
                 t["since"][newly] = push
                 self._schedule.dirtied(push, len(newly))
-                t.write(slots, rows=rows, state=state, updated_s=stamp, dirty=True, last=push)
+                index = self._index(slots)
+                t["rows"].index_copy_(0, index, rows)
+                t["state"].index_copy_(0, index, state)
+                t.write(slots, updated_s=stamp, dirty=True, last=push)
                 if t["fresh"][slots].any():
                     self._fresh_waiting = True
             self._unpin(reservation)
         return push
+
+    def _checked(
+        self, name: str, ids: np.ndarray, rows: Rows, state: Rows
+    ) -> tuple[np.ndarray, Tensor, Tensor]:
+        """One table's update as tensors on :attr:`device`, checked as the store checks a push, less the
+        rows holding a NaN or an infinity (counted and logged as the store does)."""
+        spec = self.table(name)
+        ids = spec.check_ids(ids)
+        rows_t = _tensor(rows, self.device)
+        state_t = _tensor(state, self.device)
+        if tuple(rows_t.shape) != (len(ids), spec.dim) or tuple(state_t.shape) != (len(ids),):
+            raise ValueError(
+                f"table {name}: rows must be [{len(ids)}, {spec.dim}] and state [{len(ids)}], "
+                f"got {tuple(rows_t.shape)} and {tuple(state_t.shape)}"
+            )
+        finite = torch.isfinite(rows_t).all(dim=1) & torch.isfinite(state_t)
+        if len(ids) and not bool(finite.all()):
+            ok = finite.cpu().numpy()
+            self.quarantine.found(name, "nonfinite_push", ids[~ok])
+            keep = self._index(np.flatnonzero(ok))
+            return ids[ok], rows_t.index_select(0, keep), state_t.index_select(0, keep)
+        return ids, rows_t, state_t
 
     def release(self, reservation: Reservation) -> None:
         """Unpin a reservation that will not be applied (its batch was dropped before training)."""
@@ -272,3 +337,10 @@ class WorkingCopy(HotRowCache):
         for h in reservation.held:
             pinned = h.slots[h.slots >= 0]
             h.group.table["pins"][pinned] -= 1
+
+
+def _tensor(values: Any, device: torch.device) -> Tensor:
+    """float32 values on ``device``, without a copy where they already are."""
+    if isinstance(values, Tensor):
+        return values.detach().to(device=device, dtype=torch.float32)
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(device)
