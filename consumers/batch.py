@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+from kelp_native import dedup_columns
 
 if TYPE_CHECKING:
     from kelp.config import FeatureSpec
@@ -93,99 +94,34 @@ class TableIds:
 def dedup_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(unique_ids uint64[U] sorted, inverse int64[N])`` with ``unique_ids[inverse] == ids``.
 
-    The same result as ``np.unique(ids, return_inverse=True)``, computed as
-    :func:`dedup_many` does (one sort of packed keys, see there).
+    The same result as ``np.unique(ids, return_inverse=True)`` (``ids`` read
+    flat), computed as :func:`dedup_many` does.
     """
-    ids = np.ascontiguousarray(ids, dtype=np.uint64)
-    if ids.size == 0:
-        return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
-    return _dedup_rows(ids.reshape(1, -1))[0]
+    return dedup_many([ids])[0]
 
 
 def dedup_many(columns: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`dedup_ids` of each column; columns of equal length are deduplicated together.
+    """:func:`dedup_ids` of each column, all in one native call (``kelp_native.dedup_columns``).
 
-    A criteo-like batch has 26 tables of exactly B ids each: they are sorted
-    as one ``(26, B)`` array along its rows, so the work after the sort runs
-    once for all tables instead of once per table, with fewer interpreter
-    round trips while the Kafka poll thread competes for the GIL. Results
-    equal :func:`dedup_ids` exactly; ``unique_ids`` are views into one array.
+    A criteo-like batch has 26 tables of B ids each: one call dedups them all
+    with the GIL released (a hash table per column, then a sort of only its
+    distinct ids), so the Kafka poll thread and the trainer's other threads
+    keep running meanwhile. Results equal ``np.unique(column,
+    return_inverse=True)`` exactly; ``unique_ids`` are views into one array,
+    and so are the inverses.
     """
-    out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(columns)
-    by_size: dict[int, list[int]] = {}
-    for i, col in enumerate(columns):
-        by_size.setdefault(int(np.shape(col)[0]), []).append(i)
-    for n, idx in by_size.items():
-        if n == 0:
-            for i in idx:
-                out[i] = (np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64))
-            continue
-        ids = np.empty((len(idx), n), dtype=np.uint64)
-        for row, i in enumerate(idx):
-            ids[row] = columns[i]
-        for i, result in zip(idx, _dedup_rows(ids), strict=True):
-            out[i] = result
-    return [r for r in out if r is not None]
-
-
-def _dedup_rows(ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Dedup each row of ``ids`` uint64[k, n] on its own (n >= 1)."""
-    k, n = ids.shape
-    flat_order, sorted_ids = _sort_rows(ids)
-    first = np.empty(k * n, dtype=bool)
-    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=first[1:])
-    first[::n] = True  # a row's first id always starts a group
-    # Group numbers: a running count of group starts, restarted per row. Cast first: numpy's
-    # cumsum of bool straight into int64 takes a much slower buffered path.
-    group = first.astype(np.int64)
-    np.cumsum(group, out=group)
-    rows = group.reshape(k, n)
-    counts = rows[:, -1] - rows[:, 0] + 1  # groups per row
-    rows -= rows[:, :1]
-    inverse = np.empty(k * n, dtype=np.int64)
-    inverse[flat_order] = group
-    uniques = np.compress(first, sorted_ids)  # compress, not boolean-mask indexing: far cheaper here
-    bounds = np.zeros(k + 1, dtype=np.int64)
-    np.cumsum(counts, out=bounds[1:])
-    per_row = inverse.reshape(k, n)
-    return [(uniques[bounds[r] : bounds[r + 1]], per_row[r]) for r in range(k)]
-
-
-def _sort_rows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(order, sorted)``: flat positions sorting each row of ``ids`` uint64[k, n], and the ids so sorted.
-
-    An argsort of random 64-bit ids is much slower than a plain sort, so each
-    id is packed with its position ``j`` (``bits`` = bits needed for n - 1) into
-    one uint64 key and the keys are sorted; the positions read back out are
-    the order. When every id fits in ``64 - bits`` bits the keys are ``id <<
-    bits | j``, which is exact. Otherwise (hashed ids) they are ``id`` with its
-    low ``bits`` replaced by ``j``: ids differing only in those bits may come
-    out unordered, so each row is checked and, if out of order, sorted with
-    ``argsort`` (with hashed ids almost never; always for a row of small ids
-    next to rows of hashed ones). Any order that sorts a row gives the same
-    dedup result, so none of this shows in the output.
-    """
-    k, n = ids.shape
-    bits = max(1, (n - 1).bit_length())
-    shift, low = np.uint64(bits), np.uint64((1 << bits) - 1)
-    exact = bool(ids.max() < np.uint64(1 << (64 - bits)))  # one SIMD pass; per row costs a GIL-held one
-    keys = ids << shift if exact else ids & ~low
-    keys |= np.arange(n, dtype=np.uint64)
-    keys.sort(axis=1)
-    keys &= low
-    order = keys.view(np.int64)  # positions < 2**bits: the same bits as int64
-    order += (np.arange(k, dtype=np.int64) * n)[:, None]
-    flat_order = order.reshape(-1)
-    sorted_ids = ids.reshape(-1).take(flat_order)
-    if not exact and n > 1:
-        rows = sorted_ids.reshape(k, n)
-        down = rows[:, 1:] < rows[:, :-1]
-        if np.count_nonzero(down):
-            for r in np.flatnonzero(down.any(axis=1)):
-                by_id = np.argsort(ids[r])
-                rows[r] = ids[r].take(by_id)
-                order[r] = by_id + r * n
-    return flat_order, sorted_ids
+    cols = [np.ascontiguousarray(col, dtype=np.uint64) for col in columns]
+    total = sum(col.size for col in cols)
+    uniques = np.empty(total, dtype=np.uint64)
+    inverse = np.empty(total, dtype=np.int64)
+    counts = dedup_columns(cols, uniques, inverse)
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    u = at = 0
+    for col, count in zip(cols, counts, strict=True):
+        out.append((uniques[u : u + count], inverse[at : at + col.size]))
+        u += count
+        at += col.size
+    return out
 
 
 @dataclass
@@ -218,7 +154,7 @@ class MicroBatch:
 
         sources: [SourceRange("events", 0, 120, 131), SourceRange("events", 3, 77, 80)]
 
-    ``tables`` is computed on first access and cached (one sort per table);
+    ``tables`` is computed on first access and cached (one native dedup call for every table);
     the store only ever sees ``unique_ids``. ``sources`` lists the record
     ranges the batch covers, rejected records included, so the source can
     commit them once the caller says the batch is durable.

@@ -1,4 +1,7 @@
-"""Kelp's native batch work (native/src/lib.rs, sketch.rs): per-batch passes that release the GIL."""
+"""Kelp's native batch work: per-batch passes that release the GIL.
+
+native/src/lib.rs (row replies), sketch.rs, index.rs, hashing.rs, dedup.rs.
+"""
 
 from collections.abc import Sequence
 
@@ -31,3 +34,57 @@ def sketch_estimate(counts: Buffer, ids: Buffer, seeds: Sequence[int], mask: int
     read-only here); ``out`` must not share memory with them. The GIL is released while it runs;
     a buffer or ``mask`` that does not fit raises ValueError.
     """
+
+ID_MAP_MAX_TAG: int
+"""The largest tag an IdMap key may carry (253): a full entry's state byte is 2 + its tag."""
+
+def splitmix64(ids: Buffer, out: Buffer) -> None:
+    """Write ``splitmix64(ids[i])`` into ``out[i]`` (C-contiguous uint64 buffers of as many items, any shape).
+
+    ``out`` must be writable and share no memory with ``ids``; the GIL is released while it runs.
+    A buffer that does not fit raises ValueError.
+    """
+
+def rendezvous(ids: Buffer, seeds: Buffer, out: Buffer) -> None:
+    """Write into ``out[i]`` (writable int64, one per id) the first ``s`` maximising
+    ``splitmix64(ids[i] ^ seeds[s])``.
+
+    ``ids`` and ``seeds`` are C-contiguous uint64 buffers, at least one seed. The GIL is released
+    while it runs; a buffer that does not fit raises ValueError.
+    """
+
+def dedup_columns(columns: Sequence[Buffer], uniques: Buffer, inverse: Buffer) -> list[int]:
+    """Dedup each column on its own, as ``np.unique(column, return_inverse=True)``; returns each
+    one's distinct count.
+
+    Column ``c``'s sorted distinct ids go to ``uniques`` right after those of the columns before
+    it, its inverse (positions among its own distinct ids) to ``inverse`` at the offset its ids
+    have in all columns laid end to end. Columns: C-contiguous uint64 buffers (read flat);
+    ``uniques`` uint64 and ``inverse`` int64, writable, C-contiguous, as many items as all columns
+    together, sharing no memory with them or each other. The GIL is released while it runs; a
+    buffer that does not fit raises ValueError.
+    """
+
+class IdMap:
+    """uint64 id, or (tag, id) with a uint8 tag in ``[0, ID_MAP_MAX_TAG]``, to int64, whole arrays per call.
+
+    Open addressing, at most half full; grows (dropping tombstones) to at most a third full.
+    Each call releases the GIL; not thread-safe (a call while another one mutates raises).
+    Buffers are C-contiguous: ids uint64, vals int64, tags uint8 or None (tag 0); outputs are
+    writable int64, one per id, disjoint from the inputs. Bad buffers or tags raise ValueError
+    before anything changes; a table that cannot be allocated raises MemoryError.
+    """
+
+    def __init__(self, capacity: int = 1024) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def table_len(self) -> int:
+        """Entries in the hash table (full, tombstoned or empty)."""
+    def lookup(self, ids: Buffer, tags: Buffer | None, out: Buffer) -> None:
+        """Write each (tag, id)'s value into ``out``, -1 where absent."""
+    def insert(self, ids: Buffer, vals: Buffer, tags: Buffer | None) -> None:
+        """Add an entry per id without looking for one already there (callers insert absent keys once)."""
+    def delete(self, ids: Buffer, tags: Buffer | None, out: Buffer) -> None:
+        """Write the value each (tag, id) had into ``out`` (-1 where absent) and remove them."""
+    def items(self, keys: Buffer, vals: Buffer) -> None:
+        """Fill ``keys`` (uint64) and ``vals`` (int64), each ``len(map)`` long, in table order."""

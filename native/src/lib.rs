@@ -4,6 +4,9 @@
 
 use pyo3::prelude::*;
 
+mod dedup;
+mod hashing;
+mod index;
 mod sketch;
 
 const NIL2: &[u8] = b"$-1\r\n";
@@ -144,6 +147,11 @@ fn kelp_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bindings::take_rows, m)?)?;
     m.add_function(wrap_pyfunction!(sketch::bindings::sketch_add, m)?)?;
     m.add_function(wrap_pyfunction!(sketch::bindings::sketch_estimate, m)?)?;
+    m.add_function(wrap_pyfunction!(hashing::bindings::splitmix64, m)?)?;
+    m.add_function(wrap_pyfunction!(hashing::bindings::rendezvous, m)?)?;
+    m.add_function(wrap_pyfunction!(dedup::bindings::dedup_columns, m)?)?;
+    m.add_class::<index::bindings::IdMap>()?;
+    m.add("ID_MAP_MAX_TAG", index::MAX_TAG)?;
     Ok(())
 }
 

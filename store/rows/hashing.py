@@ -2,8 +2,10 @@
 
 Everything that must agree across trainers and serving replicas (which shard
 holds an id, which cluster bucket, a new row's init values, the hash-map probe
-start) derives from :func:`splitmix64`, a counter-based mixer that numpy runs
-over whole id arrays. Python's ``hash()`` is never used: it is salted per process.
+start) derives from :func:`splitmix64`, a counter-based mixer run over whole id
+arrays in one native call each (``kelp_native.splitmix64`` and ``rendezvous``,
+native/src/hashing.rs; the GIL is released meanwhile). Python's ``hash()`` is
+never used: it is salted per process.
 
 >>> int(splitmix64(np.array([0], dtype=np.uint64))[0])
 16294208416658607535
@@ -13,21 +15,26 @@ from __future__ import annotations
 
 import numpy as np
 import xxhash
+from kelp_native import rendezvous as _rendezvous
+from kelp_native import splitmix64 as _splitmix64
 
 __all__ = ["name_seed", "rendezvous", "splitmix64"]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser of ``x + golden``: uint64[n] -> uint64[n], well mixed."""
-    with np.errstate(over="ignore"):
-        z = np.asarray(x, dtype=np.uint64) + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+    """SplitMix64 finaliser of ``x + golden`` (wrapping): uint64 of any shape -> uint64, same shape.
+
+    A new array each call. ``x`` is anything ``np.asarray(x, dtype=np.uint64)`` takes; a 0-d input
+    gives a ``np.uint64`` scalar, as numpy arithmetic on it would.
+    """
+    z = np.asarray(x, dtype=np.uint64)
+    if z.ndim == 0:  # a buffer of no dimensions has no shape to hand over
+        return splitmix64(z.reshape(1))[0]
+    if not z.flags.c_contiguous:
+        z = np.ascontiguousarray(z)
+    out = np.empty(z.shape, dtype=np.uint64)
+    _splitmix64(z, out)
+    return out
 
 
 def name_seed(*parts: object) -> np.uint64:
@@ -43,5 +50,7 @@ def rendezvous(ids: np.ndarray, shard_seeds: np.ndarray) -> np.ndarray:
     """
     if len(shard_seeds) == 1:
         return np.zeros(len(ids), dtype=np.int64)
-    weights = splitmix64(ids[:, None] ^ shard_seeds[None, :])
-    return np.argmax(weights, axis=1).astype(np.int64)
+    ids = np.ascontiguousarray(ids, dtype=np.uint64)
+    out = np.empty(ids.shape, dtype=np.int64)
+    _rendezvous(ids, np.ascontiguousarray(shard_seeds, dtype=np.uint64), out)
+    return out
