@@ -266,21 +266,23 @@ class WorkingCopy(HotRowCache):
         or an infinity are refused (counted), as the store refuses them. Writes nothing to the store.
         """
         checked = {name: self._checked(name, *u) for name, u in updates.items()}
+        groups = []  # per width group: its updated ids (table tags too), rows and state, finite only
+        for g in self._groups:
+            batch = g.batch({name: c[0] for name, c in checked.items()})
+            if batch is not None:
+                rows = torch.cat([checked[n][1] for n in batch.names])
+                state = torch.cat([checked[n][2] for n in batch.names])
+                groups.append((g, *self._finite_only_rows(batch, rows, state)))
         with self._lock:
             writes = []
-            for g in self._groups:
-                batch = g.batch({name: c[0] for name, c in checked.items()})
-                if batch is None:
-                    continue
-                slots = g.lookup(batch)
+            for g, ids, tags, rows, state in groups:
+                slots = g.table.lookup(ids, tags)
                 if (slots < 0).any():
-                    lost = batch.ids[slots < 0][:5].tolist()
+                    lost = ids[slots < 0][:5].tolist()
                     raise RuntimeError(
                         f"working copy: {int((slots < 0).sum())} updated rows are not resident "
                         f"(ids {lost}...); only a reserved batch's admitted rows can be applied"
                     )
-                rows = torch.cat([checked[n][1] for n in batch.names])
-                state = torch.cat([checked[n][2] for n in batch.names])
                 writes.append((g, slots, rows, state))
             push = self._schedule.begin_push()
             stamp = np.uint32(time.time())
@@ -301,8 +303,7 @@ class WorkingCopy(HotRowCache):
     def _checked(
         self, name: str, ids: np.ndarray, rows: Rows, state: Rows
     ) -> tuple[np.ndarray, Tensor, Tensor]:
-        """One table's update as tensors on :attr:`device`, checked as the store checks a push, less the
-        rows holding a NaN or an infinity (counted and logged as the store does)."""
+        """One table's update as tensors on :attr:`device`, shaped as the store checks a push."""
         spec = self.table(name)
         ids = spec.check_ids(ids)
         rows_t = _tensor(rows, self.device)
@@ -312,13 +313,23 @@ class WorkingCopy(HotRowCache):
                 f"table {name}: rows must be [{len(ids)}, {spec.dim}] and state [{len(ids)}], "
                 f"got {tuple(rows_t.shape)} and {tuple(state_t.shape)}"
             )
-        finite = torch.isfinite(rows_t).all(dim=1) & torch.isfinite(state_t)
-        if len(ids) and not bool(finite.all()):
-            ok = finite.cpu().numpy()
-            self.quarantine.found(name, "nonfinite_push", ids[~ok])
-            keep = self._index(np.flatnonzero(ok))
-            return ids[ok], rows_t.index_select(0, keep), state_t.index_select(0, keep)
         return ids, rows_t, state_t
+
+    def _finite_only_rows(
+        self, batch: RowBatch, rows: Tensor, state: Tensor
+    ) -> tuple[np.ndarray, np.ndarray, Tensor, Tensor]:
+        """``batch``'s ids, tags, rows and state, less the rows holding a NaN or an infinity (counted
+        and logged per table, as the store does): one check for all its tables."""
+        finite = torch.isfinite(rows).all(dim=1) & torch.isfinite(state)
+        if not len(batch.ids) or bool(finite.all()):
+            return batch.ids, batch.tags, rows, state
+        ok = finite.cpu().numpy()
+        ids_by = batch.split(batch.ids)
+        for name, good in batch.split(ok).items():
+            if not good.all():
+                self.quarantine.found(name, "nonfinite_push", ids_by[name][~good])
+        keep = self._index(np.flatnonzero(ok))
+        return batch.ids[ok], batch.tags[ok], rows.index_select(0, keep), state.index_select(0, keep)
 
     def release(self, reservation: Reservation) -> None:
         """Unpin a reservation that will not be applied (its batch was dropped before training)."""
