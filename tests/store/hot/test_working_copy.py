@@ -208,6 +208,7 @@ def test_nonfinite_rows_are_refused_and_the_rest_applied() -> None:
     stored = _stored(inner, "t", ids)
     np.testing.assert_allclose(stored[[0, 2]], rows[[0, 2]], rtol=1e-6)
     assert np.isfinite(stored).all()
+    assert wc.metrics.rows_quarantined.labels(table="t", reason="nonfinite_push")._value.get() == 1
     assert bool(torch.isfinite(wc.gather(wc.reserve({"t": ids}))["t"].rows).all())
 
 
@@ -231,3 +232,15 @@ def test_on_redis_a_restart_reads_back_every_row_a_durable_ticket_covers(redis_u
         for name in ids:
             np.testing.assert_array_equal(got[name].rows, want[name].rows)
             np.testing.assert_array_equal(got[name].state, want[name].state)
+
+
+def test_finite_rows_whose_sum_overflows_are_applied() -> None:
+    inner, wc, _ = _copy(every=1)
+    ids = _ids(0, 4)
+    res = wc.reserve({"t": ids})
+    rows = np.full((4, 2), 3e38, np.float32)  # each finite; their sum is not
+    wc.apply(res, {"t": (ids, rows, np.ones(4, np.float32))})
+    wc.flush()
+    np.testing.assert_array_equal(_stored(inner, "t", ids), rows)
+    refused = wc.metrics.rows_quarantined.labels(table="t", reason="nonfinite_push")._value.get()
+    assert refused == 0
