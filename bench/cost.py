@@ -23,6 +23,12 @@ caused, and the longer the write-back period, the more it would flatter the tier
   ``redis_row_writes_per_sample``.
 * ``cold_row_ops_per_sample``: the floor no cache can beat: each id the run
   had never seen before (so never stored) is read once and written once.
+* ``flush_floor_row_ops_per_sample``: the floor for the write-back period in
+  force: each first sighting read once, and every distinct id a period's
+  steps trained written once per period (``flush_period_steps``: the
+  configured steps, or fewer where ``writeback_interval_s`` ran out first at
+  the window's step rate; periods aligned to the window's start). Split into
+  ``flush_floor_reads_per_sample`` and ``flush_floor_writes_per_sample``.
 * ``hot_tier_hit_rate``: the tier's hits over its lookups of rows that are
   already stored (lookups that reached the store and found a row, plus hits);
   first sightings and not-yet-admitted ids are left out.
@@ -42,7 +48,7 @@ from prometheus_client import CollectorRegistry
 from kelp.consumers.batch import MicroBatch
 from kelp.store.metrics import counter_totals
 
-__all__ = ["CostSnapshot", "cost_per_sample", "first_sightings", "steady_start"]
+__all__ = ["CostSnapshot", "cost_per_sample", "distinct_per_period", "first_sightings", "steady_start"]
 
 _MODEL_STAGES = ("forward_backward", "dense_update", "sparse_update")
 _ROW_OPS = ("read", "count", "write")
@@ -86,6 +92,8 @@ class CostSnapshot:
     """Rows the backend read and found (read minus misses): the tier's misses of stored rows."""
     hot_rows: float
     hot_bytes: float
+    wall_s: float = 0.0
+    """``time.perf_counter()`` when taken."""
 
     @classmethod
     def take(
@@ -108,6 +116,7 @@ class CostSnapshot:
             stored_reads=store.get("rows_pulled", 0.0) - store.get("misses", 0.0),
             hot_rows=_sample(registry, "kelp_store_hot_cache_rows"),
             hot_bytes=_sample(registry, "kelp_store_hot_cache_bytes"),
+            wall_s=time.perf_counter(),
         )
 
 
@@ -123,11 +132,26 @@ def first_sightings(batches: Sequence[MicroBatch]) -> np.ndarray:
     return counts
 
 
+def distinct_per_period(batches: Sequence[MicroBatch], period: int) -> int:
+    """Distinct (table, id) pairs of each run of ``period`` consecutive batches, summed over the runs."""
+    total = 0
+    for at in range(0, len(batches), period):
+        chunk = batches[at : at + period]
+        for name in {n for b in chunk for n in b.tables}:
+            ids = [b.tables[name].unique_ids for b in chunk if name in b.tables]
+            total += len(np.unique(np.concatenate(ids)))
+    return total
+
+
 def cost_per_sample(
-    start: CostSnapshot, end: CostSnapshot, batches: Sequence[MicroBatch]
+    start: CostSnapshot,
+    end: CostSnapshot,
+    batches: Sequence[MicroBatch],
+    writeback: tuple[int, float] | None = None,
 ) -> dict[str, float | int]:
     """The window's figures per sample; ``batches``: every trained batch of the run, in order
-    (step ``n`` trained ``batches[n - 1]``)."""
+    (step ``n`` trained ``batches[n - 1]``); ``writeback``: the hot tier's ``(every_steps,
+    interval_s)``, for the flush floor (None: no tier, no floor)."""
     samples = end.samples - start.samples
     if samples <= 0:
         raise ValueError("the steady window holds no samples: the run was too short")
@@ -154,6 +178,15 @@ def cost_per_sample(
         **{f"redis_row_{op}s_per_sample": round(n / samples, 3) for op, n in row_ops.items()},
         "cold_row_ops_per_sample": round(2 * cold / samples, 3),
     }
+    steps = end.step - start.step
+    if writeback is not None and steps > 0 and end.wall_s > start.wall_s:
+        every, interval_s = writeback
+        period = max(1, min(every, int(interval_s * steps / (end.wall_s - start.wall_s))))
+        writes = distinct_per_period(batches[start.step : end.step], period)
+        out["flush_period_steps"] = period
+        out["flush_floor_reads_per_sample"] = round(cold / samples, 3)
+        out["flush_floor_writes_per_sample"] = round(writes / samples, 3)
+        out["flush_floor_row_ops_per_sample"] = round((cold + writes) / samples, 3)
     if stored_lookups > 0 and end.hot_rows > 0:
         out["hot_tier_hit_rate"] = round(hits / stored_lookups, 4)
         out["hot_tier_rows"] = int(end.hot_rows)

@@ -129,8 +129,13 @@ def stream_run(
         "stage_seconds": {k: round(v, 3) for k, v in report.stage_seconds.items()},
         "overlay_patched_rows": daemon.pipeline.ledger.patched_rows,  # type: ignore[union-attr]
     }
+    working = daemon.pipeline.working_copy  # type: ignore[union-attr]
+    if working is not None:
+        out["working_copy_overlapped_rows"] = working.overlapped_rows
     if len(snapshots) == 2:
-        out["cost"] = cost_per_sample(snapshots[0], snapshots[1], batches)
+        hot = cfg.store.hot_cache
+        writeback = (hot.writeback_every_steps, hot.writeback_interval_s) if working is not None else None
+        out["cost"] = cost_per_sample(snapshots[0], snapshots[1], batches, writeback)
     return out, batches
 
 
@@ -221,6 +226,8 @@ def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
             out[f"{label}stream_stage_seconds"] = stream["stage_seconds"]
             out[f"{label}stream_auc"] = round(stream["auc"], 4)
             out[f"{label}overlay_patched_rows"] = stream["overlay_patched_rows"]
+            if "working_copy_overlapped_rows" in stream:
+                out[f"{label}working_copy_overlapped_rows"] = stream["working_copy_overlapped_rows"]
             for key, value in stream.get("cost", {}).items():  # per sample, over the steady steps
                 out[f"{label}{key}"] = value
             if hot:

@@ -91,3 +91,25 @@ def test_a_snapshot_reads_redis_cpu_from_a_real_server() -> None:
     with RedisServer() as server:
         snap = CostSnapshot.take(CollectorRegistry(), [server.url], step=0, samples=0)
     assert snap.redis_cpu_s > 0.0 and snap.process_cpu_s > 0.0
+
+
+def test_the_flush_floor_counts_first_sightings_and_each_periods_distinct_ids() -> None:
+    batches = [
+        _batch(a=[1, 2]),  # window opens after this one
+        _batch(a=[1, 3]),  # period 1: a{1,3}
+        _batch(a=[1, 3, 4], b=[1]),  # period 1: a{1,3,4} b{1} -> 4 distinct over both steps
+        _batch(a=[1]),  # period 2: a{1}
+    ]
+    start = _snapshot(1, 100, wall_s=10.0)
+    end = _snapshot(4, 400, wall_s=13.0)  # one step a second
+    out = cost_per_sample(start, end, batches, writeback=(2, 60.0))
+    assert out["flush_period_steps"] == 2
+    # a3, a4 and b1 were never seen before
+    assert out["flush_floor_reads_per_sample"] == pytest.approx(3 / 300, abs=5e-4)
+    assert out["flush_floor_writes_per_sample"] == pytest.approx((4 + 1) / 300, abs=5e-4)
+    assert out["flush_floor_row_ops_per_sample"] == pytest.approx(8 / 300, abs=5e-4)
+    # A 1 s interval at one step a second makes the period one step: each step's ids once.
+    timed = cost_per_sample(start, end, batches, writeback=(20, 1.0))
+    assert timed["flush_period_steps"] == 1
+    assert timed["flush_floor_writes_per_sample"] == pytest.approx((2 + 4 + 1) / 300, abs=5e-4)
+    assert "flush_floor_row_ops_per_sample" not in cost_per_sample(start, end, batches)
