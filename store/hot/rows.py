@@ -129,12 +129,19 @@ class HotRows:
     def lookup(self, batch: RowBatch) -> np.ndarray:
         return self.table.lookup(batch.ids, batch.tags)
 
-    def clean_rows(self) -> tuple[np.ndarray, np.ndarray]:
+    def clean_rows(
+        self, sample: int | None = None, rng: np.random.Generator | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Slots of the rows that may leave (clean, and no prepared batch will train them), and their
-        estimated frequencies."""
+        estimated frequencies; with ``sample``, of about that many slots drawn at random (``rng``)."""
         t = self.table
-        live = t.live_slots()
-        clean = live[~t["dirty"][live] & (t["pins"][live] == 0)]
+        if sample is None or sample >= t.high:
+            slots = t.live_slots()
+        else:
+            assert rng is not None
+            slots = np.unique(rng.integers(0, t.high, size=sample))
+            slots = slots[t.live[slots]]
+        clean = slots[~t["dirty"][slots] & (t["pins"][slots] == 0)]
         return clean, self.sketch.estimate(self.sketch_keys(t.ids[clean], t.tags[clean]))
 
     def due(self, cutoff: int) -> np.ndarray:

@@ -85,6 +85,8 @@ log = logging.getLogger("kelp.store.hot_cache")  # the name users filter on, kep
 _OVERFILL = 8  # a full tier takes hot-enough rows up to capacity / _OVERFILL beyond it until the next trim
 _TRIM_SLACK = 16  # a trim leaves capacity - capacity / _TRIM_SLACK rows
 _MARGIN = 2  # a newcomer must be seen _MARGIN times as often as the hottest row the last trim dropped
+_TRIM_SAMPLE = 4  # a trim scores a random sample of this many times its excess (see HotRowCache._trim) ...
+_TRIM_MIN_SAMPLE = 65_536  # ... and never fewer rows than this: a small tier scores every row
 
 
 class _InFlight:
@@ -220,6 +222,7 @@ class HotRowCache(EmbeddingStore):
         self._group_of = {name: g for g in self._groups for name in g.names}
         self._threshold = 0  # a fetched row enters a full tier only above this estimate (set by trims)
         self._fresh_waiting = False  # a fresh row was written: the next write-back takes it, due or not
+        self._trim_rng = np.random.default_rng(0)
         self._held = 0
         self._lock = threading.RLock()  # the tables: short sections, never held across a store call
         self._push_lock = threading.RLock()  # pushes, write-backs, flushes and deletes, one at a time
@@ -293,13 +296,20 @@ class HotRowCache(EmbeddingStore):
         self.metrics.hot_writeback.inc(sum(len(s) for s, _, _ in due))
 
     def _trim(self) -> None:
-        """Drop the clean rows with the lowest estimated frequency, over all tables at once, until the
+        """Drop clean rows with the lowest estimated frequency, over all tables at once, until the
         tier holds ``capacity`` less 1/16 (dirty rows leave only after their write-back).
 
-        A trim scores every clean row (~1M); trimming a sixteenth at a time, not
-        just the excess, keeps that to one trim per many steps."""
+        Trimming a sixteenth at a time, not just the excess, keeps trims to one per many steps.
+        The victims are the least frequent of a random sample of ``_TRIM_SAMPLE`` times the excess
+        (every row of a tier smaller than ``_TRIM_MIN_SAMPLE``), as Redis's approximated LFU
+        samples its keys: scoring every row of a full tier at every trim held the tier's lock for
+        a large part of a step, while a row in the sample's lowest quarter is cold by any measure."""
         excess = self._held - (self.capacity - self.capacity // _TRIM_SLACK)
-        candidates = [g.clean_rows() for g in self._groups]
+        if excess <= 0:
+            return
+        total = sum(g.table.high for g in self._groups) or 1
+        sample = max(_TRIM_SAMPLE * excess, _TRIM_MIN_SAMPLE)
+        candidates = [g.clean_rows(-(-sample * g.table.high // total), self._trim_rng) for g in self._groups]
         scores = np.concatenate([score for _, score in candidates])
         if excess < len(scores):
             victims = np.argpartition(scores, excess - 1)[:excess]

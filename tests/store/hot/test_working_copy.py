@@ -244,3 +244,22 @@ def test_finite_rows_whose_sum_overflows_are_applied() -> None:
     np.testing.assert_array_equal(_stored(inner, "t", ids), rows)
     refused = wc.metrics.rows_quarantined.labels(table="t", reason="nonfinite_push")._value.get()
     assert refused == 0
+
+
+def test_a_sampled_trim_drops_cold_rows_and_keeps_the_hot_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``_TRIM_MIN_SAMPLE`` rows a trim scores a random sample, not every row: still the cold go."""
+    from kelp.store.hot import tier
+
+    monkeypatch.setattr(tier, "_TRIM_MIN_SAMPLE", 16)
+    inner, wc, _ = _copy(capacity=256, every=1)
+    hot = {"t": _ids(0, 32)}
+    for _ in range(6):
+        _step(wc, hot)
+    for burst in range(12):  # 64 one-off ids a step: each step's trim samples 4 times its excess
+        _step(wc, {"t": _ids(10_000 + 64 * burst, 64)})
+        assert wc.holds("t", hot["t"]).all(), burst
+    assert wc.rows_held() <= 256
+    assert wc.metrics.hot_evictions._value.get() > 0
+    np.testing.assert_allclose(  # evicted rows were written back first
+        _stored(inner, "t", _ids(10_000, 64)), inner.tables["t"].init_rows(_ids(10_000, 64)) + 1, rtol=1e-6
+    )
