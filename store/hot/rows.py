@@ -108,6 +108,23 @@ class HotRows:
         # other ids, looks seen before and enters the tier on its first sighting; its row then waits
         # for the write-back instead of being written through at once (docs/performance.md).
         self.sketch = CountMinSketch(width=2 * capacity, depth=SKETCH_DEPTH, seed=",".join(self.names))
+        self._fresh: list[np.ndarray] = []  # slots written while fresh, since the last take_fresh
+
+    def wrote_fresh(self, slots: np.ndarray) -> None:
+        """``slots`` were just written dirty: those that are fresh are due at the next write-back."""
+        fresh = slots[self.table["fresh"][slots]]
+        if len(fresh):
+            self._fresh.append(fresh)
+
+    def take_fresh(self) -> np.ndarray:
+        """Slots of the dirty fresh rows written since the last call (each once), without a scan of
+        the whole table: a write-back after every step must not cost a pass over a million rows."""
+        if not self._fresh:
+            return np.zeros(0, dtype=np.int64)
+        slots = np.unique(np.concatenate(self._fresh))
+        self._fresh.clear()
+        t = self.table
+        return slots[t["dirty"][slots] & t["fresh"][slots]]
 
     def batch(self, arrays: Mapping[str, np.ndarray]) -> RowBatch | None:
         """The ids of this width's tables in ``arrays`` (uint64, checked), or None if there are none."""

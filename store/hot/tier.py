@@ -221,7 +221,6 @@ class HotRowCache(EmbeddingStore):
         ]
         self._group_of = {name: g for g in self._groups for name in g.names}
         self._threshold = 0  # a fetched row enters a full tier only above this estimate (set by trims)
-        self._fresh_waiting = False  # a fresh row was written: the next write-back takes it, due or not
         self._trim_rng = np.random.default_rng(0)
         self._held = 0
         self._lock = threading.RLock()  # the tables: short sections, never held across a store call
@@ -253,13 +252,13 @@ class HotRowCache(EmbeddingStore):
         """
         with self._lock:
             cutoff = self._schedule.due(force)
-            fresh, self._fresh_waiting = self._fresh_waiting, False
+            fresh = [g.take_fresh() for g in self._groups]
             updates = {}
             due: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-            if cutoff or fresh:
-                for g in self._groups:
+            if cutoff or any(len(f) for f in fresh):
+                for g, fresh_slots in zip(self._groups, fresh, strict=True):
                     t = g.table
-                    slots = g.due(cutoff)
+                    slots = g.due(cutoff) if cutoff else fresh_slots  # a period's scan takes fresh rows too
                     due.append((slots, t["last"][slots], t["since"][slots]))
                     for name, mine in g.by_table(slots).items():
                         updates[name] = (t.ids[mine], *t.read(mine, "rows", "state"))

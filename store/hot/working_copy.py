@@ -295,8 +295,7 @@ class WorkingCopy(HotRowCache):
                 t["rows"].index_copy_(0, index, rows)
                 t["state"].index_copy_(0, index, state)
                 t.write(slots, updated_s=stamp, dirty=True, last=push)
-                if t["fresh"][slots].any():
-                    self._fresh_waiting = True
+                g.wrote_fresh(slots)
             self._unpin(reservation)
         return push
 
