@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from kelp_native import dedup_columns
 
+from kelp.buffers import native_array
+
 if TYPE_CHECKING:
     from kelp.config import FeatureSpec
 
@@ -65,12 +67,12 @@ class JaggedIds:
     def from_lengths(cls, values: np.ndarray, lengths: np.ndarray) -> JaggedIds:
         offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
-        return cls(np.ascontiguousarray(values, dtype=np.uint64), offsets)
+        return cls(native_array(values, np.uint64), offsets)
 
     @classmethod
     def one_hot(cls, values: np.ndarray) -> JaggedIds:
         """One id per sample (the common case): ``offsets = 0..B``."""
-        return cls(np.ascontiguousarray(values, dtype=np.uint64), np.arange(len(values) + 1, dtype=np.int32))
+        return cls(native_array(values, np.uint64), np.arange(len(values) + 1, dtype=np.int32))
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def dedup_many(columns: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarr
     return_inverse=True)`` exactly; ``unique_ids`` are views into one array,
     and so are the inverses.
     """
-    cols = [np.ascontiguousarray(col, dtype=np.uint64) for col in columns]
+    cols = [native_array(col, np.uint64) for col in columns]
     total = sum(col.size for col in cols)
     uniques = np.empty(total, dtype=np.uint64)
     inverse = np.empty(total, dtype=np.int64)

@@ -18,6 +18,8 @@ import xxhash
 from kelp_native import rendezvous as _rendezvous
 from kelp_native import splitmix64 as _splitmix64
 
+from kelp.buffers import native_array
+
 __all__ = ["name_seed", "rendezvous", "splitmix64"]
 
 
@@ -30,8 +32,7 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     z = np.asarray(x, dtype=np.uint64)
     if z.ndim == 0:  # a buffer of no dimensions has no shape to hand over
         return splitmix64(z.reshape(1))[0]
-    if not z.flags.c_contiguous:
-        z = np.ascontiguousarray(z)
+    z = native_array(z, np.uint64)
     out = np.empty(z.shape, dtype=np.uint64)
     _splitmix64(z, out)
     return out
@@ -50,7 +51,7 @@ def rendezvous(ids: np.ndarray, shard_seeds: np.ndarray) -> np.ndarray:
     """
     if len(shard_seeds) == 1:
         return np.zeros(len(ids), dtype=np.int64)
-    ids = np.ascontiguousarray(ids, dtype=np.uint64)
+    ids = native_array(ids, np.uint64)
     out = np.empty(ids.shape, dtype=np.int64)
-    _rendezvous(ids, np.ascontiguousarray(shard_seeds, dtype=np.uint64), out)
+    _rendezvous(ids, native_array(shard_seeds, np.uint64), out)
     return out

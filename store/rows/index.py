@@ -26,6 +26,8 @@ from __future__ import annotations
 import numpy as np
 from kelp_native import ID_MAP_MAX_TAG, IdMap
 
+from kelp.buffers import native_array
+
 __all__ = ["IdIndex"]
 
 MAX_TAG = ID_MAP_MAX_TAG
@@ -71,7 +73,7 @@ class IdIndex:
 
     def lookup(self, ids: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
         """int64[n] slot of each uint64 id (of each (tag, id) pair with ``tags``), -1 where absent."""
-        ids = np.ascontiguousarray(ids, dtype=np.uint64)
+        ids = native_array(ids, np.uint64)
         tags = _tags(len(ids), tags)
         out = np.empty(ids.shape, dtype=np.int64)
         self._map.lookup(ids, tags, out)
@@ -84,15 +86,15 @@ class IdIndex:
         more entry, and a lookup then finds the value given last in the call
         (a removal frees that one and uncovers the next).
         """
-        ids = np.ascontiguousarray(ids, dtype=np.uint64)
+        ids = native_array(ids, np.uint64)
         if len(ids) == 0:
             return
         tags = _tags(len(ids), tags)
-        self._map.insert(ids, np.ascontiguousarray(vals, dtype=np.int64), tags)
+        self._map.insert(ids, native_array(vals, np.int64), tags)
 
     def delete(self, ids: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
         """Remove ids; returns the int64 slots they had (-1 where absent)."""
-        ids = np.ascontiguousarray(ids, dtype=np.uint64)
+        ids = native_array(ids, np.uint64)
         tags = _tags(len(ids), tags)
         out = np.empty(ids.shape, dtype=np.int64)
         self._map.delete(ids, tags, out)
