@@ -170,6 +170,23 @@ def _weights(batch: RowBatch, occurrences: Mapping[str, np.ndarray]) -> np.ndarr
     return np.maximum(np.concatenate(parts), 1)
 
 
+def _add_misses(
+    batch: RowBatch,
+    miss: np.ndarray,
+    occurrences: Mapping[str, np.ndarray],
+    need: dict[str, np.ndarray],
+    need_occ: dict[str, np.ndarray],
+) -> None:
+    """Per table of ``batch``, the ids ``miss`` selects into ``need``, their occurrences into ``need_occ``."""
+    ids_by, miss_by = batch.split(batch.ids), batch.split(miss)
+    for name in batch.names:
+        m = miss_by[name]
+        if m.any():
+            need[name] = ids_by[name][m]
+            if name in occurrences:
+                need_occ[name] = np.asarray(occurrences[name])[m]
+
+
 def _pushed_past(batch: RowBatch, pick: np.ndarray, raced: Mapping[str, np.ndarray]) -> np.ndarray:
     """bool per position of ``pick`` (ascending): its id was pushed past the tier during the pull."""
     out = np.zeros(len(pick), dtype=bool)
@@ -351,13 +368,7 @@ class HotRowCache(EmbeddingStore):
                 self._reread_stale(g, batch, slots, now)
                 looked.append((g, batch, slots, _hit_arrays(g, slots)))
                 miss = slots < 0
-                ids_by, miss_by = batch.split(batch.ids), batch.split(miss)
-                for name in batch.names:
-                    m = miss_by[name]
-                    if m.any():
-                        need[name] = ids_by[name][m]
-                        if name in occurrences:
-                            need_occ[name] = np.asarray(occurrences[name])[m]
+                _add_misses(batch, miss, occurrences, need, need_occ)
                 self._count_hits(batch, miss)
             watch = self._inflight.watch()
         try:

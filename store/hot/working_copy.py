@@ -48,7 +48,7 @@ A trainer group with row owners still uses the tier's ``pull_many`` and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +59,7 @@ from torch import Tensor
 from kelp.config import HotCacheConfig
 from kelp.store.base import EmbeddingStore, PullResult
 from kelp.store.hot.rows import HotRows, RowBatch
-from kelp.store.hot.tier import HotRowCache, _weights
-from kelp.store.metrics import StoreMetrics
+from kelp.store.hot.tier import HotRowCache, _add_misses, _weights
 
 __all__ = ["Reservation", "WorkingCopy"]
 
@@ -112,17 +111,11 @@ class WorkingCopy(HotRowCache):
     """
 
     def __init__(
-        self,
-        inner: EmbeddingStore,
-        cfg: HotCacheConfig,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        metrics: StoreMetrics | None = None,
-        owned: Callable[[np.ndarray], np.ndarray] | None = None,
-        device: torch.device | str = "cpu",
+        self, inner: EmbeddingStore, cfg: HotCacheConfig, *, device: torch.device | str = "cpu", **kwargs: Any
     ) -> None:
+        """As :class:`~kelp.store.hot.tier.HotRowCache` (``clock``, ``metrics``, ``owned``), on ``device``."""
         self.device = torch.device(device)
-        super().__init__(inner, cfg, clock=clock, metrics=metrics, owned=owned, device=self.device)
+        super().__init__(inner, cfg, device=self.device, **kwargs)
 
     overlapped_rows = 0
     """Rows a step gathered that an earlier step wrote after their reservation (a running total): the
@@ -153,13 +146,7 @@ class WorkingCopy(HotRowCache):
                 miss = slots < 0
                 g.table["pins"][slots[~miss]] += 1
                 held.append(_Held(g, batch, slots, np.zeros(len(slots), dtype=bool)))
-                ids_by, miss_by = batch.split(batch.ids), batch.split(miss)
-                for name in batch.names:
-                    m = miss_by[name]
-                    if m.any():
-                        need[name] = ids_by[name][m]
-                        if name in occurrences:
-                            need_occ[name] = np.asarray(occurrences[name])[m]
+                _add_misses(batch, miss, occurrences, need, need_occ)
                 self._count_hits(batch, miss)
         reservation = Reservation(held, pushes=self._schedule.pushes)
         try:
