@@ -263,3 +263,20 @@ def test_a_sampled_trim_drops_cold_rows_and_keeps_the_hot_ones(monkeypatch: pyte
     np.testing.assert_allclose(  # evicted rows were written back first
         _stored(inner, "t", _ids(10_000, 64)), inner.tables["t"].init_rows(_ids(10_000, 64)) + 1, rtol=1e-6
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the same path runs on the CPU above)")
+def test_on_cuda_the_rows_stay_on_the_device_and_reach_the_store() -> None:
+    inner = MemoryStore(TABLES)
+    cfg = HotCacheConfig(enabled=True, capacity_rows=100, writeback_every_steps=1)
+    wc = WorkingCopy(inner, cfg, device="cuda")
+    ids = {"t": _ids(0, 10), "u": _ids(3, 4)}
+    res = wc.reserve(ids)
+    got = wc.gather(res)
+    assert got["t"].rows.device.type == "cuda"
+    updates = {n: (ids[n], got[n].rows + 1, got[n].state + 1) for n in ids}
+    wc.apply(res, updates)
+    wc.flush()
+    np.testing.assert_allclose(
+        _stored(inner, "t", ids["t"]), inner.tables["t"].init_rows(ids["t"]) + 1, rtol=1e-6
+    )
