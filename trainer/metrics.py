@@ -13,7 +13,7 @@
 ``kelp_trainer_task_logloss``                      gauge: progressive log loss per task, by task and window
 ``kelp_trainer_stage_seconds``                     histogram: seconds per stage of a step, by stage
 ``kelp_trainer_queue_depth``                       gauge: batches waiting, by queue (prefetch, push)
-``kelp_trainer_inflight_rows``                     gauge: rows in the in-flight overlay (pushed, unacked)
+``kelp_trainer_inflight_rows``                     gauge: rows in the in-flight overlay (0 in a working copy)
 ``kelp_trainer_last_step_timestamp_seconds``       gauge: unix time of the last finished step
 ``kelp_trainer_checkpoints_total``                 checkpoints, by result (ok, failed, refused_nonfinite)
 ``kelp_trainer_last_checkpoint_timestamp_seconds`` gauge: unix time of the last checkpoint written
@@ -94,7 +94,9 @@ class TrainerMetrics:
         )
         self.stage_seconds = m.histogram("stage_seconds", "Seconds per stage of a training step.", ["stage"])
         self.queue_depth = m.gauge("queue_depth", "Batches waiting in a pipeline queue.", ["queue"])
-        self.inflight_rows = m.gauge("inflight_rows", "Rows pushed but not yet acknowledged (overlay).")
+        self.inflight_rows = m.gauge(
+            "inflight_rows", "Rows pushed but not yet acknowledged (overlay; 0 in a working copy)."
+        )
         self.last_step = m.gauge(
             "last_step_timestamp", "Unix time of the last finished step.", unit="seconds"
         )
