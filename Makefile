@@ -10,6 +10,11 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.kelp-setup-stamp
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
+# `make test` runs the suite on this many pytest-xdist workers (0: in this process). The tests
+# mostly wait on brokers, servers and child processes, so two workers keep two cores busy; each
+# worker starts its own session services (Kafka, Redis, Redis Cluster) on its own free ports.
+# --dist loadscope keeps a module's tests (and its module-scoped fixtures) on one worker.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup system-deps system-deps-test kafka-jars demo test lint fmt bench clean
 
@@ -56,7 +61,7 @@ kafka-jars: setup system-deps-test
 	$(PY) -m kelp.harness.kafka_dist
 
 test: setup system-deps-test lint kafka-jars
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 fmt: setup
 	$(VENV)/bin/ruff check --fix .

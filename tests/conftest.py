@@ -15,10 +15,18 @@ saying how to install it: integration tests are never skipped silently.
   ``isolated_kafka_broker``: the same broker on Apache Kafka, one of the
   test's own on Tansu.
 * ``metrics_registry``: a fresh prometheus registry per test.
+
+The session runs torch on one intra-op thread (``OMP_NUM_THREADS=1`` unless the
+caller set it), and so does every process a test starts. The test models are
+tiny, and the machine's two cores are already shared by pytest-xdist workers,
+brokers and the processes under test: OpenMP worker threads that spin waiting
+for a core make the CPU-bound tests much slower, not faster.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -30,6 +38,15 @@ from kelp.errors import MissingBinaryError
 from kelp.harness import KafkaBroker, RedisCluster, RedisServer, TansuBroker, broker_kind, make_broker
 
 S = TypeVar("S", bound=object)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One intra-op thread for torch here and in child processes (see the module docstring)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:  # a plugin imported it before this ran: the variable came too late
+        sys.modules["torch"].set_num_threads(1)
 
 
 def pytest_report_header() -> str:
