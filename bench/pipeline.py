@@ -32,7 +32,7 @@ from kelp.consumers.batch import MicroBatch
 from kelp.harness import RedisServer, make_broker
 from kelp.store.policy.fallback import PullPlan
 from kelp.trainer import TrainStep
-from kelp.trainer.embedding import BatchTensors, rows_to_leaf
+from kelp.trainer.embedding import BatchTensors, rows_to_leaf, to_device
 from kelp.trainer.optim import SparseUpdate
 from kelp.trainer.step import DenseSync, PulledRows, StageTimer, StepResult, finish_step
 
@@ -68,17 +68,12 @@ class FeedOnlyStep(TrainStep):
         on_device = self.sparse_optimizer.on_device  # a working copy takes the rows where they are
         for table, ids in plan.ids.items():
             keep = pulled[table].admitted
-            leaf = leaves[table].detach()
-            state = pulled[table].state
-            if on_device:
-                at = torch.from_numpy(np.flatnonzero(keep)).to(leaf.device)
-                state_t = state if isinstance(state, torch.Tensor) else torch.from_numpy(state)
-                kept = (leaf.index_select(0, at), state_t.to(leaf.device).index_select(0, at))
-                updates[table] = SparseUpdate(ids[keep], *kept)
-                continue
-            rows = leaf.to("cpu").numpy()
-            state_np = np.asarray(state, dtype=np.float32)
-            updates[table] = SparseUpdate(ids[keep], rows[keep], state_np[keep])
+            at = torch.from_numpy(np.flatnonzero(keep)).to(self.device)
+            rows = leaves[table].detach().index_select(0, at)
+            state = to_device(pulled[table].state, self.device).index_select(0, at)
+            if not on_device:
+                rows, state = rows.cpu().numpy(), state.cpu().numpy()
+            updates[table] = SparseUpdate(ids[keep], rows, state)
         timer.lap("sparse_update")
         self.steps += 1
         zeros = torch.zeros(batch.size)

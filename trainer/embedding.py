@@ -127,11 +127,16 @@ def _to(array: np.ndarray, device: torch.device) -> Tensor:
     return tensor.to(device, non_blocking=True)
 
 
+def to_device(values: np.ndarray | Tensor, device: torch.device) -> Tensor:
+    """float32 ``values`` (numpy from the store, or a tensor: a working copy's rows) on ``device``,
+    detached; no copy where they are there already."""
+    tensor = _to(np.asarray(values, dtype=np.float32), device) if isinstance(values, np.ndarray) else values
+    return tensor.detach().to(device, dtype=torch.float32)
+
+
 def rows_to_leaf(rows: np.ndarray | Tensor, device: torch.device) -> Tensor:
     """f32[U, dim] rows (numpy from the store, or a tensor) -> a fresh leaf on ``device`` with grad."""
-    tensor = _to(np.asarray(rows, dtype=np.float32), device) if isinstance(rows, np.ndarray) else rows
-    tensor = tensor.detach().to(device, dtype=torch.float32)
-    return tensor.requires_grad_(True)
+    return to_device(rows, device).requires_grad_(True)
 
 
 def pool_features(bt: BatchTensors, rows: Mapping[str, Tensor]) -> list[Tensor]:

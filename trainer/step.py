@@ -64,6 +64,7 @@ from kelp.trainer.embedding import (
     model_input,
     pool_features,
     rows_to_leaf,
+    to_device,
 )
 from kelp.trainer.evaluation import ProgressiveValidator, TaskValidators
 from kelp.trainer.finite import SkipLog, step_verdict
@@ -212,13 +213,6 @@ class StepResult:
         return sum(len(part.rows) for part in self.model_errors)
 
 
-def _as_tensor(values: np.ndarray | Tensor, device: torch.device) -> Tensor:
-    """float32 values on ``device`` (no copy when they are there already)."""
-    if isinstance(values, Tensor):
-        return values.detach().to(device=device, dtype=torch.float32)
-    return torch.from_numpy(np.asarray(values, dtype=np.float32)).to(device)
-
-
 class StageTimer:
     """Wall-clock seconds per stage. With ``sync`` on CUDA, each stage ends with a device sync.
 
@@ -362,16 +356,10 @@ class TrainStep:
         if table not in self._warm or new is None or not new.any():
             return got.rows, got.state
         bucket = pulled[self.fallback.tables[table].table]
-        at = plan.position[table][new]
-        if isinstance(got.rows, Tensor):  # a working copy's rows, on the device already
-            rows_t = got.rows.clone()
-            where = torch.from_numpy(np.flatnonzero(new)).to(rows_t.device)
-            rows_t[where] = _as_tensor(bucket.rows, rows_t.device)[torch.from_numpy(at).to(rows_t.device)]
-            return rows_t, got.state
-        rows = np.array(got.rows, dtype=np.float32)
-        state = np.array(got.state, dtype=np.float32)
-        rows[new] = np.asarray(bucket.rows)[at]
-        return rows, state
+        rows = to_device(got.rows, self.device).clone()  # a working copy's rows are on the device already
+        at = torch.from_numpy(plan.position[table][new]).to(self.device)
+        rows[torch.from_numpy(np.flatnonzero(new)).to(self.device)] = to_device(bucket.rows, self.device)[at]
+        return rows, got.state
 
     def _lookup_rows(
         self, rows: Mapping[str, Tensor], pulled: Mapping[str, PulledRows], plan: PullPlan
@@ -519,7 +507,7 @@ class TrainStep:
                 )
             table_rows, table_state = self._warm_start(table, got, pulled, plan)
             rows[table] = rows_to_leaf(table_rows, self.device)
-            states[table] = _as_tensor(table_state, self.device)
+            states[table] = to_device(table_state, self.device)
         return bt, rows, states
 
     def _train(

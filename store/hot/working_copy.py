@@ -33,8 +33,8 @@ Rules it keeps, beyond the tier's own:
 * **new rows are written soon.** A row admitted by this reservation, or one the
   store holds nothing for (its store copy is the init row, or none), is
   ``fresh``: once trained it is written at the next write-back, not at the end
-  of the period, so serving sees a new id within a step or two. A kept row's update waits for its period
-  (``writeback_every_steps`` / ``writeback_interval_s``).
+  of the period, so serving sees a new id within a step or two. A kept row's
+  update waits for its period (``writeback_every_steps`` / ``writeback_interval_s``).
 * **nothing lost.** A write-back copies the due rows under the lock and writes
   them without it; a row that a step writes again meanwhile keeps its dirty flag
   (its ``last`` push moved) and is written at its next period. Offsets commit
@@ -91,11 +91,6 @@ class Reservation:
     pushes: int
     """The tier's push count when it was made: a row written by a later push changed after its read."""
     done: bool = False
-
-    @property
-    def rows(self) -> int:
-        """How many of its ids have a row in the working copy."""
-        return sum(int((h.slots >= 0).sum()) for h in self.held)
 
 
 Rows = np.ndarray | Tensor
