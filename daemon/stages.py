@@ -172,19 +172,16 @@ class Prefetcher(_Stage):
         else:
             plan = PullPlan({table: t.unique_ids for table, t in batch.tables.items()}, {})
         working = self.working
+        reservation, pulled, watermark = None, {}, 0
         if working is not None:
             occurrences = training_occurrences(batch)
             reservation = self.guard.call("pull", lambda: working.reserve(plan.ids, occurrences=occurrences))
-            pull_s = time.perf_counter() - started
-            self.metrics.stage_seconds.labels(stage="pull").observe(pull_s)
-            return Prepared(
-                batch=batch, pulled={}, watermark=0, pull_s=pull_s, plan=plan, reservation=reservation
-            )
-        watermark = self.ledger.begin_pull()
-        pulled = self.guard.call("pull", lambda: training_pull(self.store, batch, plan.ids))
+        else:
+            watermark = self.ledger.begin_pull()
+            pulled = self.guard.call("pull", lambda: training_pull(self.store, batch, plan.ids))
         pull_s = time.perf_counter() - started
         self.metrics.stage_seconds.labels(stage="pull").observe(pull_s)
-        return Prepared(batch=batch, pulled=pulled, watermark=watermark, pull_s=pull_s, plan=plan)
+        return Prepared(batch, pulled, watermark, pull_s, plan, reservation)
 
     def _run(self) -> None:
         try:
