@@ -121,9 +121,9 @@ class HotRows:
         the whole table: a write-back after every step must not cost a pass over a million rows."""
         if not self._fresh:
             return np.zeros(0, dtype=np.int64)
-        slots = np.unique(np.concatenate(self._fresh))
-        self._fresh.clear()
         t = self.table
+        slots = _distinct(np.concatenate(self._fresh), t.high)
+        self._fresh.clear()
         return slots[t["dirty"][slots] & t["fresh"][slots]]
 
     def batch(self, arrays: Mapping[str, np.ndarray]) -> RowBatch | None:
@@ -156,7 +156,7 @@ class HotRows:
             slots = t.live_slots()
         else:
             assert rng is not None
-            slots = np.unique(rng.integers(0, t.high, size=sample))
+            slots = _distinct(rng.integers(0, t.high, size=sample), t.high)
             slots = slots[t.live[slots]]
         clean = slots[~t["dirty"][slots] & (t["pins"][slots] == 0)]
         return clean, self.sketch.estimate(self.sketch_keys(t.ids[clean], t.tags[clean]))
@@ -180,3 +180,11 @@ class HotRows:
         return {
             name: slots[cuts[i] : cuts[i + 1]] for i, name in enumerate(self.names) if cuts[i + 1] > cuts[i]
         }
+
+
+def _distinct(slots: np.ndarray, high: int) -> np.ndarray:
+    """The distinct values of ``slots`` (each in ``[0, high)``), ascending: a mark per slot, not a
+    sort, since a trim's sample and a write-back's fresh slots are a large share of the table."""
+    marked = np.zeros(high, dtype=bool)
+    marked[slots] = True
+    return np.flatnonzero(marked)

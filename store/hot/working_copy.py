@@ -255,10 +255,14 @@ class WorkingCopy(HotRowCache):
                 rows = torch.cat([checked[n][1] for n in batch.names])
                 state = torch.cat([checked[n][2] for n in batch.names])
                 groups.append((g, *self._finite_only_rows(batch, rows, state)))
+        # A released reservation's rows may have left: look those up (and refuse the missing ones).
+        held = {} if reservation.done else {id(h.group): h for h in reservation.held}
         with self._lock:
             writes = []
             for g, ids, tags, rows, state in groups:
-                slots = g.table.lookup(ids, tags)
+                slots = _reserved_slots(held.get(id(g)), ids, tags)
+                if slots is None:
+                    slots = g.table.lookup(ids, tags)
                 if (slots < 0).any():
                     lost = ids[slots < 0][:5].tolist()
                     raise RuntimeError(
@@ -339,3 +343,19 @@ def _tensor(values: Any, device: torch.device) -> Tensor:
     if isinstance(values, Tensor):
         return values.detach().to(device=device, dtype=torch.float32)
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(device)
+
+
+def _reserved_slots(h: _Held | None, ids: np.ndarray, tags: np.ndarray) -> np.ndarray | None:
+    """The slots of ``ids`` (with their table ``tags``) as ``h`` reserved them, when the update holds
+    exactly the reservation's resident rows in order (a step's common case); otherwise None.
+
+    Pinned slots cannot move or leave, so the reservation's slots are still theirs: a comparison
+    of two arrays instead of a lookup of every updated id in the index."""
+    if h is None:
+        return None
+    inside = h.slots >= 0
+    if int(inside.sum()) != len(ids):
+        return None
+    if not (np.array_equal(h.batch.ids[inside], ids) and np.array_equal(h.batch.tags[inside], tags)):
+        return None
+    return h.slots[inside]

@@ -280,3 +280,28 @@ def test_on_cuda_the_rows_stay_on_the_device_and_reach_the_store() -> None:
     np.testing.assert_allclose(
         _stored(inner, "t", ids["t"]), inner.tables["t"].init_rows(ids["t"]) + 1, rtol=1e-6
     )
+
+
+def test_an_update_in_another_order_or_a_part_of_the_batch_lands_on_each_ids_own_row() -> None:
+    """The reservation's slots serve an update that holds its resident rows in order; any other
+    update (reordered, or fewer rows) finds its slots by id, and every row gets its own values."""
+    inner, wc, _ = _copy(every=1)
+    ids = {"t": _ids(0, 6)}
+    for order in (np.arange(6), np.arange(5, -1, -1), np.array([4, 1])):
+        res = wc.reserve(ids)
+        got = wc.gather(res)
+        chosen = ids["t"][order]
+        rows = np.repeat(chosen.astype(np.float32)[:, None], 2, axis=1)  # row value = its id
+        wc.apply(res, {"t": (chosen, rows, got["t"].state[order])})
+        wc.durable_through()
+        np.testing.assert_array_equal(_stored(inner, "t", chosen), rows)
+    assert wc.pinned_rows() == 0
+
+
+def test_distinct_slots_match_numpy_unique() -> None:
+    from kelp.store.hot.rows import _distinct
+
+    rng = np.random.default_rng(3)
+    for n, high in ((0, 10), (5, 10), (1000, 50), (20_000, 1_000_000)):
+        slots = rng.integers(0, high, size=n)
+        np.testing.assert_array_equal(_distinct(slots, high), np.unique(slots))
