@@ -7,7 +7,8 @@ Endpoints (the contract; see docs/serving.md for examples):
   (or columnar candidates, see :mod:`kelp.serving.features`);
   both take JSON or msgpack (``Content-Type: application/msgpack``) and answer
   :class:`~kelp.serving.schemas.ScoreResponse` as JSON, or as msgpack when the
-  request ``Accept``s it;
+  request ``Accept``s it; ``X-Kelp-Synthetic: 1`` scores a request without logging it
+  (:mod:`kelp.serving.request_log`);
 * ``GET /healthz`` (the process is alive), ``GET /readyz`` (model loaded and
   store reachable, else 503 with a reason), ``GET /metrics`` (Prometheus text
   of this process's registry), ``GET /v1/model``, ``GET /openapi.json``.
@@ -68,6 +69,7 @@ from kelp.serving.oip.model import OipModel
 from kelp.serving.oip.routes import OIP_ENDPOINTS, add_oip_routes, endpoint_label
 from kelp.serving.oip.schemas import InferRequestBody
 from kelp.serving.replica import ServingReplica
+from kelp.serving.request_log import SYNTHETIC_HEADER
 from kelp.serving.schemas import (
     EncodeResponse,
     ErrorResponse,
@@ -181,13 +183,15 @@ async def _through_fastapi(routes: ScoreRoutes, request: Request, parse: Parse) 
     raw = await request.body()
     headers = request.headers
     client_id = headers.get("x-request-id")
+    synthetic = headers.get(SYNTHETIC_HEADER)
     content, media_type, extra = await run_in_threadpool(
         routes.answer,
         raw,
         headers.get("content-type", "application/json"),
         headers.get("accept", ""),
         parse,
-        None if client_id is None else client_id.encode("latin-1"),
+        client_id=None if client_id is None else client_id.encode("latin-1"),
+        synthetic=None if synthetic is None else synthetic.encode("latin-1"),
     )
     return Response(content, media_type=media_type, headers={k.decode(): v.decode() for k, v in extra})
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 import orjson
@@ -52,7 +53,14 @@ from kelp.serving.middleware import (
     declared_length,
     send_response,
 )
-from kelp.serving.request_log import REQUEST_ID_HEADER, RequestLog, client_request_id, new_request_id
+from kelp.serving.request_log import (
+    REQUEST_ID_HEADER,
+    SYNTHETIC_HEADER,
+    RequestLog,
+    client_request_id,
+    is_synthetic,
+    new_request_id,
+)
 from kelp.serving.scorer import Scorer, ScoreResult
 
 __all__ = ["SCORE_THREADS", "VERSION_HEADER", "Parse", "ScoreRoutes", "body_timeout"]
@@ -72,6 +80,7 @@ VERSION_HEADER = "kelp-model-version"
 """The response header naming the model version that scored a request (``/v1`` and ``/v2``)."""
 VERSION_HEADER_BYTES = VERSION_HEADER.encode()
 REQUEST_ID_HEADER_BYTES = REQUEST_ID_HEADER.encode()
+SYNTHETIC_HEADER_BYTES = SYNTHETIC_HEADER.encode()
 Headers = tuple[tuple[bytes, bytes], ...]
 
 
@@ -113,18 +122,26 @@ class ScoreRoutes:
         return self.parsers.get(scope["path"])
 
     def answer(
-        self, raw: bytes, content_type: str, accept: str, parse: Parse, client_id: bytes | None = None
+        self,
+        raw: bytes,
+        content_type: str,
+        accept: str,
+        parse: Parse,
+        *,
+        client_id: bytes | None = None,
+        synthetic: bytes | None = None,
     ) -> tuple[bytes, str, Headers]:
         """Decode, check, score, encode: one worker-thread call per request, no per-candidate objects.
 
         Returns the body, its media type and the headers naming the model version
-        (and, with the request log on, the request's id).
+        (and, with the request log on and the request not marked synthetic, the request's id).
         """
+        skip_log = is_synthetic(synthetic)
         batch = parse(decode_body(raw, content_type))
         result = self.scorer.score(batch)
         body = result.to_json()
         headers: Headers = ((VERSION_HEADER_BYTES, b"%d" % result.model_version),)
-        logged_as = self.log(client_id, batch, result)
+        logged_as = self.log(client_id, batch, result, synthetic=skip_log)
         if logged_as is not None:
             body["request_id"] = logged_as
             headers += ((REQUEST_ID_HEADER_BYTES, logged_as.encode()),)
@@ -137,10 +154,22 @@ class ScoreRoutes:
             return None
         return self.auth.refusal(None if authorization is None else authorization.encode("latin-1"))
 
-    def log(self, client_id: bytes | str | None, batch: MicroBatch, result: ScoreResult) -> str | None:
+    def log(
+        self,
+        client_id: bytes | str | None,
+        batch: MicroBatch,
+        result: ScoreResult,
+        *,
+        synthetic: bool = False,
+    ) -> str | None:
         """Record a scored request in the request log and return the id it is logged under (new for each
-        request; the client's own id, when valid, is kept beside it); None when the log is off."""
+        request; the client's own id, when valid, is kept beside it); None when the log is off or the
+        request is synthetic (a probe's or a test's: no one saw its scores, so the join must not train
+        on it; counted instead)."""
         if self.request_log is None:
+            return None
+        if synthetic:
+            self.request_log.skip_synthetic()
             return None
         logged_as = new_request_id()
         self.request_log.record(logged_as, batch, result, client_request_id(client_id))
@@ -153,6 +182,7 @@ class ScoreRoutes:
         try:
             content_type, accept, declared, authorization = "application/json", "", None, None
             client_id: bytes | None = None
+            synthetic: bytes | None = None
             for name, value in scope["headers"]:
                 if name == b"content-type":
                     content_type = value.decode("latin-1")
@@ -164,6 +194,8 @@ class ScoreRoutes:
                     authorization = value
                 elif name == b"x-request-id":
                     client_id = value
+                elif name == SYNTHETIC_HEADER_BYTES:
+                    synthetic = value
             refusal = None if self.auth is None else self.auth.refusal(authorization)
             if refusal is not None:
                 status = 401
@@ -183,8 +215,9 @@ class ScoreRoutes:
                 else:
                     if raw is None:
                         return
+                    answer = partial(self.answer, client_id=client_id, synthetic=synthetic)
                     status, content, media, headers = await self._answer(
-                        raw, content_type, accept, parse, client_id
+                        answer, raw, content_type, accept, parse
                     )
             await send_response(send, status, content, media.encode(), headers)
         finally:
@@ -209,10 +242,16 @@ class ScoreRoutes:
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _answer(
-        self, raw: bytes, content_type: str, accept: str, parse: Parse, client_id: bytes | None
+        self,
+        answer: Callable[..., tuple[bytes, str, Headers]],
+        raw: bytes,
+        content_type: str,
+        accept: str,
+        parse: Parse,
     ) -> tuple[int, bytes, str, Headers]:
+        """``answer`` (:meth:`answer` with the request's marks) on the scoring thread, errors as answers."""
         try:
-            content, media, headers = await self.run(self.answer, raw, content_type, accept, parse, client_id)
+            content, media, headers = await self.run(answer, raw, content_type, accept, parse)
         except KelpError as exc:
             status, payload = error_answer(exc)
             return status, orjson.dumps(payload), "application/json", ()

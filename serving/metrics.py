@@ -14,7 +14,7 @@
 ``kelp_serving_rows_total``                        embedding rows used, by result (stored, default)
 ``kelp_serving_embedding_age_seconds``             histogram: age of the stored rows a request used
 ``kelp_serving_ready``                             gauge: 1 while /readyz answers 200
-``kelp_serving_request_log_records_total``         request log records, by result (sent, dropped, failed)
+``kelp_serving_request_log_records_total``         request log records: sent, dropped, failed, synthetic
 ``kelp_serving_request_log_dropped_total``         request log records dropped, by the full bound (reason)
 ``kelp_serving_request_log_queue``                 gauge: request log records not yet acknowledged by Kafka
 ``kelp_serving_request_log_queue_bytes``           gauge: bytes of those records
@@ -110,7 +110,8 @@ class ServingMetrics:
         )
         self.request_log_records = m.counter(
             "request_log_records",
-            "Scored requests for the request log, by result (sent, dropped: queue full, failed).",
+            "Scored requests for the request log, by result (sent, dropped: queue full, failed, "
+            "synthetic: marked X-Kelp-Synthetic, never logged).",
             ["result"],
         )
         self.request_log_dropped = m.counter(

@@ -37,6 +37,13 @@ impression per id. A valid client id travels beside it in the record, as
 
 The Kafka message: key the request id, value the record, headers
 ``schema=kelp-request-v1`` and ``model_version``.
+
+Synthetic traffic stays out: a request marked ``X-Kelp-Synthetic: 1`` (gRPC:
+``x-kelp-synthetic`` metadata) is scored as any other but never recorded, and
+counted as ``result="synthetic"``. ``kelp probe``, the Helm test hook and load
+tests send it: the join would turn their impressions, which nobody saw, into
+negatives. The replica's own warm-up scores through the scorer, not the routes,
+so it never reaches the log either.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from kelp.config import KafkaSourceConfig, RequestLogConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.consumers.codec import MAX_REQUEST_ID_BYTES, encode_request_record, is_valid_request_id
 from kelp.consumers.kafka_client import client_settings
+from kelp.serving.errors import BadRequestError
 from kelp.serving.features import RequestBatch
 from kelp.serving.metrics import ServingMetrics
 from kelp.serving.scorer import ScoreResult
@@ -65,8 +73,10 @@ __all__ = [
     "MAX_REQUEST_ID_BYTES",
     "REQUEST_ID_HEADER",
     "SCHEMA_HEADER",
+    "SYNTHETIC_HEADER",
     "RequestLog",
     "client_request_id",
+    "is_synthetic",
     "is_valid_request_id",
     "new_request_id",
 ]
@@ -84,6 +94,29 @@ _CLOSE_UNCONNECTED_S = 0.5
 
 REQUEST_ID_HEADER = "kelp-request-id"
 """The response header with the id a request was logged under (with ``serving.request_log`` on)."""
+
+
+SYNTHETIC_HEADER = "x-kelp-synthetic"
+"""The request header (gRPC: metadata key) that marks a request as synthetic: scored, never logged."""
+_SYNTHETIC_VALUES = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def is_synthetic(value: bytes | str | None) -> bool:
+    """Whether a request's ``X-Kelp-Synthetic`` value marks it synthetic (None: no header, not synthetic).
+
+    A value that is neither yes nor no is refused (422 ``bad_header``) rather than read as either: a
+    typo must not quietly log test traffic, nor drop real traffic from training.
+    """
+    if value is None:
+        return False
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    marked = _SYNTHETIC_VALUES.get(text.strip().lower())
+    if marked is None:
+        shown = text[:40] + ("..." if len(text) > 40 else "")
+        raise BadRequestError(
+            "bad_header", f"X-Kelp-Synthetic must be 1/true/yes or 0/false/no, not {shown!r}"
+        )
+    return marked
 
 
 def client_request_id(given: bytes | str | None) -> str | None:
@@ -183,6 +216,7 @@ class RequestLog:
         self._sent = self._records.labels(result="sent")
         self._dropped = self._records.labels(result="dropped")
         self._failed = self._records.labels(result="failed")
+        self._synthetic = self._records.labels(result="synthetic")
         self._dropped_by = {r: metrics.request_log_dropped.labels(reason=r) for r in DROP_REASONS}
         metrics.request_log_queue.set_function(self._held.count)
         metrics.request_log_queue_bytes.set_function(self._held.nbytes)
@@ -209,6 +243,10 @@ class RequestLog:
         if full is not None:
             self._dropped.inc()
             self._dropped_by[full].inc()
+
+    def skip_synthetic(self) -> None:
+        """Count a scored request marked synthetic: it is never recorded (see the module docstring)."""
+        self._synthetic.inc()
 
     # ------------------------------------------------------------------ the sender thread
 

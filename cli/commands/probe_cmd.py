@@ -5,6 +5,10 @@ the config's feature spec (every dense feature at its default, id 0 for every
 sparse feature). Prints one line; exit 0 when both succeed, 1 otherwise. The
 Helm test hook runs exactly this. Standard library HTTP only, so the probe
 needs nothing beyond Kelp itself.
+
+The score request carries ``X-Kelp-Synthetic: 1``: the replica scores it but
+keeps it out of the request log, so a probe never becomes an impression (and,
+after ``kelp join``, a negative) in training.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from typing import Any
 from kelp.config import FeatureSpec, load_config
 from kelp.redaction import redact_url
 
-__all__ = ["probe_sample", "register"]
+__all__ = ["PROBE_HEADERS", "probe_sample", "register"]
+
+PROBE_HEADERS = {"X-Kelp-Synthetic": "1"}
+"""Headers of the probe's score request: marked synthetic (scored, never in the request log)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +52,8 @@ def _call(
     request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
     if data is not None:
         request.add_header("Content-Type", "application/json")
+        for name, value in PROBE_HEADERS.items():
+            request.add_header(name, value)
     if token is not None:  # serving.auth_token_file: the score endpoints want the bearer token
         request.add_header("Authorization", "Bearer " + token.decode("ascii"))
     try:

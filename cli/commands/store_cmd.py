@@ -32,7 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect = verbs.add_parser("inspect", help="print stored rows of some ids (never counts or admits)")
     inspect.add_argument("--config", required=True)
     inspect.add_argument("table")
-    inspect.add_argument("ids", nargs="+", help="uint64 ids")
+    inspect.add_argument(
+        "ids",
+        nargs="+",
+        help="ids as the events have them: digits below 2**64 are that id, any other text (m318, alice) "
+        "is read by the one id rule as every source reads it",
+    )
     inspect.set_defaults(handler=_inspect)
 
     acl = verbs.add_parser(
@@ -98,11 +103,22 @@ def _acl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _row_ids(given: list[str]) -> np.ndarray:
+    """The stored id of each id as typed, by the one id rule the sources and serving apply
+    (:func:`kelp.consumers.ids.str_id`), so a user never hashes an id to look up its row."""
+    from kelp.consumers.ids import str_id
+
+    out = np.empty(len(given), dtype=np.uint64)
+    for k, text in enumerate(given):
+        try:
+            out[k] = str_id(text)
+        except ValueError:  # text with no UTF-8 bytes (an undecodable argument): nothing to hash
+            raise UserError(f"id {text!r} is not valid text; it has no id") from None
+    return out
+
+
 def _inspect(args: argparse.Namespace) -> int:
-    try:
-        ids = np.array([int(i) for i in args.ids], dtype=np.uint64)
-    except (ValueError, OverflowError):
-        raise UserError(f"ids must be unsigned 64-bit integers, got {' '.join(args.ids)}") from None
+    ids = _row_ids(args.ids)
     with _open(args.config) as store:
         got = store.pull(args.table, ids, count=False)
         meta = None
@@ -112,6 +128,7 @@ def _inspect(args: argparse.Namespace) -> int:
         for i, row_id in enumerate(ids.tolist()):
             entry = {
                 "id": row_id,
+                "given": args.ids[i],
                 "stored": bool(got.admitted[i]),
                 "state": float(got.state[i]),
                 "row": [round(float(x), 6) for x in got.rows[i]],

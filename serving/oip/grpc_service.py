@@ -15,7 +15,8 @@ the reason first, as over REST, with the gRPC status of the HTTP one: 401
 ``serving.auth_token_file`` set, calls need ``authorization: Bearer <token>``
 metadata, except the health checks (``ServerLive``, ``ServerReady``,
 ``ModelReady``): the rule of the REST routes, where the server and model
-metadata need the token too. ``FP16`` has no typed ``contents`` field in the
+metadata need the token too. ``x-kelp-synthetic: 1`` metadata keeps an inference out of the request
+log, as the header does over REST. ``FP16`` has no typed ``contents`` field in the
 protocol, so it comes as ``raw_input_contents`` only (400 otherwise).
 """
 
@@ -38,6 +39,7 @@ from kelp.serving.oip.tensors import (
     Tensor,
     from_binary,
 )
+from kelp.serving.request_log import SYNTHETIC_HEADER, is_synthetic
 
 __all__ = ["GRPC_THREADS", "start_grpc_server"]
 
@@ -131,9 +133,8 @@ def _service_class(grpc: Any, pb: Any, rpc: Any) -> type:
             if problem is not None:
                 self._abort(context, problem)
             described = self.model.metadata()
-            tensor = pb.ModelMetadataResponse.TensorMetadata
-            tensors = [tensor(**t) for t in described["inputs"]]
-            outputs = [tensor(**t) for t in described["outputs"]]
+            tensors = [_tensor_metadata(pb, t) for t in described["inputs"]]
+            outputs = [_tensor_metadata(pb, t) for t in described["outputs"]]
             return pb.ModelMetadataResponse(
                 name=described["name"],
                 versions=described["versions"],
@@ -146,8 +147,9 @@ def _service_class(grpc: Any, pb: Any, rpc: Any) -> type:
             self._authorized(context)
             try:
                 pinned = self.model.requested_version(request.model_name, request.model_version or None)
+                synthetic = is_synthetic(dict(context.invocation_metadata()).get(SYNTHETIC_HEADER))
                 parsed = _infer_request(request, self.model.inputs.check_count)
-                done = self.model.routes.run_blocking(self.model.infer, parsed, pinned, None)
+                done = self.model.routes.run_blocking(self.model.infer, parsed, pinned, None, synthetic)
             except KelpError as exc:
                 self._abort(context, exc)
             response = pb.ModelInferResponse(
@@ -166,6 +168,14 @@ def _service_class(grpc: Any, pb: Any, rpc: Any) -> type:
             return response
 
     return InferenceService
+
+
+def _tensor_metadata(pb: Any, described: dict[str, Any]) -> Any:
+    """One tensor of the metadata as the protocol's message, which has no ``parameters``: gRPC clients
+    get the datatype to send, REST clients also the list of those taken."""
+    return pb.ModelMetadataResponse.TensorMetadata(
+        name=described["name"], datatype=described["datatype"], shape=described["shape"]
+    )
 
 
 def _infer_request(request: Any, check_count: CountCheck | None = None) -> InferRequest:

@@ -18,6 +18,12 @@ metadata lists them):
 
   A feature that is not given has no ids (pooled to zeros), as in ``/v1``.
 
+  The metadata lists a sparse feature as ``BYTES``: the config does not say
+  whether a feature's ids are numbers or text, and ``BYTES`` is the one
+  datatype every id can be sent as (a number as its digits), so a client that
+  follows the metadata never hashes an id itself. Its ``parameters.datatypes``
+  lists every datatype the input takes.
+
 A name is a feature's first: ``<x>.lengths`` is a lengths input only when no
 feature is called that. Every input must agree on ``B``, and the limits of
 ``/v1`` apply: at most ``serving.max_samples_per_request`` samples (413
@@ -39,17 +45,40 @@ from kelp.serving.errors import BadRequestError, RequestError
 from kelp.serving.features import RequestParser
 from kelp.serving.oip.tensors import Tensor
 
-__all__ = ["DENSE_INPUT", "LENGTHS_SUFFIX", "TensorInputs"]
+__all__ = [
+    "DENSE_DATATYPES",
+    "DENSE_INPUT",
+    "ID_DATATYPES",
+    "LENGTHS_DATATYPES",
+    "LENGTHS_SUFFIX",
+    "TensorInputs",
+]
 
 DENSE_INPUT = "dense"
 LENGTHS_SUFFIX = ".lengths"
 
 _INTEGER_KINDS = frozenset("iu")
 _FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64"})
+_INTEGER_TYPES = ("INT64", "UINT64", "INT32", "UINT32", "INT16", "UINT16", "INT8", "UINT8")
+ID_DATATYPES = ("BYTES", *_INTEGER_TYPES)
+"""What a sparse feature's input takes, the metadata's datatype first: BYTES by the one id rule,
+integers as they are (``UINT64`` for ids at or above ``2**63``)."""
+DENSE_DATATYPES = ("FP32", "FP16", "FP64")
+LENGTHS_DATATYPES = ("INT32", *(t for t in _INTEGER_TYPES if t != "INT32"))
 
 
 def _refused(reason: str, message: str) -> RequestError:
     return RequestError(reason, message, status=400)
+
+
+def _described(name: str, datatypes: tuple[str, ...], shape: list[int]) -> dict[str, Any]:
+    """One input of the metadata: its datatype (the first of ``datatypes``) and the others it takes."""
+    return {
+        "name": name,
+        "datatype": datatypes[0],
+        "shape": shape,
+        "parameters": {"datatypes": list(datatypes)},
+    }
 
 
 class TensorInputs:
@@ -92,15 +121,16 @@ class TensorInputs:
             )
 
     def metadata(self) -> list[dict[str, Any]]:
-        """The inputs as the model metadata lists them (``-1``: any size)."""
+        """The inputs as the model metadata lists them (``-1``: any size): ``datatype`` is the one a
+        client should send, ``parameters.datatypes`` every one the input takes (see the module)."""
         described: list[dict[str, Any]] = []
         if self._matrix:
-            described.append({"name": DENSE_INPUT, "datatype": "FP32", "shape": [-1, len(self.dense_names)]})
+            described.append(_described(DENSE_INPUT, DENSE_DATATYPES, [-1, len(self.dense_names)]))
         for name in self.sparse_names:
-            described.append({"name": name, "datatype": "INT64", "shape": [-1]})
+            described.append(_described(name, ID_DATATYPES, [-1]))
             lengths = name + LENGTHS_SUFFIX
             if lengths not in self._dense | self._sparse:
-                described.append({"name": lengths, "datatype": "INT32", "shape": [-1]})
+                described.append(_described(lengths, LENGTHS_DATATYPES, [-1]))
         return described
 
     def batch(self, inputs: Mapping[str, Tensor]) -> MicroBatch:

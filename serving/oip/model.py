@@ -114,8 +114,11 @@ class OipModel:
             "outputs": [{"name": task, "datatype": "FP32", "shape": [-1]} for task in self.tasks],
         }
 
-    def infer(self, request: InferRequest, version: int | None, client_id: str | None) -> Inferred:
-        """Score ``request`` (on the scoring thread); with ``version``, only if that one is loaded."""
+    def infer(
+        self, request: InferRequest, version: int | None, client_id: str | None, synthetic: bool = False
+    ) -> Inferred:
+        """Score ``request`` (on the scoring thread); with ``version``, only if that one is loaded.
+        A ``synthetic`` request (``X-Kelp-Synthetic``) is scored alike and kept out of the request log."""
         batch = self.inputs.batch(request.inputs)
         result = self.replica.scorer.score(batch, version)
         by_task = result.scores_of(self.tasks)
@@ -130,5 +133,5 @@ class OipModel:
                     message = f"output {wanted.name!r} is not one of {list(self.tasks)}"
                     raise RequestError("unknown_output", message, status=400)
                 outputs.append((wanted.name, np.asarray(by_task[wanted.name], np.float32), wanted.binary))
-        logged_as = self.routes.log(request.id or client_id, batch, result)
+        logged_as = self.routes.log(request.id or client_id, batch, result, synthetic=synthetic)
         return Inferred(result, outputs, request.id, logged_as)

@@ -13,6 +13,7 @@ version a replica lists is the snapshot it has loaded.
   data (:mod:`kelp.serving.oip.tensors`); scored on the same thread, with the
   same rows and model, as ``/v1/score``, so the two give the same floats.
   With ``/versions/{v}`` a replica that serves another version answers 404.
+  ``X-Kelp-Synthetic: 1`` keeps it out of the request log, as on ``/v1``.
 
 Errors have the protocol's shape, ``{"error": "<reason>: <message>"}``: 400 for
 a request that does not fit the model, 401 without the bearer token (when
@@ -43,7 +44,7 @@ from kelp.serving.oip.schemas import (
     ServerMetadata,
 )
 from kelp.serving.oip.tensors import BINARY_HEADER, encode_response, parse_request
-from kelp.serving.request_log import REQUEST_ID_HEADER
+from kelp.serving.request_log import REQUEST_ID_HEADER, SYNTHETIC_HEADER, is_synthetic
 
 __all__ = ["OIP_ENDPOINTS", "add_oip_routes", "endpoint_label"]
 
@@ -187,10 +188,11 @@ def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
         return model_ready(name, version)
 
     def answer(
-        raw: bytes, header_length: int | None, version: int | None, client_id: str | None
+        raw: bytes, header_length: int | None, version: int | None, client_id: str | None, synthetic: bool
     ) -> tuple[bytes, int | None, dict[str, str]]:
         """Parse, score, encode: one call on the scoring thread. Also returns the response's headers."""
-        done = model.infer(parse_request(raw, header_length, model.inputs.check_count), version, client_id)
+        parsed = parse_request(raw, header_length, model.inputs.check_count)
+        done = model.infer(parsed, version, client_id, synthetic)
         headers = {VERSION_HEADER: str(done.result.model_version)}
         if done.logged_as is not None:
             headers[REQUEST_ID_HEADER] = done.logged_as
@@ -209,6 +211,7 @@ def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
             return refused
         try:
             pinned = model.requested_version(name, version)
+            synthetic = is_synthetic(request.headers.get(SYNTHETIC_HEADER))
         except RequestError as exc:
             return _refused(exc)
         declared = request.headers.get(BINARY_HEADER)
@@ -227,6 +230,7 @@ def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
                 None if declared is None else int(declared),
                 pinned,
                 request.headers.get("x-request-id"),
+                synthetic,
             )
         except KelpError as exc:
             status, payload = error_answer(exc)

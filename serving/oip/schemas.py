@@ -34,8 +34,11 @@ class ServerMetadata(BaseModel):
 
 class TensorMetadata(BaseModel):
     name: str
-    datatype: str
+    datatype: str = Field(description="the datatype to send (a sparse feature's: BYTES, ids by the id rule)")
     shape: list[int] = Field(description="-1: any size")
+    parameters: dict[str, Any] | None = Field(
+        None, description="datatypes: every datatype the input takes (inputs only)"
+    )
 
 
 class ModelMetadata(BaseModel):

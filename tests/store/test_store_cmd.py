@@ -11,6 +11,8 @@ import pytest
 
 from kelp.cli.commands import store_cmd
 from kelp.config import StoreConfig, TableSpec
+from kelp.consumers.codec import hash_str_id
+from kelp.consumers.ids import id_of
 from kelp.errors import UserError
 from kelp.store import build_store
 
@@ -91,3 +93,25 @@ def test_stats_on_a_memory_store_says_it_cannot_see_the_trainer(tmp_path, capsys
     config.write_text("source: {kind: file, path: x.tsv, format: criteo_tsv}\npublisher: {enabled: false}\n")
     assert main(["store", "stats", "--config", str(config)]) == 2
     assert "cannot see" in capsys.readouterr().err
+
+
+def test_inspect_finds_the_row_a_source_stored_for_a_string_id(tmp_path, redis_url: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "kelp.yaml"
+    config.write_text(
+        "deployment: clitest-strings\n"
+        "source: {kind: file, path: x.tsv, format: criteo_tsv}\n"
+        f"store: {{backend: redis, urls: ['{redis_url}']}}\n"
+        "features: {tables: [{name: ads, dim: 2}]}\n"
+    )
+    cfg = StoreConfig(backend="redis", urls=[redis_url])
+    with build_store(cfg, [TableSpec(name="ads", dim=2)], "clitest-strings") as s:
+        # The ids a source stores for the event values "m318" and 7: the one id rule, as the trainer has it.
+        ids = np.array([id_of("m318"), id_of(7)], np.uint64)
+        rows = np.array([[0.5, 1.0], [2.0, -3.0]], np.float32)
+        s.push("ads", ids, rows, np.zeros(2, np.float32))
+    assert main(["store", "inspect", "--config", str(config), "ads", "m318", "007", "m319"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [line["given"] for line in lines] == ["m318", "007", "m319"]
+    assert lines[0]["id"] == hash_str_id("m318") and lines[0]["stored"] and lines[0]["row"] == [0.5, 1.0]
+    assert lines[1]["id"] == 7 and lines[1]["stored"] and lines[1]["row"] == [2.0, -3.0]
+    assert lines[2]["id"] == hash_str_id("m319") and not lines[2]["stored"]
