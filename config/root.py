@@ -12,7 +12,7 @@ from kelp.config.base import StrictModel
 from kelp.config.features import FeatureSpec
 from kelp.config.join import JoinConfig
 from kelp.config.processes import LoggingConfig, MetricsConfig, PublisherConfig, ServingConfig
-from kelp.config.sources import BatchingConfig, SourceConfig
+from kelp.config.sources import BatchingConfig, KafkaSourceConfig, SourceConfig
 from kelp.config.store import StoreConfig
 from kelp.config.trainer import TrainerConfig
 
@@ -100,6 +100,39 @@ class KelpConfig(StrictModel):
                     "or its events would never be labelled"
                 )
         return self
+
+    @property
+    def join_output_topic(self) -> str | None:
+        """Where ``kelp join`` writes: ``join.output_topic``, else the source's first topic (None: none)."""
+        if self.join.output_topic is not None:
+            return self.join.output_topic
+        return self.source.topics[0] if isinstance(self.source, KafkaSourceConfig) else None
+
+    @model_validator(mode="after")
+    def _join_writes_what_the_source_reads(self) -> Self:
+        """Refuse a join whose schema-v1 msgpack output this config's trainer would read as JSON.
+
+        The trainer would reject every labelled event as bad_payload, dead-letter it and commit past
+        it: the labels would be lost without a stop. Checked only when the join is configured
+        (actions or an output_topic), so a JSON trainer that runs no join is not refused.
+        """
+        source = self.source
+        topic = self.join_output_topic
+        in_use = bool(self.join.actions) or self.join.output_topic is not None
+        if not in_use or not isinstance(source, KafkaSourceConfig) or topic not in source.topics:
+            return self
+        fmt = source.topic_format(topic)
+        if fmt == "msgpack":
+            return self
+        default = "" if self.join.output_topic is not None else " (unset: source.topics[0])"
+        origin = source.format_origin(topic)
+        reader = f"as json by source ({origin})" if fmt == "json" else f"by source.decoder {source.decoder}"
+        named = topic if self.join.output_topic is not None else "<topic>"
+        raise ValueError(
+            f"join.output_topic: {topic!r}{default} is read {reader}; "
+            "kelp join writes schema-v1 msgpack: set join.output_topic to a msgpack topic and list it in "
+            f"source.topics with source.topic_formats {{{named}: msgpack}}"
+        )
 
     @model_validator(mode="after")
     def _publisher_has_a_channel(self) -> Self:

@@ -5,6 +5,7 @@
     source: {kind: kafka, bootstrap_servers: [b1:9092], topics: [events], group_id: kelp-trainer}
     source: {kind: file, path: data/train.tsv, format: criteo_tsv}
     source: {kind: kafka, ..., format: json, json: {label_field: clicked, sparse_fields: {user: user.id}}}
+    source: {kind: kafka, topics: [raw, joined], format: json, topic_formats: {joined: msgpack}, json: ...}
 
 :func:`kelp.consumers.build_source` takes this slice (plus the feature spec and
 ``batching``) and nothing else.
@@ -17,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from kelp.config.base import StrictModel, kafka_topic, split_csv
 from kelp.config.json_mapping import JsonMapping
@@ -288,7 +289,14 @@ class KafkaSourceConfig(StrictModel):
     format: Literal["msgpack", "json"] = Field(
         "msgpack",
         description="msgpack: schema-v1 events; json: one JSON object per record, read by the json mapping. "
-        "Ignored when a decoder is set.",
+        "Ignored when a decoder is set. A topic listed in topic_formats is read in its own format.",
+    )
+    topic_formats: dict[str, Literal["msgpack", "json"]] = Field(
+        default_factory=dict,
+        description="Topics read in another format than the others: topic -> msgpack or json, e.g. "
+        "{events-joined: msgpack} so a format json trainer also reads the schema-v1 msgpack events kelp "
+        "join writes. Every key must be in topics; a json topic needs the json mapping. Topics not "
+        "listed are read by format, or by the decoder when one is set.",
     )
     json_mapping: JsonMapping | None = Field(
         None,
@@ -318,6 +326,20 @@ class KafkaSourceConfig(StrictModel):
                 kafka_topic(name)
             except ValueError as exc:
                 raise ValueError(f"topics[{i}] {name!r}: {exc}") from None
+        return value
+
+    @field_validator("topic_formats")
+    @classmethod
+    def _formats_of_read_topics(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        topics = info.data.get("topics")
+        if topics is None:  # topics itself was refused; that error says enough
+            return value
+        for name in value:
+            if name not in topics:
+                raise ValueError(
+                    f"{name!r} is not in source.topics ({', '.join(topics)}): a format is given only "
+                    "for a topic the source reads; add the topic to source.topics or drop the entry"
+                )
         return value
 
     @field_validator("dead_letter_topic")
@@ -383,18 +405,44 @@ class KafkaSourceConfig(StrictModel):
                 )
             if self.json_mapping is None:
                 raise ValueError("a decoder needs a json mapping (label_field, dense_fields, sparse_fields)")
+            if all(topic in self.topic_formats for topic in self.topics):
+                raise ValueError(
+                    "decoder: every topic has its own format in topic_formats, so the decoder reads none; "
+                    "drop the decoder or a topic's topic_formats entry"
+                )
         elif self.decoder_args:
             raise ValueError("decoder_args given without a decoder")
-        elif self.format == "json" and self.json_mapping is None:
-            raise ValueError("format 'json' needs a json mapping (label_field, dense_fields, sparse_fields)")
-        elif self.format == "msgpack" and self.json_mapping is not None:
-            raise ValueError("a json mapping is read only with format 'json' or a decoder")
+        json_topics = [t for t in self.topics if self.topic_format(t) == "json"]
+        if json_topics and self.json_mapping is None:
+            listed = f"topic_formats json ({', '.join(json_topics)})"
+            which = "format 'json'" if self.format == "json" else listed
+            raise ValueError(f"{which} needs a json mapping (label_field, dense_fields, sparse_fields)")
+        if self.json_mapping is not None and not self.mapped:
+            raise ValueError(
+                "a json mapping is read only with format 'json' or a decoder (or a json topic in "
+                "topic_formats)"
+            )
         return self
+
+    def topic_format(self, topic: str) -> Literal["msgpack", "json", "decoder"]:
+        """How ``topic``'s records are read: its topic_formats entry, else the decoder if set, else format."""
+        listed = self.topic_formats.get(topic)
+        if listed is not None:
+            return listed
+        return "decoder" if self.decoder is not None else self.format
+
+    def format_origin(self, topic: str) -> str:
+        """Which setting gives ``topic`` its format, as a person would look for it in the config."""
+        if topic in self.topic_formats:
+            return f"topic_formats {self.topic_formats[topic]}"
+        if self.decoder is not None:
+            return f"decoder {self.decoder}"
+        return f"format {self.format}"
 
     @property
     def mapped(self) -> bool:
-        """Whether records are JSON or plug-in samples read through the json mapping."""
-        return self.decoder is not None or self.format == "json"
+        """Whether any topic's records are JSON or plug-in samples read through the json mapping."""
+        return any(self.topic_format(t) != "msgpack" for t in self.topics)
 
 
 _START_KEYWORDS = ("committed", "earliest", "latest")

@@ -6,7 +6,9 @@ status stays 0) when its ``maxmemory-policy`` may evict the channel's keys
 it once on a two-sample batch (:mod:`kelp.trainer.model_check`): a model that
 does not import, build or fit the contract is one line and exit 2. With
 ``--for join`` it notes (exit status 0) when the join's waiting state shares the
-embedding store's Redis because ``join.redis_url`` is unset.
+embedding store's Redis because ``join.redis_url`` is unset. A join whose output
+topic this config's source reads as JSON is refused by the config model itself
+(:class:`~kelp.config.KelpConfig`), so ``validate`` refuses it for every role.
 """
 
 from __future__ import annotations

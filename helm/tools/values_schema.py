@@ -99,6 +99,21 @@ def _narrow(config: dict[str, Any], defs: dict[str, Any]) -> None:
     }
     transforms = defs["DenseFeature"]["properties"]["transforms"]
     transforms["items"] = {"anyOf": [{"enum": _TRANSFORM_NAMES}, transforms["items"]]}
+    _named_paths_shorthand(defs["JsonMapping"]["properties"])
+
+
+def _named_paths_shorthand(mapping: dict[str, Any]) -> None:
+    """Shorthand the config loader accepts: ``dense_fields: [age, price]`` (each name is its own path).
+
+    The models turn the list into a map before validating, so the schema pydantic writes knows only
+    the map; without this a json mapping written the short way passes ``kelp config validate`` and
+    fails ``helm install``.
+    """
+    for name in ("dense_fields", "sparse_fields"):
+        field = mapping[name]
+        kept = {k: v for k, v in field.items() if k in ("default", "description")}
+        shape = {k: v for k, v in field.items() if k not in kept}
+        mapping[name] = {"anyOf": [shape, {"type": "array", "items": {"type": "string"}}], **kept}
 
 
 def config_schema() -> tuple[dict[str, Any], dict[str, Any]]:
