@@ -10,17 +10,25 @@ docs/join.md.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
 from kelp.config.base import StrictModel, kafka_topic, url_with_plain_userinfo
+from kelp.config.json_mapping import TimeCast
+from kelp.config.sources import _decoder_ref
 
 __all__ = ["ActionStream", "JoinConfig"]
 
 
 class ActionStream(StrictModel):
-    """One action topic: which task its records are positives for, within which window, matched by what."""
+    """One action topic: which task its records are positives for, within which window, matched by what.
+
+    Each field is a dotted path into the action (``event.request.id``). The
+    event time is epoch seconds unless ``casts`` declares its form
+    (``casts: {ts: iso8601}``, as in ``source.json.casts``); a ``decoder``
+    reads records of any other format into the dict these paths read.
+    """
 
     topic: str = Field(description="The Kafka topic of the actions (JSON objects or msgpack maps).")
     task: str = Field(description="The task (a label of features.labels) an action here is a positive for.")
@@ -30,7 +38,18 @@ class ActionStream(StrictModel):
         description="Attribution window: an action at most this many seconds (event time) after its "
         "impression makes a positive; an impression with none by then is a negative for the task.",
     )
-    format: Literal["json", "msgpack"] = Field("json", description="How the action records are written.")
+    format: Literal["json", "msgpack"] = Field(
+        "json", description="How the action records are written (not with a decoder)."
+    )
+    decoder: str | None = Field(
+        None,
+        description="A plug-in decoder for any other format, package.module:attr on the Python path: "
+        "attr(None, **decoder_args) returns an object whose decode(value) -> dict gives the action the "
+        "paths below read (the source.decoder contract; the spec argument is None for actions).",
+    )
+    decoder_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the decoder (a schema, a path...)."
+    )
     request_id_field: str = Field(
         "request_id", min_length=1, description="Dotted path of the served request's id in an action."
     )
@@ -41,14 +60,36 @@ class ActionStream(StrictModel):
     )
     ts_field: str | None = Field(
         "ts",
-        description="Dotted path of the action's event time (epoch seconds). None: the Kafka record's "
-        "timestamp.",
+        description="Dotted path of the action's event time (epoch seconds unless casts says otherwise). "
+        "None: the Kafka record's timestamp.",
     )
+    casts: dict[str, TimeCast] = Field(
+        default_factory=dict,
+        description="ts_field -> how its time is written: seconds or milliseconds (epoch, a number or "
+        "numeric string), iso8601 (a string with a zone: Z or +hh:mm) or iso8601_utc (a zone-less time "
+        "read as UTC). A value its cast cannot read is dead-lettered as bad_type.",
+    )
+
+    _decoder = field_validator("decoder")(_decoder_ref)
 
     @field_validator("topic")
     @classmethod
     def _topic(cls, value: str) -> str:
         return kafka_topic(value)
+
+    @model_validator(mode="after")
+    def _decoder_and_casts(self) -> Self:
+        if self.decoder is not None and "format" in self.model_fields_set:
+            raise ValueError("decoder and format exclude each other: the decoder reads the records")
+        if self.decoder is None and self.decoder_args:
+            raise ValueError("decoder_args given without a decoder")
+        for path in self.casts:
+            if path != self.ts_field:
+                raise ValueError(
+                    f"casts.{path}: only the event time (ts_field {self.ts_field!r}) takes a cast; request "
+                    "and item ids are read as they are (strings or integers)"
+                )
+        return self
 
 
 class JoinConfig(StrictModel):

@@ -9,8 +9,11 @@ the partition is caught up sooner), and decides:
 
 * at least ``max_fraction`` of them rejected: raise
   :class:`~kelp.consumers.errors.SourceUserError` with one line naming the
-  topic and partition, the reasons, and what the records look like
-  (:func:`looks_like`). Nothing of that partition was dead-lettered or
+  topic and partition, the reasons, and either what the records look like
+  (:func:`looks_like`) against what the source expects, when they cannot be
+  read at all, or that their fields do not fit, when they can. The counts are
+  of the first ``sample`` records exactly, though a poll may bring many more
+  at once. Nothing of that partition was dead-lettered or
   registered for a commit, so nothing is committed and a fixed config
   re-reads them all.
 * otherwise: hand the held chunks on, in order, and every later one at once.
@@ -37,6 +40,10 @@ __all__ = ["InitialCheck", "looks_like"]
 
 _SNIFF_RECORDS = 20  # rejected values kept per partition to say what the records look like
 _SNIFF_BYTES = 4096
+
+# Reasons that say a record could not be read in the expected format at all, as opposed to a
+# record read whose fields do not fit the config (missing_label, bad_type, unknown_feature...).
+_UNREADABLE = frozenset({"bad_msgpack", "bad_version", "bad_json", "bad_payload", "unknown_schema"})
 
 
 def _text(head: bytes, whole: int) -> str | None:
@@ -128,9 +135,10 @@ class InitialCheck:
         part = self._parts.setdefault(key, _Partition())
         if part.passed:
             return [chunk]
-        part.records += records
-        part.rejected += records - _accepted_records(chunk)
-        for rejection in chunk.rejections:
+        judged, rejected, rejections = _first_records(chunk, records, self.sample - part.records)
+        part.records += judged
+        part.rejected += rejected
+        for rejection in rejections:
             part.reasons[rejection.reason] += 1
             if part.first is None:
                 part.first = rejection
@@ -165,13 +173,39 @@ class InitialCheck:
         detail = f"; first: {part.first.detail[:200]}" if part.first is not None else ""
         shapes = Counter(looks_like(v) for v in part.values)
         shape = shapes.most_common(1)[0][0] if shapes else "is unknown"
+        head = f"topic {topic} partition {partition}: {part.rejected} of the first {part.records} records "
+        tail = "(source.max_initial_reject_fraction: null dead-letters such records and goes on)"
+        top = part.reasons.most_common(1)[0][0] if part.reasons else None
+        if top is not None and top not in _UNREADABLE:
+            return (
+                f"{head}were rejected ({reasons}{detail}); they read as {self.expects} ({shape}) but their "
+                f"fields do not fit the config. Stopped without committing or dead-lettering them: fix the "
+                f"field mapping (source.json, features) or the producer {tail}"
+            )
         return (
-            f"topic {topic} partition {partition}: {part.rejected} of the first {part.records} records "
-            f"were rejected ({reasons}{detail}); the rejected records {_plural(shape)}, not "
+            f"{head}were rejected ({reasons}{detail}); the rejected records {_plural(shape)}, not "
             f"{self.expects}. Stopped without committing or dead-lettering them: point source.topics at a "
-            f"topic of {self.expects} or fix its producer (source.max_initial_reject_fraction: null "
-            f"dead-letters such records and goes on)"
+            f"topic of {self.expects}, set source.format (or source.decoder) to what the topic holds, or "
+            f"fix its producer {tail}"
         )
+
+
+def _first_records(chunk: Chunk, records: int, room: int) -> tuple[int, int, list[Rejection]]:
+    """``(judged, rejected, rejections)`` of the first ``room`` records of ``chunk`` (all when fewer).
+
+    A poll hands over up to ``max_poll_records`` at once, many more than the check needs: the
+    check judges exactly its sample, so its message counts what was judged. The records are
+    told apart by offset (the offsets of accepted rows and of rejections).
+    """
+    if records <= room:
+        return records, records - _accepted_records(chunk), chunk.rejections
+    accepted = np.unique(chunk.row_offsets)
+    offsets = np.union1d(accepted, np.array([r.offset for r in chunk.rejections], dtype=np.int64))
+    if offsets.size <= room:  # records that gave neither a row nor a rejection: judge the whole chunk
+        return records, records - accepted.size, chunk.rejections
+    last = int(offsets[room - 1])
+    rejections = [r for r in chunk.rejections if r.offset <= last]
+    return room, room - int(np.count_nonzero(accepted <= last)), rejections
 
 
 def _accepted_records(chunk: Chunk) -> int:

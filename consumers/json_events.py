@@ -18,8 +18,11 @@ finiteness) are the msgpack decoder's, shared through
 
 * a missing path or ``null``: dense -> the feature's default, sparse -> no id,
   label -> ``missing_label``, event time -> no ts;
-* the label, event time and dense values are numbers (not ``true``/``false``),
-  else ``bad_type``; a path through a value that is not an object is ``bad_type``;
+* the label, weight, event time and dense values are numbers (not ``true``/``false``),
+  else ``bad_type``, unless ``casts`` declares how to read the path (:func:`cast_reader`:
+  ``bool``, ``number``, ``seconds``, ``milliseconds``, ``iso8601``, ``iso8601_utc``);
+  a value its cast cannot read is ``bad_type`` naming the field and the cast;
+* a path through a value that is not an object is ``bad_type``;
 * a sparse field is one id or a list of ids, read by the one id rule
   (:func:`kelp.consumers.ids.id_of`): a float, bool or out-of-range integer
   is ``bad_id``, an object ``bad_type``;
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +49,7 @@ from kelp.consumers.errors import SourceUserError
 from kelp.consumers.ids import MAX_ID, id_of
 from kelp.consumers.textfiles import open_binary
 
-__all__ = ["MappedDecoder", "iter_json_lines", "parse_json"]
+__all__ = ["MappedDecoder", "cast_reader", "iter_json_lines", "parse_json"]
 
 FieldPath = tuple[str, ...]  # a dotted path, split: ("ctx", "page", "id")
 
@@ -92,7 +96,107 @@ def _get(obj: dict[str, Any], path: FieldPath) -> Any:
 def _number(value: Any, what: str) -> float | int:
     if type(value) is float or type(value) is int:
         return value
-    raise RejectError("bad_type", f"{what} is {type(value).__name__}, expected a number")
+    hint = " (source.json.casts can declare how to read it)" if type(value) in (bool, str) else ""
+    raise RejectError("bad_type", f"{what} is {type(value).__name__}, expected a number{hint}")
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a hostile value must not make a huge error line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _as_bool(value: Any) -> float | int:
+    """``true``/``false`` -> 1/0; a number stays as it is (a topic may mix both)."""
+    if value is True or value is False:
+        return int(value)
+    if type(value) is int or type(value) is float:
+        return value
+    raise ValueError(f"{_short(value)} is not true/false (casts: bool)")
+
+
+def _as_number(value: Any) -> float | int:
+    """A number, or a string holding one (``"9.5"``, ``" 3 "``, ``"1e3"``); never a bool."""
+    if type(value) is int or type(value) is float:
+        return value
+    if type(value) is str:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{_short(value)} is not a number (casts: number)")
+
+
+def _epoch(value: Any, cast: str, unit: str) -> float | int:
+    """An epoch time as a finite number: a ``"nan"`` string must not pass for a time."""
+    try:
+        t = _as_number(value)
+    except ValueError:
+        t = math.nan
+    if not math.isfinite(t):
+        raise ValueError(f"{_short(value)} is not a finite number of epoch {unit} (casts: {cast})")
+    return t
+
+
+def _as_milliseconds(value: Any) -> float:
+    return _epoch(value, "milliseconds", "milliseconds") / 1000.0
+
+
+def _as_seconds(value: Any) -> float | int:
+    return _epoch(value, "seconds", "seconds")
+
+
+def _iso8601(value: Any, zoneless_utc: bool) -> float:
+    """Epoch seconds of an ISO-8601 string; a zone-less one only when ``zoneless_utc``."""
+    cast = "iso8601_utc" if zoneless_utc else "iso8601"
+    if type(value) is not str:
+        raise ValueError(f"{_short(value)} is not an ISO-8601 string (casts: {cast})")
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{_short(value)} is not an ISO-8601 time (casts: {cast})") from None
+    if when.tzinfo is None:
+        if not zoneless_utc:
+            raise ValueError(
+                f"{_short(value)} has no zone (Z or +hh:mm); casts: iso8601_utc reads such a time as UTC"
+            )
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+_CASTS: dict[str, Callable[[Any], float | int]] = {
+    "bool": _as_bool,
+    "number": _as_number,
+    "seconds": _as_seconds,
+    "milliseconds": _as_milliseconds,
+    "iso8601": lambda value: _iso8601(value, zoneless_utc=False),
+    "iso8601_utc": lambda value: _iso8601(value, zoneless_utc=True),
+}
+
+
+def cast_reader(cast: str) -> Callable[[Any], float | int]:
+    """The function reading a value under ``cast`` (:data:`kelp.config.json_mapping.Cast`).
+
+    It returns the number (epoch seconds for the time casts) or raises
+    ``ValueError`` with a one-line reason naming the cast; the caller adds the
+    field and the reject reason.
+    """
+    return _CASTS[cast]
+
+
+def _reader(cast: str | None, what: str) -> Callable[[Any], float | int]:
+    """How one mapped field's value becomes a number: strictly, or by its declared cast (``bad_type``)."""
+    if cast is None:
+        return lambda value: _number(value, what)
+    read = _CASTS[cast]
+
+    def convert(value: Any) -> float | int:
+        try:
+            return read(value)
+        except ValueError as exc:
+            raise RejectError("bad_type", f"{what}: {exc}") from None
+
+    return convert
 
 
 def _ids(value: Any, name: str) -> list[int]:
@@ -170,21 +274,32 @@ class MappedDecoder(Decoder):
         super().__init__(spec, max_message_bytes)
         _check_mapping(spec, mapping)
         self._parse_record = parse
+        casts = mapping.casts
         self._label = _split(mapping.label_field)
         self._label_name = mapping.label_field
-        self._extra = [(_split(mapping.labels[t]), mapping.labels[t]) for t in self.layout.extra_tasks]
+        self._read_label = _reader(casts.get(mapping.label_field), f"label {mapping.label_field!r}")
+        self._extra = [
+            (_split(p), p, _reader(casts.get(p), f"label {p!r}"))
+            for p in (mapping.labels[t] for t in self.layout.extra_tasks)
+        ]
         self._weight = _split(mapping.weight_field) if mapping.weight_field else None
         self._weight_name = mapping.weight_field
+        self._read_weight = _reader(casts.get(mapping.weight_field or ""), f"weight {mapping.weight_field!r}")
         self.label_fields = (
             f"label {mapping.label_field!r}",
             *(f"label {mapping.labels[t]!r}" for t in self.layout.extra_tasks),
         )
         self.weight_field = f"weight {mapping.weight_field!r}"
         self._ts = _split(mapping.event_time_field) if mapping.event_time_field else None
+        ts_name = mapping.event_time_field
+        self._read_ts = _reader(casts.get(ts_name or ""), f"event time {ts_name!r}")
         self._dense = _groups(mapping.dense_fields, self.layout.dense_index)
         self._sparse = _groups(mapping.sparse_fields, self.layout.sparse_index)
         dense_cols = [c for g in self._dense for c in g.columns]
         self._dense_names = [n for g in self._dense for n in g.names]
+        self._dense_read = [
+            _reader(casts.get(mapping.dense_fields[n]), f"dense {n!r}") for n in self._dense_names
+        ]
         self._dense_defaults = [self.layout.default_row[c] for c in dense_cols]
         self._sparse_names = [n for g in self._sparse for n in g.names]
         self._layout_cols = (
@@ -218,28 +333,28 @@ class MappedDecoder(Decoder):
         label = _get(obj, self._label)
         if label is None:
             raise RejectError("missing_label", f"no {self._label_name!r} field")
-        label = _number(label, f"label {self._label_name!r}")
+        label = self._read_label(label)
         extras = []
-        for path, name in self._extra:
+        for path, name, read in self._extra:
             got = _get(obj, path)
             if got is None:
                 raise RejectError("missing_label", f"no {name!r} field")
-            extras.append(_number(got, f"label {name!r}"))
+            extras.append(read(got))
         weight = 1.0
         if self._weight is not None:
             got = _get(obj, self._weight)
             if got is not None:
-                weight = _number(got, f"weight {self._weight_name!r}")
+                weight = self._read_weight(got)
         t = math.nan
         if self._ts is not None:
             got = _get(obj, self._ts)
             if got is not None:
-                t = _number(got, f"event time {'.'.join(self._ts)!r}")
+                t = self._read_ts(got)
         dense = _gather(obj, self._dense)
         if not set(map(type, dense)) <= _NUMBER:
             dense = [
-                d if x is None else _number(x, f"dense {n!r}")
-                for x, d, n in zip(dense, self._dense_defaults, self._dense_names, strict=True)
+                d if x is None else read(x)
+                for x, d, read in zip(dense, self._dense_defaults, self._dense_read, strict=True)
             ]
         ids = _gather(obj, self._sparse)
         # Integers in [0, 2**64) are their own ids (the one id rule): a whole row of them is kept as is.

@@ -8,6 +8,10 @@ lists, numbers, strings, ``None``) that ``source.json`` then maps onto the
 features exactly as it maps a JSON object, so batching, validation, the one
 id rule and dead letters are those of ``format: json``.
 
+``kelp join`` takes the same plug-ins for action topics
+(``join.actions[].decoder``): there the factory's ``spec`` is None and the dict
+is read by the action's paths.
+
 A record the decoder cannot read raises :class:`DecodeError` with one of
 :data:`~kelp.consumers.codec.REASONS` (``bad_payload``, ``unknown_schema``,
 ``missing_field``...); a reason not in that tuple is reported as
@@ -55,37 +59,41 @@ class SampleDecoder(Protocol):
         ...
 
 
-def _resolve(ref: str) -> Any:
+def _resolve(ref: str, where: str) -> Any:
     module_name, _, attr_path = ref.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise SourceUserError(
-            f"source.decoder {ref!r}: cannot import {module_name} ({exc}); is it on the Python path?"
+            f"{where} {ref!r}: cannot import {module_name} ({exc}); is it on the Python path?"
         ) from None
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise SourceUserError(f"source.decoder {ref!r}: {module_name} has no {attr_path}") from None
+            raise SourceUserError(f"{where} {ref!r}: {module_name} has no {attr_path}") from None
     return obj
 
 
-def load_decoder(ref: str, spec: FeatureSpec, args: dict[str, Any]) -> SampleDecoder:
+def load_decoder(
+    ref: str, spec: FeatureSpec | None, args: dict[str, Any], where: str = "source.decoder"
+) -> SampleDecoder:
     """The decoder ``ref`` (``package.module:attr``) made with ``attr(spec, **args)``.
 
-    Raises :class:`SourceUserError` (one line) when it cannot be imported,
-    refuses its arguments, or has no ``decode`` method.
+    ``where`` is the config field that named it (``join.actions[0].decoder``
+    reads action records, with ``spec`` None). Raises :class:`SourceUserError`
+    (one line) when it cannot be imported, refuses its arguments, or has no
+    ``decode`` method.
     """
-    factory = _resolve(ref)
+    factory = _resolve(ref, where)
     if not callable(factory):
-        raise SourceUserError(f"source.decoder {ref!r} is a {type(factory).__name__}, not a callable")
+        raise SourceUserError(f"{where} {ref!r} is a {type(factory).__name__}, not a callable")
     try:
         decoder = factory(spec, **args)
     except (TypeError, ValueError, OSError, KeyError) as exc:
-        raise SourceUserError(f"source.decoder_args for {ref}: {type(exc).__name__}: {exc}") from None
+        raise SourceUserError(f"{where}_args for {ref}: {type(exc).__name__}: {exc}") from None
     if not callable(getattr(decoder, "decode", None)):
-        raise SourceUserError(f"source.decoder {ref!r} returned a {type(decoder).__name__} with no decode()")
+        raise SourceUserError(f"{where} {ref!r} returned a {type(decoder).__name__} with no decode()")
     return decoder
 
 

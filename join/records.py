@@ -9,14 +9,17 @@ rows being emitted, with a ``labels`` map, an optional ``weight`` and a
 earlier negative). Readers of event-v1 ignore ``request`` and ``join``, so
 ``kelp train`` reads the output as it reads any columnar event.
 
-An *action* is one JSON object or msgpack map naming a request id, optionally
-an item id (matched against the candidates' ``join.item_feature`` ids by the
-one id rule, so an action may send the item as the request did), and an event
-time.
+An *action* is one JSON object or msgpack map (or what the stream's plug-in
+``decoder`` reads a record into) naming a request id, optionally an item id
+(matched against the candidates' ``join.item_feature`` ids by the one id rule,
+so an action may send the item as the request did), and an event time: epoch
+seconds, or what the stream's ``casts`` declares (``iso8601``,
+``milliseconds``...), read as ``source.json.casts`` reads a sample's time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +29,21 @@ import orjson
 
 from kelp.config import ActionStream
 from kelp.consumers.codec import MAX_REQUEST_ID_BYTES, SCHEMA_VERSION, is_valid_request_id
+from kelp.consumers.columns import RejectError
 from kelp.consumers.ids import id_of
+from kelp.consumers.json_events import cast_reader
+from kelp.consumers.plugin_decoder import load_decoder, parse_with
 
-__all__ = ["MAX_EVENT_TS_S", "Action", "Impression", "InputError", "event_time", "read_action", "sample_id"]
+__all__ = [
+    "MAX_EVENT_TS_S",
+    "Action",
+    "Impression",
+    "InputError",
+    "event_time",
+    "load_action_decoders",
+    "read_action",
+    "sample_id",
+]
 
 MAX_EVENT_TS_S = 253_402_300_799.0
 """The latest event time read at all (9999-12-31T23:59:59Z): anything later (or negative, or not
@@ -65,17 +80,15 @@ def read_action(stream: ActionStream, value: bytes | None, record_ts_ms: int) ->
     """The action one record of ``stream`` holds; :class:`InputError` for one that names no request."""
     if value is None:
         raise InputError("bad_payload", "the record has no value")
-    try:
-        doc = orjson.loads(value) if stream.format == "json" else msgpack.unpackb(value, raw=False)
-    except (orjson.JSONDecodeError, ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-        raise InputError("bad_payload", f"not {stream.format}") from None
-    if not isinstance(doc, dict):
-        raise InputError("bad_payload", f"a {type(doc).__name__}, expected an object")
+    doc = _action_doc(stream, value)
     rid = _path(doc, stream.request_id_field)
     if rid is None or rid == "":
         raise InputError("missing_field", f"no request id at {stream.request_id_field!r}")
     if type(rid) is not str and type(rid) is not int:
-        raise InputError("bad_type", f"request id at {stream.request_id_field!r} is {type(rid).__name__}")
+        hint = _inside(rid, "request_id_field")
+        raise InputError(
+            "bad_type", f"request id at {stream.request_id_field!r} is {type(rid).__name__}{hint}"
+        )
     rid = _request_id(rid, stream.request_id_field)
     item: int | None = None
     if stream.item_field is not None:
@@ -85,12 +98,71 @@ def read_action(stream: ActionStream, value: bytes | None, record_ts_ms: int) ->
         try:
             item = id_of(raw)
         except ValueError as exc:
-            raise InputError("bad_id", f"item at {stream.item_field!r}: {exc}") from None
+            raise InputError(
+                "bad_id", f"item at {stream.item_field!r}: {exc}{_inside(raw, 'item_field')}"
+            ) from None
+    return Action(stream.task, stream.window_s, rid, item, _action_ts(stream, doc, record_ts_ms))
+
+
+def _action_ts(stream: ActionStream, doc: dict[str, Any], record_ts_ms: int) -> float:
+    """The action's event time: the record's timestamp, or its ``ts_field`` read by its declared cast."""
     if stream.ts_field is None:
-        ts = event_time(record_ts_ms / 1000.0, "the record's timestamp")
-    else:
-        ts = event_time(_path(doc, stream.ts_field), f"event time at {stream.ts_field!r}")
-    return Action(stream.task, stream.window_s, rid, item, ts)
+        return event_time(record_ts_ms / 1000.0, "the record's timestamp")
+    what = f"event time at {stream.ts_field!r}"
+    t = _path(doc, stream.ts_field)
+    cast = stream.casts.get(stream.ts_field)
+    if cast is not None and t is not None:
+        try:
+            t = cast_reader(cast)(t)
+        except ValueError as exc:
+            raise InputError("bad_type", f"{what}: {exc}") from None
+    return event_time(t, what)
+
+
+def _inside(value: Any, field: str) -> str:
+    """A hint when an id is an object: the path should go on to the id inside it."""
+    if not isinstance(value, dict):
+        return ""
+    keys = ", ".join(sorted(map(str, value))[:5])
+    return f" (an object with {keys}: point {field} at the id inside it, a dotted path)"
+
+
+_plugins: dict[int, tuple[ActionStream, Callable[[bytes], Any]]] = {}
+"""Each action stream's plug-in decoder, made once (the stream is kept so its id is not reused)."""
+
+
+def load_action_decoders(streams: Iterable[ActionStream]) -> None:
+    """Make the plug-in decoder of every stream that names one, now: a decoder that cannot be made
+    stops ``kelp join`` at start with one line, before it reads anything."""
+    for stream in streams:
+        if stream.decoder is not None:
+            _plugin(stream)
+
+
+def _plugin(stream: ActionStream) -> Callable[[bytes], Any]:
+    hit = _plugins.get(id(stream))
+    if hit is None or hit[0] is not stream:
+        assert stream.decoder is not None
+        where = f"join.actions[topic={stream.topic}].decoder"
+        parse = parse_with(load_decoder(stream.decoder, None, stream.decoder_args, where))
+        hit = _plugins[id(stream)] = (stream, parse)
+    return hit[1]
+
+
+def _action_doc(stream: ActionStream, value: bytes) -> dict[str, Any]:
+    """The record as a dict: by the stream's plug-in decoder, or as JSON or msgpack."""
+    if stream.decoder is not None:
+        try:
+            return _plugin(stream)(value)
+        except RejectError as exc:
+            raise InputError(exc.reason, exc.detail) from None
+    try:
+        doc = orjson.loads(value) if stream.format == "json" else msgpack.unpackb(value, raw=False)
+    except (orjson.JSONDecodeError, ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        raise InputError("bad_payload", f"not {stream.format}") from None
+    if not isinstance(doc, dict):
+        raise InputError("bad_payload", f"a {type(doc).__name__}, expected an object")
+    return doc
 
 
 def event_time(t: Any, what: str) -> float:
