@@ -185,7 +185,7 @@ class InitialCheck:
         return (
             f"{head}were rejected ({reasons}{detail}); the rejected records {_plural(shape)}, not "
             f"{self.expects}. Stopped without committing or dead-lettering them: point source.topics at a "
-            f"topic of {self.expects}, set source.format (or source.decoder) to what the topic holds, or "
+            f"topic of {self.expects}, set source.format, source.topic_formats or source.decoder to what the topic holds, or "
             f"fix its producer {tail}"
         )
 

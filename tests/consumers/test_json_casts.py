@@ -197,7 +197,7 @@ def test_a_json_source_of_msgpack_records_names_json_as_what_was_expected() -> N
     assert "(bad_json 100;" in message
     assert "the rejected records look like msgpack, not JSON objects" in message
     assert "schema-v1" not in message
-    assert "set source.format (or source.decoder) to what the topic holds" in message
+    assert "set source.format, source.topic_formats or source.decoder to what the topic holds" in message
 
 
 def test_json_records_whose_fields_do_not_fit_are_told_to_fix_the_mapping() -> None:
