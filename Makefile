@@ -87,5 +87,28 @@ image:
 image-test:
 	$(IMAGE_ENV) bash scripts/image/image-test.sh
 
+# The Helm chart through Helm's own library (helm-python-sdk, pinned in the dev extras, so `setup`
+# installs it): no helm binary. `make chart VALUES=kelp-values.yaml` lints and renders it into
+# build/chart/$(RELEASE)/ and checks the Kelp config the pods will read with Kelp's loader;
+# `make helm-install` does that, then installs or upgrades the release through the current
+# kubeconfig. VALUES may name several files, layered like `helm -f A -f B`. See docs/deploy.md.
+VALUES    ?=
+RELEASE   ?= kelp
+NAMESPACE ?= kelp
+CHART_ARGS = $(foreach file,$(VALUES),-f $(file)) --release $(RELEASE) --namespace $(NAMESPACE)
+NEED_VALUES = @test -n "$(VALUES)" || { echo "make $@: set VALUES=your-values.yaml" >&2; exit 2; }
+
+.PHONY: chart helm-install helm-uninstall
+chart: setup
+	$(NEED_VALUES)
+	$(PY) scripts/chart.py check $(CHART_ARGS)
+
+helm-install: setup
+	$(NEED_VALUES)
+	$(PY) scripts/chart.py install $(CHART_ARGS) --create-namespace --wait
+
+helm-uninstall: setup
+	$(PY) scripts/chart.py uninstall --release $(RELEASE) --namespace $(NAMESPACE) --wait
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache native/target

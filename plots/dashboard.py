@@ -138,6 +138,7 @@ def grafana_to_promql(expr: str, step_s: float, start_s: float) -> str:
         "$__interval": f"{ms}ms",
         "$__range": "1h",
         "$namespace": ".*",
+        "$deployment": ".*",
     }.items():
         expr = expr.replace(variable, value)
     if "$" in expr:

@@ -53,6 +53,7 @@ def _multiprocess_metrics() -> Iterator[None]:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from kelp.cli.startup_config import log_effective_config
     from kelp.daemon.listen import check_listen
     from kelp.daemon.preflight import preflight
     from kelp.daemon.startup import check_endpoints
@@ -62,6 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     preflight(cfg, args.config, role="serve")
+    log_effective_config(cfg, args.config, "serve")
     check_listen(cfg.serving.host, cfg.serving.port, "serving")  # a port in use: one line, exit 2
     check_endpoints(cfg, "serve")  # a wrong address fails within serving.startup_timeout_s
     # uvicorn re-raises the signal it caught once it has shut down; a no-op handler turns SIGTERM's

@@ -121,6 +121,7 @@ def _launch_group(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from kelp.cli.startup_config import log_effective_config
     from kelp.daemon.preflight import preflight
     from kelp.daemon.startup import check_endpoints
     from kelp.daemon.train import PEER_STOPPED, TrainDaemon
@@ -138,6 +139,7 @@ def _train(args: argparse.Namespace) -> int:
         cfg.trainer.max_steps = args.max_steps
     _override_start(cfg, args.start_from)
     preflight(cfg, args.config, role="train")  # config mistakes first, then the endpoints
+    log_effective_config(cfg, args.config, "train")
     check_endpoints(cfg, "train")  # a wrong address fails within trainer.startup_timeout_s
     daemon = TrainDaemon(cfg, origin=args.config)
     signals_seen: list[int] = []

@@ -11,6 +11,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "helm" / "kelp"
 PRODUCTION_VALUES = CHART_DIR / "ci" / "production-values.yaml"
+# values.yaml holds no Kelp config (Helm would merge it into the user's): this is the smallest one.
+MINIMAL_VALUES = CHART_DIR / "ci" / "minimal-values.yaml"
 # The chart's files/ is the one source of the dashboard and the alert rules (helm can only package
 # files inside the chart); the promtool unit tests sit beside them and .helmignore leaves them out.
 MONITORING_DIR = ROOT / "helm" / "kelp" / "files"
@@ -54,6 +56,20 @@ def pod_spec(obj: Manifest) -> dict[str, Any]:
     return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
 
 
+def merge_values(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Helm's rule for layering values: maps merge, anything else (lists included) replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        mergeable = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merge_values(out[key], value) if mergeable else value
+    return out
+
+
+def minimal_values(over: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The minimal values (a Kelp config, nothing else) with ``over`` layered on top as ``-f`` would."""
+    return merge_values(load_values(MINIMAL_VALUES), over or {})
+
+
 GROUP_REPLICAS = 3
 
 
@@ -93,9 +109,9 @@ def join_values() -> dict[str, Any]:
 
 
 VALUE_SETS: dict[str, Callable[[], dict[str, Any]]] = {
-    "default": dict,
+    "minimal": minimal_values,
     "production": lambda: load_values(PRODUCTION_VALUES),
     "group": group_values,
     "join": join_values,
 }
-"""Every value set renders, lints and validates; those but "default" build on the production values."""
+"""Every value set renders, lints and validates; those but "minimal" build on the production values."""

@@ -38,6 +38,8 @@ from chartkit import (
     group_values,
     kelp_args,
     load_values,
+    merge_values,
+    minimal_values,
     parse_rendered,
     pod_spec,
 )
@@ -156,7 +158,7 @@ def test_invalid_values_are_rejected_by_the_schema(
     chart: helm.Chart, values: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(helm.HelmValuesError) as excinfo:
-        chart.render(values, name="kelp", namespace=NAMESPACE, is_install=True)
+        chart.render(minimal_values(values), name="kelp", namespace=NAMESPACE, is_install=True)
     assert message in str(excinfo.value)
 
 
@@ -204,7 +206,7 @@ def test_cross_field_mistakes_fail_with_a_message(
     chart: helm.Chart, values: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(helm.HelmRenderError) as excinfo:
-        chart.render(values, name="kelp", namespace=NAMESPACE, is_install=True)
+        chart.render(minimal_values(values), name="kelp", namespace=NAMESPACE, is_install=True)
     assert message in str(excinfo.value)
 
 
@@ -239,7 +241,7 @@ def test_default_and_production_render_the_expected_objects(
         "ServiceAccount/kelp",
         "StatefulSet/kelp-trainer",
     ]
-    if value_set[0] != "default":
+    if value_set[0] != "minimal":
         expected += [
             "HorizontalPodAutoscaler/kelp-serving",
             "NetworkPolicy/kelp-serving",
@@ -285,6 +287,33 @@ def test_rendered_config_is_accepted_by_kelp(manifests: list[Manifest]) -> None:
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         args = kelp_args(container)
         assert mounts["config"] == "/etc/kelp" and args[args.index("--config") + 1] == "/etc/kelp/kelp.yaml"
+
+
+# What the chart adds to the user's config: the paths of its own mounts, nothing that changes learning.
+CHART_OWNED: dict[str, dict[str, Any]] = {
+    "minimal": {"trainer": {"checkpoint_dir": "/var/lib/kelp/checkpoints"}},
+    "production": {
+        "trainer": {"checkpoint_dir": "/var/lib/kelp/checkpoints"},
+        "store": {"tls": {"enabled": True, "ca_file": "/etc/kelp/tls/store/ca.crt"}},
+        "source": {"security": {"ssl_cafile": "/etc/kelp/tls/kafka/ca.crt"}},
+        "serving": {"auth_token_file": "/etc/kelp/auth/token"},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHART_OWNED))
+def test_the_config_map_is_the_users_config_plus_the_chart_owned_paths(render: Render, name: str) -> None:
+    """Helm merges maps: any config in values.yaml would join the user's and train differently from
+    what `kelp config validate` accepted (admission, eviction, batching...)."""
+    values = VALUE_SETS[name]()
+    rendered = yaml.safe_load(find(render(values), "ConfigMap", "-config")["data"]["kelp.yaml"])
+    assert rendered == merge_values(values["config"], CHART_OWNED[name])
+
+
+def test_without_a_config_the_install_fails_naming_what_is_missing(chart: helm.Chart) -> None:
+    assert load_values(CHART_DIR / "values.yaml")["config"] == {}
+    with pytest.raises(helm.HelmValuesError, match="at '/config': missing properties 'features', 'source'"):
+        chart.render({}, name="kelp", namespace=NAMESPACE, is_install=True)
 
 
 def test_no_secret_lands_in_the_config_map(production_manifests: list[Manifest]) -> None:
@@ -353,10 +382,11 @@ def test_tls_files_are_mounted_where_the_config_points(production_manifests: lis
 
 
 def test_probes_use_the_real_endpoints_and_ports(manifests: list[Manifest]) -> None:
-    cfg = yaml.safe_load(find(manifests, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    data = yaml.safe_load(find(manifests, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    cfg = parse_config(data, "kelp.yaml", {})  # the ports Kelp will listen on, its defaults included
     expected = {
-        "trainer": ("metrics", cfg["metrics"]["port"]),
-        "serving": ("http", cfg["serving"]["port"]),
+        "trainer": ("metrics", cfg.metrics.port),
+        "serving": ("http", cfg.serving.port),
     }
     for component, (port_name, port) in expected.items():
         workload = find(manifests, "StatefulSet" if component == "trainer" else "Deployment", f"-{component}")
@@ -377,10 +407,12 @@ def test_probes_use_the_real_endpoints_and_ports(manifests: list[Manifest]) -> N
 @pytest.mark.parametrize(("drain", "margin", "grace"), [(30, 15, 45), (60, 15, 75), (12.5, 5, 18)])
 def test_trainer_grace_period_covers_the_drain(render: Render, drain: float, margin: int, grace: int) -> None:
     docs = render(
-        {
-            "config": {"trainer": {"drain_timeout_s": drain}},
-            "trainer": {"terminationGraceMarginSeconds": margin},
-        }
+        minimal_values(
+            {
+                "config": {"trainer": {"drain_timeout_s": drain}},
+                "trainer": {"terminationGraceMarginSeconds": margin},
+            }
+        )
     )
     trainer = find(docs, "StatefulSet", "-trainer")
     assert pod_spec(trainer)["terminationGracePeriodSeconds"] == grace == math.ceil(drain) + margin
@@ -389,7 +421,7 @@ def test_trainer_grace_period_covers_the_drain(render: Render, drain: float, mar
 # ------------------------------------------------------------------ the trainer group (replicas > 1)
 
 
-@pytest.mark.parametrize("name", ["default", "production"])
+@pytest.mark.parametrize("name", ["minimal", "production"])
 def test_one_trainer_runs_kelp_train_without_torchrun(render: Render, name: str) -> None:
     """trainer.replicas 1 (default and production): the image's `kelp` entrypoint, as before the group."""
     manifests = render(VALUE_SETS[name]())
@@ -407,7 +439,7 @@ def test_one_trainer_runs_kelp_train_without_torchrun(render: Render, name: str)
 
 
 def test_trainer_group_runs_torchrun_with_a_c10d_rendezvous_on_pod_0(render: Render) -> None:
-    docs = render({"trainer": {"replicas": 3}})
+    docs = render(minimal_values({"trainer": {"replicas": 3}}))
     trainer = find(docs, "StatefulSet", "-trainer")
     spec = pod_spec(trainer)
     (container,) = spec["containers"]
@@ -443,8 +475,8 @@ def test_trainer_group_runs_torchrun_with_a_c10d_rendezvous_on_pod_0(render: Ren
     assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
     # Every rank still reads the one config and joins the one consumer group.
-    cfg = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
-    assert cfg["source"]["group_id"] == "kelp-trainer"
+    data = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
+    assert parse_config(data, "kelp.yaml", {}).source.group_id == "kelp-trainer"
 
 
 @pytest.mark.parametrize(("values", "replicas"), [({}, 1), ({"trainer": {"replicas": 3}}, 3)])
@@ -456,7 +488,7 @@ def test_trainer_pods_are_static_group_members_named_after_the_pod(
     A restarted pod then rejoins the group as the same member and no partition moves. With several
     ranks each rank's id gets its rank, so the ids are distinct within the group.
     """
-    docs = render(values)
+    docs = render(minimal_values(values))
     trainer = find(docs, "StatefulSet", "-trainer")
     (container,) = pod_spec(trainer)["containers"]
     env = {var["name"]: var for var in container["env"]}
@@ -472,7 +504,7 @@ def test_trainer_pods_are_static_group_members_named_after_the_pod(
 
 
 def test_an_instance_id_in_the_config_replaces_the_pod_name(render: Render) -> None:
-    docs = render({"config": {"source": {"group_instance_id": "trainer-a"}}})
+    docs = render(minimal_values({"config": {"source": {"group_instance_id": "trainer-a"}}}))
     (container,) = pod_spec(find(docs, "StatefulSet", "-trainer"))["containers"]
     assert "KELP_SOURCE__GROUP_INSTANCE_ID" not in {var["name"] for var in container["env"]}
     cfg = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
@@ -486,7 +518,7 @@ def test_pod_0_is_rank_0(render: Render, replicas: int) -> None:
     Each pod joins under its own DNS name, so pod 0 is node rank 0 (the rank that
     checkpoints and publishes) also with ten or more pods (…-trainer-10 sorts after …-trainer-0.).
     """
-    trainer = find(render({"trainer": {"replicas": replicas}}), "StatefulSet", "-trainer")
+    trainer = find(render(minimal_values({"trainer": {"replicas": replicas}})), "StatefulSet", "-trainer")
     (container,) = pod_spec(trainer)["containers"]
     pods = [f"{trainer['metadata']['name']}-{i}" for i in range(replicas)]
     addrs = {pod: _torchrun(container, pod).local_addr for pod in pods}
@@ -498,7 +530,9 @@ def test_pod_0_is_rank_0(render: Render, replicas: int) -> None:
 
 def test_trainer_group_min_replicas_makes_it_elastic(render: Render) -> None:
     trainer = find(
-        render({"trainer": {"replicas": 4, "distributed": {"minReplicas": 2, "maxRestarts": 3}}}),
+        render(
+            minimal_values({"trainer": {"replicas": 4, "distributed": {"minReplicas": 2, "maxRestarts": 3}}})
+        ),
         "StatefulSet",
         "-trainer",
     )
@@ -507,7 +541,7 @@ def test_trainer_group_min_replicas_makes_it_elastic(render: Render) -> None:
 
 
 def test_trainer_group_pod_disruption_budget_allows_one_pod_down(render: Render) -> None:
-    docs = render({"trainer": {"replicas": 3}})
+    docs = render(minimal_values({"trainer": {"replicas": 3}}))
     trainer = find(docs, "StatefulSet", "-trainer")
     pdb = find(docs, "PodDisruptionBudget", "-trainer")
     assert pdb["spec"] == {
@@ -521,7 +555,7 @@ def test_trainer_group_pod_disruption_budget_allows_one_pod_down(render: Render)
     serving = find(docs, "Deployment", "-serving")["spec"]["template"]["metadata"]["labels"]
     assert not pdb["spec"]["selector"]["matchLabels"].items() <= serving.items()
 
-    docs = render({"trainer": {"replicas": 3, "podDisruptionBudget": {"enabled": False}}})
+    docs = render(minimal_values({"trainer": {"replicas": 3, "podDisruptionBudget": {"enabled": False}}}))
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "PodDisruptionBudget"] == ["kelp-serving"]
 
 
@@ -544,10 +578,8 @@ def test_trainer_group_gets_gpus_per_pod(render: Render) -> None:
 
 def test_replicas_do_not_change_the_config(render: Render) -> None:
     """Rank, world size and rendezvous come from torchrun's env: every pod count renders the same config."""
-    configs = {
-        find(render({"trainer": {"replicas": n}}), "ConfigMap", "-config")["data"]["kelp.yaml"]
-        for n in (1, 2, 5)
-    }
+    renders = [render(minimal_values({"trainer": {"replicas": n}})) for n in (1, 2, 5)]
+    configs = {find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"] for docs in renders}
     assert len(configs) == 1
 
 
@@ -560,7 +592,7 @@ def test_checkpoints_on_emptydir_by_default_and_pvc_in_production(
     mount = next(m for m in container["volumeMounts"] if m["name"] == "checkpoints")
     assert mount["mountPath"] == cfg["trainer"]["checkpoint_dir"]
     volumes = {v["name"]: v for v in pod_spec(trainer)["volumes"]}
-    if value_set[0] != "default":
+    if value_set[0] != "minimal":
         assert "checkpoints" not in volumes
         (claim,) = trainer["spec"]["volumeClaimTemplates"]
         assert claim["metadata"]["name"] == "checkpoints"
@@ -636,8 +668,8 @@ def test_config_change_rolls_the_pods(render: Render) -> None:
             for kind, suffix in (("StatefulSet", "-trainer"), ("Deployment", "-serving"))
         ]
 
-    before = checksums(render({}))
-    after = checksums(render({"config": {"batching": {"batch_size": 1024}}}))
+    before = checksums(render(minimal_values()))
+    after = checksums(render(minimal_values({"config": {"batching": {"batch_size": 1024}}})))
     assert before[0] == before[1] and after[0] == after[1] and before != after
 
 
@@ -661,6 +693,20 @@ def test_service_monitor_scrapes_trainer_and_serving(production_manifests: list[
     assert endpoint_ports == scraped["trainer"] | scraped["serving"]
     assert all(e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+
+
+def test_service_monitor_labels_every_series_with_its_deployment(
+    production_manifests: list[Manifest],
+) -> None:
+    """The label the dashboard's deployment variable and the alerts group by: the pod's release."""
+    monitor = find(production_manifests, "ServiceMonitor")
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert {
+            "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+            "targetLabel": "deployment",
+        } in endpoint["relabelings"], endpoint["port"]
+    for workload in (d for d in production_manifests if d["kind"] in ("StatefulSet", "Deployment")):
+        assert workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
 
 
 def test_prometheus_rule_carries_the_alert_file(production_manifests: list[Manifest]) -> None:
@@ -806,8 +852,8 @@ def test_network_policies_admit_only_the_release_prometheus_and_clients(
 
 
 def test_network_policy_off_by_default_and_open_serving_without_client_namespaces(render: Render) -> None:
-    assert not [d for d in render({}) if d["kind"] == "NetworkPolicy"]
-    docs = render({"networkPolicy": {"enabled": True}})
+    assert not [d for d in render(minimal_values()) if d["kind"] == "NetworkPolicy"]
+    docs = render(minimal_values({"networkPolicy": {"enabled": True}}))
     serving = find(docs, "NetworkPolicy", "-serving")["spec"]
     assert serving["ingress"][-1] == {"ports": [{"port": "http", "protocol": "TCP"}]}
     for doc in docs:
@@ -838,7 +884,7 @@ def _join_pod(docs: list[Manifest]) -> tuple[Manifest, dict[str, Any]]:
     return join, container
 
 
-@pytest.mark.parametrize("name", ["default", "production", "group"])
+@pytest.mark.parametrize("name", ["minimal", "production", "group"])
 def test_join_is_off_by_default(render: Render, name: str) -> None:
     docs = render(VALUE_SETS[name]())
     components = {d["metadata"]["labels"].get("app.kubernetes.io/component") for d in docs}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chartkit import Manifest, Render, pod_spec
+from chartkit import Manifest, Render, minimal_values, pod_spec
 
 KELP_KINDS = ("StatefulSet", "Deployment")
 
@@ -18,11 +18,11 @@ def _kelp_env(docs: list[Manifest]) -> dict[str, dict[str, str]]:
 
 
 def test_python_path_reaches_the_trainer_and_serving(render: Render) -> None:
-    env = _kelp_env(render({"pythonPath": "/opt/kelp-models:/opt/shared"}))
+    env = _kelp_env(render(minimal_values({"pythonPath": "/opt/kelp-models:/opt/shared"})))
     assert len(env) == 2, sorted(env)
     assert all(e.get("PYTHONPATH") == "/opt/kelp-models:/opt/shared" for e in env.values()), env
 
 
 def test_no_python_path_by_default(render: Render) -> None:
-    env = _kelp_env(render({}))
+    env = _kelp_env(render(minimal_values()))
     assert env and all("PYTHONPATH" not in e for e in env.values()), env

@@ -32,10 +32,16 @@ GRAFANA_SUBSTITUTIONS = {
     "$__interval": "1m",
     "$__range": "1h",
     "$namespace": ".*",
+    "$deployment": ".*",
 }
 # Names a Prometheus server adds itself; not Kelp's to export.
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _METRIC = re.compile(r"\bkelp_[a-z0-9_]+\b")
+# `by (...)` / `on (...)` label lists, and aggregations without one (over every series).
+_GROUPING = re.compile(r"\b(?:by|on)\s*\(([^)]*)\)")
+_BARE_AGGREGATION = re.compile(r"\b(?:sum|max|min|avg|count)\s*\(")
+# A Kelp series selector: the metric name and its label matchers, empty when it has none.
+_SELECTOR = re.compile(r"\bkelp_[a-z0-9_]+\b(\{[^}]*\}|)")
 
 
 def _promtool(promtool: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -110,6 +116,14 @@ def test_promtool_rule_unit_tests(promtool: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_every_alert_aggregation_keeps_the_deployment() -> None:
+    """Two deployments in one Prometheus never add up into one alert (or cancel each other out)."""
+    for name, expr in _alert_exprs():
+        assert not _BARE_AGGREGATION.findall(expr), f"{name}: an aggregation over every deployment"
+        for clause in _GROUPING.findall(expr):
+            assert "deployment" in {label.strip() for label in clause.split(",")}, f"{name}: by/on ({clause})"
+
+
 def test_every_alert_has_a_unit_test() -> None:
     alerts = {name for name, _ in _alert_exprs()}
     tested = {
@@ -158,6 +172,25 @@ def test_dashboard_panels_have_unique_ids_and_the_datasource_variable() -> None:
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_every_dashboard_query_shows_one_deployment() -> None:
+    """Each series a panel reads is filtered by the deployment variable, which picks one release at a time.
+
+    The chart's ServiceMonitor puts the label on every Kelp series; without the filter, two
+    deployments in one namespace would be summed or averaged into one line.
+    """
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "deployment"]
+    assert variable["query"]["query"].endswith(", deployment)")
+    assert not variable["multi"] and not variable["includeAll"]
+    unfiltered = [
+        (title, selector or "(no selector)")
+        for title, expr in _dashboard_exprs()
+        for selector in _SELECTOR.findall(_STRING.sub('""', expr.replace('"$deployment"', "DEPLOYMENT")))
+        if "deployment=~DEPLOYMENT" not in selector
+    ]
+    assert unfiltered == []
 
 
 # ------------------------------------------------------------------ names

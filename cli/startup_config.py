@@ -1,0 +1,50 @@
+"""One log record at the start of ``kelp train``, ``kelp serve`` and ``kelp join``: the effective config.
+
+What a process runs with is its file, the ``KELP_...`` environment overrides and Kelp's defaults for
+everything left unset (and, under the Helm chart, the paths the chart owns). Logging it once, as
+validated and with secrets redacted (:func:`kelp.config.effective_config`, the same data as
+``kelp config show``), lets an operator compare what a pod runs with what was validated locally,
+without a shell in the pod. With ``--log-format json`` it is one structured record whose ``config``
+field is the config as a JSON object; the text format prints it as compact JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Literal
+
+from kelp.config import KelpConfig, effective_config
+
+__all__ = ["MESSAGE", "effective_config_record", "log_effective_config"]
+
+log = logging.getLogger("kelp.config")
+
+MESSAGE = "effective config (secrets redacted)"
+
+Role = Literal["train", "serve", "join"]
+
+
+class _JsonObject(dict[str, Any]):
+    """A dict that the JSON formatter nests as an object and the text formatter prints as JSON.
+
+    The text formatter writes extra fields with ``str()``, which for a dict would be Python's repr.
+    """
+
+    def __str__(self) -> str:
+        return json.dumps(self, separators=(",", ":"), default=str)
+
+
+def effective_config_record(cfg: KelpConfig, origin: str, role: Role) -> dict[str, Any]:
+    """The record's structured fields: which process, which file, and every field's effective value."""
+    return {
+        "event": "effective_config",
+        "role": role,
+        "config_file": origin,
+        "config": _JsonObject(effective_config(cfg)),
+    }
+
+
+def log_effective_config(cfg: KelpConfig, origin: str, role: Role) -> None:
+    """Log the config ``cfg`` (loaded from ``origin``) as the ``role`` process will run it."""
+    log.info(MESSAGE, extra=effective_config_record(cfg, origin, role))
