@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kelp.trainer.checkpoint import load_latest
+from kelp.trainer.fingerprint import Fingerprint
 from kelp.trainer.step import TrainStep
 
 __all__ = ["StartState", "adopt", "leader_start"]
@@ -32,9 +33,36 @@ class StartState:
     optimizer: dict[str, Any] | None = None
 
 
-def leader_start(checkpoint_dir: Path, step: TrainStep, config_hash: str, *, share: bool) -> StartState:
-    """Restore the latest checkpoint into ``step`` (if any); with ``share``, carry the dense state along."""
-    info = load_latest(checkpoint_dir, step.model, step.optimizer, expected_config_hash=config_hash)
+def leader_start(
+    checkpoint_dir: Path,
+    step: TrainStep,
+    config_hash: str,
+    *,
+    share: bool,
+    fingerprint: Fingerprint | None = None,
+    accept_model_change: bool = False,
+) -> StartState:
+    """Restore the latest checkpoint into ``step`` (if any); with ``share``, carry the dense state along.
+
+    ``fingerprint`` lets a refusal name the part that differs, and
+    ``accept_model_change`` (``trainer.accept_model_change``) resume past a
+    deliberate model code change; what was accepted is logged as a warning.
+    """
+    info = load_latest(
+        checkpoint_dir,
+        step.model,
+        step.optimizer,
+        expected_config_hash=config_hash,
+        fingerprint=fingerprint,
+        accept_model_change=accept_model_change,
+    )
+    if info is not None and info.accepted_changes:
+        log.warning(
+            "resuming %s written by other model code (trainer.accept_model_change): %s; remove the "
+            "setting once the next checkpoint is written",
+            info.path.name,
+            "; ".join(info.accepted_changes),
+        )
     start = StartState()
     if info is not None:
         log.info("resumed dense model from %s (step %d)", info.path.name, info.step)

@@ -1,9 +1,11 @@
 """The publisher's Prometheus metrics (subsystem ``publisher``), in the trainer's registry.
 
 ===================================================  ==============================================
-``kelp_publisher_snapshots_total``                   snapshots, by result (ok, failed, refused_nonfinite)
+``kelp_publisher_snapshots_total``                   snapshots, by result (ok, failed, refused_nonfinite,
+                                                     unchanged: same weights and step as the last version)
 ``kelp_publisher_failures_total``                    failed publishes, by reason (:data:`FAILURE_REASONS`)
 ``kelp_publisher_version``                           gauge: version of the last published snapshot
+                                                     (the channel's latest from the publisher's start)
 ``kelp_publisher_last_publish_timestamp_seconds``    gauge: unix time of the last published snapshot
 ``kelp_publisher_snapshot_bytes``                    gauge: size of the last snapshot (weights + manifest)
 ``kelp_publisher_publish_seconds``                   histogram: time to serialize and publish one snapshot
@@ -38,7 +40,9 @@ class PublisherMetrics:
         self.registry = m.registry
         self.snapshots = m.counter("snapshots", "Dense snapshot publish attempts, by result.", ["result"])
         self.failures = m.counter("failures", "Failed snapshot publishes, by reason.", ["reason"])
-        self.version = m.gauge("version", "Version of the last published snapshot.")
+        self.version = m.gauge(
+            "version", "Version of the last published snapshot (at start, the channel's latest)."
+        )
         self.last_publish = m.gauge(
             "last_publish_timestamp", "Unix time of the last published snapshot.", unit="seconds"
         )

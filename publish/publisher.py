@@ -26,6 +26,22 @@ counted as ``result="refused_nonfinite"``, logged as an error naming the first
 bad tensor, and returns None; the channel's ``latest`` stays where it was, so
 serving keeps the last good model, and the trainer goes on.
 
+Weights identical to the last published version (the same
+:func:`~kelp.trainer.checkpoint.dense_digest` and the same step, e.g. the
+periodic publish and the drain's at one step, or a restart that trained
+nothing) are not published again: a second version of one model would make
+``kelp model rollback`` a no-op and every replica swap for nothing. The
+attempt counts as ``result="unchanged"``, is logged at debug and returns the
+version that holds those weights. When the publisher starts
+(:meth:`Publisher.adopt_channel_state`, called by :func:`build_publisher`) it
+reads the channel's ``latest``: the ``kelp_publisher_version`` and
+``kelp_publisher_last_publish_timestamp_seconds`` gauges show it from the first
+scrape, and a restart does not republish the weights ``latest`` already holds.
+
+Each manifest records the trainer's progressive AUC and log loss at publish
+(``quality``, :func:`~kelp.publish.snapshot.snapshot_quality`) when the
+publisher was given the trainer's validator, for ``kelp model list``.
+
 A channel whose bookkeeping was lost or contradicts itself (an evicted
 ``seq``, a wiped directory) raises
 :class:`~kelp.publish.errors.ChannelStateError` (``result="failed"``) rather
@@ -37,9 +53,11 @@ key is caught while this process runs.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 from torch import nn
@@ -49,7 +67,9 @@ from kelp.errors import KelpError, RedisAuthError
 from kelp.publish.base import SnapshotChannel
 from kelp.publish.errors import ChannelStateError, SnapshotNotStoredError
 from kelp.publish.metrics import PublisherMetrics
-from kelp.publish.snapshot import build_snapshot
+from kelp.publish.snapshot import build_snapshot, snapshot_quality
+from kelp.trainer.checkpoint import dense_digest
+from kelp.trainer.evaluation import ProgressiveValidator
 from kelp.trainer.finite import NonFiniteError, first_nonfinite
 
 __all__ = ["Publisher", "build_channel", "build_publisher", "failure_reason"]
@@ -70,6 +90,18 @@ def failure_reason(exc: KelpError) -> str:
     return "error"
 
 
+@dataclass(frozen=True)
+class _Published:
+    """The last version on the channel as far as this publisher knows: its weights' digest and step."""
+
+    version: int
+    dense_sha256: str | None
+    step: int | None
+
+    def holds(self, dense_sha256: str, step: int) -> bool:
+        return self.dense_sha256 == dense_sha256 and self.step == int(step)
+
+
 class Publisher:
     """Publishes dense snapshots of one model to one channel; used from the trainer's thread only."""
 
@@ -83,6 +115,7 @@ class Publisher:
         keep_versions: int,
         metrics: PublisherMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        validator: ProgressiveValidator | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -94,11 +127,40 @@ class Publisher:
         self.interval_s = interval_s
         self.keep_versions = keep_versions
         self.metrics = metrics or PublisherMetrics(CollectorRegistry())
+        self.validator = validator  # the trainer's progressive validation, read at each publish
         self._clock = clock
         self._last_attempt: float | None = None  # None: the first call publishes
         self.last_version: int | None = None
         # The highest version this process wrote, readable back or not: the channel's `floor`.
         self._written = 0
+        self._last: _Published | None = None
+
+    def adopt_channel_state(self) -> None:
+        """Read the channel's ``latest`` into the gauges and the identical-publish check; never raises.
+
+        A restarted trainer's ``kelp_publisher_version`` would read 0 until its
+        first publish while the channel serves v9; and its first publish (the
+        drain's, when nothing new was trained) would repeat v9's weights. A
+        channel that cannot be read now is left to the first publish, which
+        reports the failure properly.
+        """
+        try:
+            latest = self.channel.latest_version()
+            if latest is None:
+                return
+            manifest = json.loads(self.channel.read_manifest_raw(latest))
+        except (KelpError, ValueError) as exc:
+            where = self.channel.where
+            log.warning("snapshot channel %s: cannot read its latest version at start: %s", where, exc)
+            return
+        if not isinstance(manifest, dict):
+            manifest = {}
+        self.metrics.version.set(latest)
+        if isinstance(manifest.get("created_at"), int | float):
+            self.metrics.last_publish.set(manifest["created_at"])
+        step = manifest.get("step")
+        self._last = _Published(latest, manifest.get("dense_sha256"), step if isinstance(step, int) else None)
+        log.debug("snapshot channel %s holds v%d (step %s)", self.channel.where, latest, step)
 
     def due(self) -> bool:
         """True when ``interval_s`` has passed since the last attempt (or there was none)."""
@@ -112,7 +174,9 @@ class Publisher:
         offsets: Mapping[tuple[str, int], int],
         force: bool = False,
     ) -> int | None:
-        """Publish if due (or ``force``); returns the new version, else None (not due, or refused).
+        """Publish if due (or ``force``); returns the version holding the weights, else None.
+
+        None: not due, or refused (weights not finite).
 
         ``offsets`` maps ``(topic, partition)`` to the next offset to consume
         (Kafka commit semantics) of the data the weights have seen.
@@ -123,6 +187,10 @@ class Publisher:
 
     def publish(self, model: nn.Module, *, step: int, offsets: Mapping[tuple[str, int], int]) -> int | None:
         """Publish now; returns the version, or None when the weights are not finite (nothing written).
+
+        Weights identical to the last version's, at the same step, are not
+        written again: the attempt counts as ``result="unchanged"`` and returns
+        that version.
 
         Raises a KelpError if the channel fails, including
         :class:`~kelp.publish.errors.SnapshotNotStoredError` when the written
@@ -135,6 +203,11 @@ class Publisher:
             bad = first_nonfinite(model.state_dict())
             if bad is not None:
                 raise NonFiniteError(f"snapshot of step {int(step)} refused", bad)
+            digest = dense_digest(model)
+            if self._last is not None and self._last.holds(digest, step):
+                self.metrics.snapshots.labels(result="unchanged").inc()
+                log.debug("snapshot of step %d skipped: v%d holds the same weights", step, self._last.version)
+                return self._last.version
             # The channel refuses a number not above what this process wrote (its keys were lost).
             version = self.channel.next_version(floor=self._written)
             if version <= self._written:
@@ -143,7 +216,14 @@ class Publisher:
                     f"v{self._written} that this publisher already wrote; not published"
                 )
             snapshot = build_snapshot(
-                model, self.spec, self.trainer_cfg, version=version, step=step, offsets=offsets
+                model,
+                self.spec,
+                self.trainer_cfg,
+                version=version,
+                step=step,
+                offsets=offsets,
+                dense_sha256=digest,
+                quality=snapshot_quality(self.validator),
             )
             self.channel.write(snapshot)
         except NonFiniteError as exc:
@@ -164,6 +244,7 @@ class Publisher:
         self.metrics.snapshot_bytes.set(len(snapshot.weights) + len(snapshot.manifest.to_json()))
         self.last_version = version
         self._written = max(self._written, version)
+        self._last = _Published(version, digest, int(step))
         try:
             self.channel.prune(self.keep_versions)
         except KelpError as exc:
@@ -192,24 +273,31 @@ def build_channel(publisher: PublisherConfig, store: StoreConfig, deployment: st
     return RedisChannel.from_config(publisher, store, deployment)
 
 
-def build_publisher(cfg: KelpConfig, registry: CollectorRegistry) -> Publisher:
+def build_publisher(
+    cfg: KelpConfig, registry: CollectorRegistry, validator: ProgressiveValidator | None = None
+) -> Publisher:
     """A :class:`Publisher` for ``cfg`` with its metrics in ``registry``.
 
     It reads four slices: ``publisher`` and ``store`` (the channel), ``features``
     and ``trainer`` (what each snapshot's manifest records about the model).
     The channel logs one warning here when its storage may evict snapshots
-    (a Redis whose ``maxmemory-policy`` is ``allkeys-*``).
+    (a Redis whose ``maxmemory-policy`` is ``allkeys-*``), and the publisher
+    reads the channel's latest version (:meth:`Publisher.adopt_channel_state`).
+    ``validator``: the trainer's progressive validation, recorded in each manifest.
 
     Raises :class:`~kelp.errors.UserError` when the config cannot publish
     (``channel: redis`` with an in-memory store and no ``publisher.redis_url``).
     """
     channel = build_channel(cfg.publisher, cfg.store, cfg.deployment)
     channel.warn_about_eviction()
-    return Publisher(
+    publisher = Publisher(
         channel,
         cfg.features,
         cfg.trainer,
         interval_s=cfg.publisher.interval_s,
         keep_versions=cfg.publisher.keep_versions,
         metrics=PublisherMetrics(registry),
+        validator=validator,
     )
+    publisher.adopt_channel_state()
+    return publisher

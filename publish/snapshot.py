@@ -15,8 +15,16 @@ A snapshot is two byte strings, stored side by side by a channel:
                "digest": "sha256:5d0e..."},   # kelp.trainer.model_digest: the model's source
      "features": {...},                    # the FeatureSpec, as config JSON
      "config_hash": "3f2a...",             # kelp.trainer.config_hash of features + model
+     "dense_sha256": "77c4...",            # kelp.trainer.dense_digest of the weights (names + bytes)
+     "quality": {"auc": 0.7412, "log_loss": 0.4870,         # progressive validation at publish:
+                 "window_auc": 0.7530, "window_log_loss": 0.4791, "samples": 81920},  # null: undefined
      "weights_bytes": 521480,
      "checksum": "sha256:9b1c..."}
+
+``dense_sha256`` and ``quality`` are optional (a manifest written before them
+has neither, and its checksum is unchanged): the publisher compares
+``dense_sha256`` and ``step`` with the last version to skip an identical
+publish, and ``kelp model list`` shows ``step`` and ``quality``.
 
 ``checksum`` is SHA-256 over the manifest's canonical JSON *without* the
 ``checksum`` key, a newline, then the weights. So a flipped byte in either
@@ -50,6 +58,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -64,7 +73,8 @@ from torch import nn
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.errors import UserError
 from kelp.publish.errors import SnapshotRejectedError
-from kelp.trainer.checkpoint import config_hash
+from kelp.trainer.checkpoint import config_hash, dense_digest
+from kelp.trainer.evaluation import AucResult, ProgressiveValidator
 from kelp.trainer.finite import NonFiniteError, first_nonfinite
 from kelp.trainer.model_api import (
     ModelContractError,
@@ -84,12 +94,14 @@ __all__ = [
     "SnapshotManifest",
     "build_snapshot",
     "load_model",
+    "snapshot_quality",
     "verify_snapshot",
 ]
 
 SNAPSHOT_FORMAT_VERSION = 1
 _MODEL_KEYS = ("model", "bottom_mlp", "top_mlp")
 _MODEL_RECORD_KEYS = ("model_args", "reference", "digest")
+_OPTIONAL_KEYS = ("dense_sha256", "quality")
 
 
 @dataclass(frozen=True)
@@ -106,12 +118,17 @@ class SnapshotManifest:
     weights_bytes: int
     checksum: str = ""
     format_version: int = SNAPSHOT_FORMAT_VERSION
+    dense_sha256: str | None = None
+    quality: dict[str, float | int | None] | None = None
 
     def _payload(self, with_checksum: bool) -> dict[str, Any]:
         data = asdict(self)
         data["offsets"] = [
             {"topic": t, "partition": int(p), "offset": int(o)} for (t, p), o in sorted(self.offsets.items())
         ]
+        for optional in _OPTIONAL_KEYS:  # absent, not null: an older manifest's checksum still holds
+            if data[optional] is None:
+                data.pop(optional)
         if not with_checksum:
             data.pop("checksum")
         return data
@@ -149,6 +166,8 @@ class SnapshotManifest:
                 config_hash=str(data["config_hash"]),
                 weights_bytes=int(data["weights_bytes"]),
                 checksum=str(data["checksum"]),
+                dense_sha256=None if data.get("dense_sha256") is None else str(data["dense_sha256"]),
+                quality=None if data.get("quality") is None else dict(data["quality"]),
             )
         except SnapshotRejectedError:
             raise
@@ -189,9 +208,14 @@ def build_snapshot(
     step: int,
     offsets: Mapping[tuple[str, int], int],
     created_at: float | None = None,
+    dense_sha256: str | None = None,
+    quality: Mapping[str, float | int | None] | None = None,
 ) -> Snapshot:
     """Serialize ``model`` (any device) into a snapshot of ``version``.
 
+    ``dense_sha256`` is :func:`~kelp.trainer.checkpoint.dense_digest` of
+    ``model`` when the caller has it already (computed here otherwise);
+    ``quality`` is :func:`snapshot_quality` at publish, when known.
     Raises :class:`~kelp.trainer.finite.NonFiniteError` when a tensor holds NaN or an infinity.
     """
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
@@ -208,9 +232,36 @@ def build_snapshot(
         features=spec.model_dump(mode="json"),
         config_hash=config_hash(spec, trainer_cfg),
         weights_bytes=len(weights),
+        dense_sha256=dense_sha256 or dense_digest(model),
+        quality=None if quality is None else dict(quality),
     )
     manifest = replace(manifest, checksum=_checksum(manifest, weights))
     return Snapshot(manifest, weights)
+
+
+def _finite_or_none(value: float) -> float | None:
+    """NaN (undefined: no samples, one class) is JSON ``null``; numbers are rounded for reading."""
+    return None if math.isnan(value) else round(float(value), 6)
+
+
+def snapshot_quality(validator: ProgressiveValidator | None) -> dict[str, float | int | None] | None:
+    """The progressive AUC and log loss a manifest records (``quality``): cumulative and windowed.
+
+    Cumulative is every sample since this trainer process started; windowed is
+    the last ``trainer.eval_window_batches`` batches, the better view of how
+    good the weights being published are. None without a validator.
+    """
+    if validator is None:
+        return None
+    total: AucResult = validator.cumulative()
+    window: AucResult = validator.windowed()
+    return {
+        "auc": _finite_or_none(total.auc),
+        "log_loss": _finite_or_none(total.log_loss),
+        "window_auc": _finite_or_none(window.auc),
+        "window_log_loss": _finite_or_none(window.log_loss),
+        "samples": int(total.samples),
+    }
 
 
 def verify_snapshot(manifest_raw: bytes, weights: bytes) -> Snapshot:

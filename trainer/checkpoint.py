@@ -23,6 +23,9 @@ Inside a checkpoint file (format version 1):
   ``state_dict`` can be rebuilt without pickle. A trainer group adds
   ``ranks``: per rank ``{rank, offsets, dense_sha256}`` (every rank's
   trained-through offsets, and proof that the dense replicas were equal).
+  ``fingerprint`` (:mod:`kelp.trainer.fingerprint`) holds the parts
+  ``config_hash`` sums up (features, model settings, model source, class,
+  parameter shapes), so a refused resume names the part that differs.
 
 Writes are atomic: bytes go to a temp file in the same directory, which is
 fsynced and ``os.replace``-d into place, then the ``latest`` pointer is
@@ -55,6 +58,7 @@ from torch import nn
 from kelp.config import FeatureSpec, TrainerConfig
 from kelp.errors import UserError
 from kelp.files import atomic_write
+from kelp.trainer.fingerprint import Fingerprint, compare
 from kelp.trainer.finite import NonFiniteError, first_nonfinite
 from kelp.trainer.model_api import is_builtin, model_record
 
@@ -83,6 +87,8 @@ class CheckpointInfo:
     created_at: float
     offsets: dict[tuple[str, int], int]
     format_version: int
+    accepted_changes: tuple[str, ...] = ()
+    """What ``accept_model_change`` let differ from the checkpoint (empty: nothing did)."""
 
 
 def dense_digest(model: nn.Module) -> str:
@@ -165,11 +171,14 @@ def save_checkpoint(
     offsets: Mapping[tuple[str, int], int] | None = None,
     ranks: Sequence[Mapping[str, Any]] | None = None,
     keep: int = 5,
+    fingerprint: Fingerprint | None = None,
 ) -> Path:
     """Write ``ckpt-<step>.safetensors`` atomically, point ``latest`` at it, keep the newest ``keep``.
 
     ``ranks`` (a trainer group): one JSON-able entry per rank, with that rank's
     trained-through offsets and the digest of its dense parameters.
+    ``fingerprint``: recorded with ``model``'s class and shapes, so a later
+    refusal can name what differs (without it only ``config_hash`` is compared).
 
     Raises :class:`~kelp.trainer.finite.NonFiniteError` (nothing written, the
     previous checkpoint stays ``latest``) when a model or optimizer tensor holds
@@ -196,6 +205,8 @@ def save_checkpoint(
     }
     if ranks is not None:
         meta["ranks"] = list(ranks)
+    if fingerprint is not None:
+        meta["fingerprint"] = fingerprint.record(model)
     data = st_save(tensors, metadata={"kelp": json.dumps(meta)})
     path = directory / f"ckpt-{int(step):012d}.safetensors"
     atomic_write(path, data)
@@ -244,11 +255,17 @@ def load_latest(
     optimizer: torch.optim.Optimizer | None = None,
     *,
     expected_config_hash: str | None = None,
+    fingerprint: Fingerprint | None = None,
+    accept_model_change: bool = False,
 ) -> CheckpointInfo | None:
     """Restore ``model`` (and ``optimizer``) from the checkpoint ``latest`` names; None if there is none.
 
-    A config-hash mismatch is a :class:`UserError`: the model shape changed,
-    and silently starting fresh would throw away training.
+    A checkpoint written for another model or layout is a :class:`UserError`
+    (silently starting fresh would throw away training). With ``fingerprint``
+    the message names each part that differs (:mod:`kelp.trainer.fingerprint`);
+    ``accept_model_change`` resumes past a changed model source, class or
+    settings whose parameter names and shapes still match, and the info's
+    ``accepted_changes`` says what was let through.
     """
     directory = Path(directory)
     pointer_path = directory / LATEST
@@ -257,15 +274,18 @@ def load_latest(
     pointer = json.loads(pointer_path.read_text())
     path = directory / pointer["file"]
     tensors, meta = read_checkpoint(path, pointer.get("sha256"))
-    if expected_config_hash is not None and meta["config_hash"] != expected_config_hash:
-        raise UserError(
-            f"trainer.checkpoint_dir {path.parent}: its latest checkpoint {path.name} was written for "
-            f"another model or feature/table layout (fingerprint {meta['config_hash']}, this config "
-            f"{expected_config_hash}); to start fresh, set another trainer.checkpoint_dir (and deployment, "
-            f"for fresh rows) or remove {path.parent}; to resume, use the config that wrote it"
-        )
+    accepted: tuple[str, ...] = ()
+    if fingerprint is not None and isinstance(meta.get("fingerprint"), dict):
+        accepted = _check_parts(path, meta["fingerprint"], fingerprint, model, accept_model_change)
+    elif expected_config_hash is not None and meta["config_hash"] != expected_config_hash:
+        accepted = _check_hash(path, meta["config_hash"], expected_config_hash, accept_model_change)
     model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-    model.load_state_dict(model_state, strict=True)
+    try:
+        model.load_state_dict(model_state, strict=True)
+    except RuntimeError as exc:  # only reachable when accepting a checkpoint that records no shapes
+        raise UserError(
+            f"checkpoint {path}: its weights do not fit this model: {' '.join(str(exc).split())[:400]}"
+        ) from None
     if optimizer is not None:
         if meta["optimizer"] is None:
             raise UserError(f"checkpoint {path.name} has no optimizer state")
@@ -283,4 +303,49 @@ def load_latest(
         created_at=float(meta["created_at"]),
         offsets=offsets,
         format_version=int(meta["format_version"]),
+        accepted_changes=accepted,
+    )
+
+
+_FRESH = (
+    "to start fresh, set another trainer.checkpoint_dir (and deployment, for fresh rows) or remove {dir}; "
+    "to resume without it, use the config and model code that wrote it"
+)
+_ACCEPT = (
+    "set trainer.accept_model_change: true (or KELP_TRAINER__ACCEPT_MODEL_CHANGE=true) for one start "
+    "to resume from it"
+)
+
+
+def _check_parts(
+    path: Path, recorded: Mapping[str, Any], expected: Fingerprint, model: nn.Module, accept: bool
+) -> tuple[str, ...]:
+    """Refuse, naming each differing part, unless every difference is one ``accept`` may let through."""
+    differences = compare(recorded, expected, model)
+    if not differences:
+        return ()
+    described = [d.describe() for d in differences]
+    if accept and all(d.acceptable for d in differences):
+        return tuple(described)
+    if all(d.acceptable for d in differences):
+        advice = f"If you changed the model on purpose, {_ACCEPT}"
+    else:
+        advice = "Its weights cannot resume this model (trainer.accept_model_change cannot help)"
+    raise UserError(
+        f"trainer.checkpoint_dir {path.parent}: its latest checkpoint {path.name} does not match this "
+        f"trainer: {'; '.join(described)}. {advice}; {_FRESH.format(dir=path.parent)}"
+    )
+
+
+def _check_hash(path: Path, recorded: str, expected: str, accept: bool) -> tuple[str, ...]:
+    """A checkpoint that records one fingerprint only (an older Kelp's): it cannot say which part differs."""
+    what = f"fingerprint {recorded}, this config {expected}"
+    if accept:
+        return (f"a checkpoint that records no parts ({what}); parameter names and shapes checked on load",)
+    raise UserError(
+        f"trainer.checkpoint_dir {path.parent}: its latest checkpoint {path.name} was written for another "
+        f"model or feature/table layout ({what}); it was written by an older Kelp that records one "
+        f"fingerprint for every part, so which part differs is unknown (a plug-in model's source digest "
+        f"then covered every module of its package: upgrading Kelp alone changes it). If only the model "
+        f"code or Kelp changed, {_ACCEPT}; {_FRESH.format(dir=path.parent)}"
     )

@@ -22,8 +22,9 @@ parameters, which the dense optimizer trains and the snapshot carries::
                     offsets i64[B + 1]     sample i's rows are values[offsets[i]:offsets[i + 1]]
 
 A snapshot records the resolved reference, the arguments and
-:func:`model_digest` (SHA-256 of the source that defines the factory), so a
-replica whose code differs refuses it instead of scoring with other code.
+:func:`model_digest` (SHA-256 of the modules that define the factory and the
+model class), so a replica whose code differs refuses it instead of scoring
+with other code.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ __all__ = [
     "is_builtin",
     "model_digest",
     "model_record",
+    "model_source_names",
     "one_line",
     "resolve_reference",
     "to_logits",
@@ -238,45 +240,60 @@ def import_factory(model: str) -> ModelFactory:
     return target
 
 
-def _module_files(reference: str, factory: object) -> list[Path]:
-    """The file of the referenced module, plus that of the module defining ``factory`` when it differs."""
-    names = [reference.split(":", 1)[0]]
+def _named_model_classes(reference: str, factory: object) -> list[str]:
+    """Modules defining the ``nn.Module`` classes a factory function names directly, in its own package.
+
+    ``def make(spec): return TwoTower(...)`` with ``TwoTower`` imported from a
+    sibling module builds that sibling's class: its module is what the model
+    is. Classes from other packages (torch's layers) are libraries, not the
+    model, and stay out (a torch upgrade must not refuse every checkpoint).
+    """
+    code = getattr(factory, "__code__", None)
+    scope = getattr(factory, "__globals__", None)
+    if code is None or not isinstance(scope, dict):
+        return []
+    package = reference.split(":", 1)[0].split(".", 1)[0]
+    modules: list[str] = []
+    for name in code.co_names:
+        target = scope.get(name)
+        if not (isinstance(target, type) and issubclass(target, nn.Module)):
+            continue
+        module = target.__module__
+        if module.split(".", 1)[0] == package and module not in modules:
+            modules.append(module)
+    return modules
+
+
+def _source_files(reference: str, factory: object) -> list[tuple[str, Path]]:
+    """``(module name, path)`` of every source file a model's digest covers, in a stable order.
+
+    What the model *is*: the module the reference names, the module defining
+    the factory, and the module defining each model class the factory builds
+    by name (:func:`_named_model_classes`). Sibling modules of a package are
+    not covered: editing another model in the same package (``fm_mlp.py``
+    beside ``two_tower.py``) must not make a trainer refuse its own checkpoint.
+    A helper whose edit changes the parameters is caught by the checkpoint's
+    parameter names and shapes instead (:mod:`kelp.trainer.fingerprint`).
+    """
+    module_name = reference.split(":", 1)[0]
+    names = [module_name]
     defined_in = getattr(factory, "__module__", None)
     if isinstance(defined_in, str) and defined_in not in names:
         names.append(defined_in)
-    files: list[Path] = []
+    names += [m for m in _named_model_classes(reference, factory) if m not in names]
+    files: list[tuple[str, Path]] = []
     for name in names:
         module = sys.modules.get(name)
         path = inspect.getsourcefile(module) if module is not None else None
         if path:
-            files.append(Path(path))
+            files.append((name, Path(path)))
     return files
 
 
-def _package_root(module_name: str) -> Path | None:
-    """The folder of ``module_name``'s top-level package, or None for a top-level module (one file)."""
-    top = sys.modules.get(module_name.split(".", 1)[0])
-    locations = getattr(top, "__path__", None)  # only packages have one
-    if not locations:
-        return None
-    return Path(next(iter(locations)))
-
-
-def _source_files(reference: str, factory: object) -> list[tuple[str, Path]]:
-    """``(name, path)`` of every source file a model's digest covers, in a stable order.
-
-    A model in a package (``mypkg.towers:make``) is usually spread over several
-    of its modules (layers, heads, helpers), and an edit to any of them changes
-    what the weights mean: every ``.py`` file under the top-level package's
-    folder is covered, named by its path relative to that folder. A top-level
-    module, and a built-in (whose package is Kelp itself), is its own file.
-    """
-    module_name = reference.split(":", 1)[0]
-    root = None if is_builtin(reference) else _package_root(module_name)
-    if root is None or not root.is_dir():
-        return [(path.name, path) for path in _module_files(reference, factory)]
-    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
-    return [(p.relative_to(root).as_posix(), p) for p in files]
+def model_source_names(model: str) -> list[str]:
+    """The modules :func:`model_digest` covers for ``model``, for messages saying what changed."""
+    reference = resolve_reference(model)
+    return [name for name, _path in _source_files(reference, import_factory(reference))]
 
 
 _DIGESTS: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
@@ -287,9 +304,9 @@ snapshot it loads, and a large model package need not be re-read while it has no
 def model_digest(model: str) -> str:
     """``sha256:<hex>`` of the source file(s) behind ``model``: equal digests mean the same model code.
 
-    Covers the referenced module and the one defining the factory, and, for a
-    model inside a package, every module of that package (:func:`_source_files`).
-    Code outside the package (other installed libraries) is not covered.
+    Covers the referenced module, the one defining the factory and those
+    defining the model classes it names (:func:`_source_files`). Sibling
+    modules and other installed libraries are not covered.
     """
     reference = resolve_reference(model)
     factory = import_factory(reference)
@@ -300,8 +317,9 @@ def model_digest(model: str) -> str:
     if cached is not None:
         return cached
     digest = hashlib.sha256()
-    for name, path in files:
-        digest.update(name.encode() + b"\n")
+    for _module, path in files:
+        # The file name, not the module name, labels each part: a one-file model keeps its digest.
+        digest.update(path.name.encode() + b"\n")
         digest.update(path.read_bytes())
     _DIGESTS[key] = "sha256:" + digest.hexdigest()
     return _DIGESTS[key]

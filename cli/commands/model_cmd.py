@@ -11,6 +11,14 @@ The history that can be pinned is what the channel keeps:
 ``publisher.keep_versions`` newest versions, plus the pinned one, which
 pruning never deletes. A replica whose config says ``serving.model_version:
 N`` ignores pins.
+
+``list`` shows each version's step, age and the trainer's progressive AUC and
+log loss over its last ``trainer.eval_window_batches`` batches at publish
+(``-`` for a version published before manifests recorded them). ``rollback``
+moves the dense weights and the model only: embedding rows keep their newest
+state, since serving reads them from the store the trainer writes. It skips a
+stored version that holds the same weights as the served one (recorded in
+the manifests as ``dense_sha256``), so it never pins a no-op.
 """
 
 from __future__ import annotations
@@ -71,12 +79,15 @@ def _describe(channel: SnapshotChannel) -> dict[str, Any]:
             continue
         except ValueError:
             manifest = {}
+        quality = manifest.get("quality") or {}
         rows.append(
             {
                 "version": version,
                 "created_at": manifest.get("created_at"),
                 "step": manifest.get("step"),
                 "model": (manifest.get("model") or {}).get("reference"),
+                "dense_sha256": manifest.get("dense_sha256"),
+                "quality": quality or None,
                 "latest": version == latest,
                 "pinned": version == pin,
             }
@@ -90,19 +101,39 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"{'version':>8}  {'created (UTC)':<19}  {'step':>10}  marks")
+    now = time.time()
+    print(
+        f"{'version':>8}  {'created (UTC)':<19}  {'age':>6}  {'step':>10}  {'auc':>6}  {'logloss':>7}  marks"
+    )
     for row in doc["versions"]:
         created = row["created_at"]
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(created)) if created else "?"
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(created)) if created else "-"
+        age = _age(now - created) if created else "-"
         marks = " ".join(m for m, on in (("latest", row["latest"]), ("pinned", row["pinned"])) if on)
-        step = "?" if row["step"] is None else row["step"]
-        print(f"{row['version']:>8}  {when:<19}  {step:>10}  {marks}")
+        step = "-" if row["step"] is None else row["step"]
+        quality = row["quality"] or {}
+        auc, loss = _metric(quality.get("window_auc")), _metric(quality.get("window_log_loss"))
+        print(f"{row['version']:>8}  {when:<19}  {age:>6}  {step:>10}  {auc:>6}  {loss:>7}  {marks}".rstrip())
     if doc["serving"] is None:
         print("nothing published")
         return 0
     state = f"pinned to v{doc['pinned']}" if doc["pinned"] is not None else "following latest"
     print(f"replicas serve v{doc['serving']} ({state})")
     return 0
+
+
+def _age(seconds: float) -> str:
+    """``42s``, ``17m``, ``5h``, ``3d``: how long ago a version was published, at a glance."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _metric(value: object) -> str:
+    """A progressive metric to 4 places; ``-`` when the manifest has none (older, or undefined)."""
+    return f"{value:.4f}" if isinstance(value, int | float) else "-"
 
 
 def _set_pin(channel: SnapshotChannel, version: int) -> None:
@@ -133,15 +164,47 @@ def _rollback(args: argparse.Namespace) -> int:
         serving = channel.target().version
         if serving is None:
             raise UserError("nothing is published yet: there is no version to roll back from")
-        older = [v for v in channel.versions() if v < serving]
+        older, same = _rollback_candidates(channel, serving)
         if not older:
+            repeats = f" (v{', v'.join(map(str, same))} hold the same weights)" if same else ""
             raise UserError(
-                f"no stored version below v{serving} to roll back to "
-                "(publisher.keep_versions says how many are kept)"
+                f"no stored version below v{serving} with other weights to roll back to{repeats}; "
+                "publisher.keep_versions says how many are kept"
             )
         _set_pin(channel, older[-1])
-    print(f"rolled back: pinned v{older[-1]} (replicas served v{serving}); `kelp model unpin` lifts it")
+    skipped = f"; skipped v{', v'.join(map(str, same))}: same weights as v{serving}" if same else ""
+    print(
+        f"rolled back: pinned v{older[-1]} (replicas served v{serving}{skipped}); "
+        "`kelp model unpin` lifts it; embedding rows keep their newest state"
+    )
     return 0
+
+
+def _weights_of(channel: SnapshotChannel, version: int) -> str | None:
+    """A version's ``dense_sha256`` (its weights' digest); None when its manifest records none."""
+    try:
+        manifest = json.loads(channel.read_manifest_raw(version))
+    except (SnapshotMissingError, ValueError):
+        return None
+    digest = manifest.get("dense_sha256") if isinstance(manifest, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
+def _rollback_candidates(channel: SnapshotChannel, serving: int) -> tuple[list[int], list[int]]:
+    """Stored versions below ``serving`` with other weights, and those with the same (skipped).
+
+    Only versions whose manifests both record ``dense_sha256`` can be told equal;
+    an older one without it is a candidate as before.
+    """
+    served = _weights_of(channel, serving)
+    older: list[int] = []
+    same: list[int] = []
+    for version in (v for v in channel.versions() if v < serving):
+        if served is not None and _weights_of(channel, version) == served:
+            same.append(version)
+        else:
+            older.append(version)
+    return older, same
 
 
 def _unpin(args: argparse.Namespace) -> int:
