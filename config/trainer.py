@@ -91,6 +91,14 @@ class TrainerConfig(StrictModel):
         description="Dense checkpoints (safetensors). Default: runs/<deployment>/checkpoints next to the "
         "config file, so two deployments never resume each other's model.",
     )
+    accept_model_change: bool = Field(
+        False,
+        description="Resume from a checkpoint written by other model code (model source, class or "
+        "trainer.model/model_args) when its parameter names and shapes still match. Off: such a "
+        "checkpoint is refused, naming the part that differs. Set it for the one start after a deliberate "
+        "model change (KELP_TRAINER__ACCEPT_MODEL_CHANGE=true), then remove it: the next checkpoint "
+        "records the new code. A changed feature/table layout or parameter shape is always refused.",
+    )
     checkpoint_every_steps: int = Field(500, ge=1)
     max_model_error_batches: int = Field(
         3,
@@ -136,6 +144,15 @@ class TrainerConfig(StrictModel):
         gt=0,
         description="A point of the run's learning record (checkpoint_dir/progress.jsonl, drawn by "
         "kelp report) at least this often, and at every 1% of a file source.",
+    )
+    progress_every_samples: int | None = Field(
+        None,
+        ge=1,
+        description="A point of the learning record also every this many trained samples. Unset (the "
+        "default): adaptive, a point whenever the samples trained have grown by 5% since the last point "
+        "(about 47 points per tenfold), so a replay over before progress_every_s still draws a curve and a "
+        "long run's points thin out to the progress_every_s ones. Hazard: a small fixed value writes a "
+        "line per few batches for as long as the trainer runs.",
     )
     drain_timeout_s: float = Field(
         30.0, gt=0, description="SIGTERM drain budget; match the pod's grace period."

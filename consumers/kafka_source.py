@@ -75,7 +75,7 @@ from kelp.consumers.batcher import Batcher, Emitted
 from kelp.consumers.deadletter import DeadLetterSink, KafkaDeadLetter, LogDeadLetter
 from kelp.consumers.decode import Chunk
 from kelp.consumers.errors import SourceClosedError, translate_kafka_error
-from kelp.consumers.formats import record_decoder
+from kelp.consumers.formats import expected_records, topic_decoders
 from kelp.consumers.initial_check import InitialCheck
 from kelp.consumers.kafka_client import client_settings, consumer_settings
 from kelp.consumers.metrics import ConsumerMetrics
@@ -157,8 +157,14 @@ class KafkaSource(Source):
         self.batching = batching or BatchingConfig()
         self.metrics = ConsumerMetrics(registry)
         self._settings = {**consumer_settings(kafka), **(consumer_overrides or {})}
-        self._decoder = record_decoder(kafka, spec)  # format json / a plug-in: MappedDecoder
-        self._check = InitialCheck(kafka.initial_check_records, kafka.max_initial_reject_fraction)
+        # Each topic is decoded, and judged by the initial check, in its own format (topic_formats).
+        self._decoders = topic_decoders(kafka, spec)
+        self._checks = {
+            topic: InitialCheck(
+                kafka.initial_check_records, kafka.max_initial_reject_fraction, expected_records(kafka, topic)
+            )
+            for topic in kafka.topics
+        }
         self._epochs: dict[tuple[str, int], int] = {}
         self._next_epoch = 1
         self._batcher = Batcher(
@@ -189,6 +195,9 @@ class KafkaSource(Source):
         self._cluster: Any = None
         self._assigned_ids: dict[tuple[str, int], str | None] = {}
         self._unchecked: set[tuple[str, int]] = set()
+        # Assigned partitions whose lag gauge is not set yet: set from the first fetch answer after the
+        # assignment, with records or without, so a quiet topic's lag is there from the first scrape.
+        self._lag_unknown: set[tuple[str, int]] = set()
         self._commit_failures = 0  # failed commits in a row: logged on the first, and on recovery
         request_timeout_ms = self._settings.get(
             "request_timeout_ms", KafkaConsumer.DEFAULT_CONFIG["request_timeout_ms"]
@@ -325,6 +334,8 @@ class KafkaSource(Source):
         moved = self._seek_to_start() if self._start_pending else set()
         if self._unchecked:
             moved = moved | self._check_committed()
+        if self._lag_unknown:
+            self._first_lag(moved)
         for tp, records in polled.items():
             key = (tp.topic, tp.partition)
             if not records or key not in self._assignment or key in moved:
@@ -332,7 +343,7 @@ class KafkaSource(Source):
             if key in self._seen and records[0].offset < self._seen[key]:
                 self._fell_back(key, records[0].offset)
             t0 = time.perf_counter()
-            chunk = self._decoder.decode(records)
+            chunk = self._decoders[tp.topic].decode(records)
             self.metrics.decode_seconds.observe(time.perf_counter() - t0)
             self.metrics.records.labels(topic=tp.topic).inc(len(records))
             self.metrics.bytes.labels(topic=tp.topic).inc(chunk.nbytes)
@@ -345,9 +356,32 @@ class KafkaSource(Source):
                 )
             # A partition's first records wait for the initial check (a topic of the wrong format
             # stops the source here, before any of it is dead-lettered or committed).
-            caught_up = self._check.pending(key) and self._caught_up(tp, highwater)
-            for ready in self._check.offer(key, chunk, len(records), caught_up):
+            check = self._checks[tp.topic]
+            caught_up = check.pending(key) and self._caught_up(tp, highwater)
+            for ready in check.offer(key, chunk, len(records), caught_up):
                 self._hand_on(ready)
+
+    def _first_lag(self, moved: set[tuple[str, int]]) -> None:
+        """Set the lag gauge of newly assigned partitions once a fetch has told their high watermark.
+
+        A record sets it too, but a partition that gets none (a quiet topic, or
+        a restart that had committed everything) would otherwise have no lag
+        series at all, and an alert on the lag would see nothing.
+        """
+        from kafka.structs import TopicPartition
+
+        for key in sorted(self._lag_unknown - moved):  # moved just now: its position is not settled
+            if key not in self._assignment:
+                continue  # still waiting for its move to start_from
+            tp = TopicPartition(*key)
+            highwater = self._consumer.highwater(tp)
+            try:
+                position = self._consumer.position(tp) if highwater is not None else None
+            except Exception:  # revoked meanwhile: forgotten with its partition
+                continue
+            if highwater is not None and position is not None:
+                self.metrics.lag.labels(topic=key[0], partition=str(key[1])).set(max(0, highwater - position))
+                self._lag_unknown.discard(key)
 
     def _caught_up(self, tp: Any, highwater: int | None) -> bool:
         """Nothing more to read from ``tp`` now: its position has reached the high watermark.
@@ -584,6 +618,7 @@ class KafkaSource(Source):
             self._epochs[key] = self._next_epoch
             self._next_epoch += 1
             self.metrics.assigned.labels(topic=tp.topic, partition=str(tp.partition)).inc()
+            self._lag_unknown.add(key)
             self._assigned_ids[key] = self._topic_id(tp.topic)
             if self.kafka.start_from != "committed" and key not in self._started:
                 self._start_pending.add(key)  # joins the assignment once _seek_to_start has moved it
@@ -634,9 +669,10 @@ class KafkaSource(Source):
             self._epochs.pop(key, None)
             self._assignment.discard(key)
             self._seen.pop(key, None)
-            self._check.forget(key)
+            self._checks[key[0]].forget(key)
             self._assigned_ids.pop(key, None)
             self._unchecked.discard(key)
+            self._lag_unknown.discard(key)
 
     # ------------------------------------------------------------------ topics that change
 
@@ -751,7 +787,7 @@ class KafkaSource(Source):
             self._epochs[key] = self._next_epoch
             self._next_epoch += 1
             self._seen.pop(key, None)
-            self._check.forget(key)
+            self._checks[key[0]].forget(key)
 
     def _reset_offsets(self, keys: set[tuple[str, int]], reason: str) -> None:
         """Move owned partitions to ``auto_offset_reset`` under a new epoch, and count why."""

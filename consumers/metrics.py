@@ -7,6 +7,7 @@
 ``kelp_consumer_batches_total``             micro-batches emitted
 ``kelp_consumer_decode_seconds``            histogram: time to decode + validate one poll's records
 ``kelp_consumer_lag_records``               gauge: high watermark - position, by topic and partition
+                                            (from the first fetch after assignment, records or none)
 ``kelp_consumer_committed_lag_records``     gauge: high watermark - committed offset (a group's true backlog)
 ``kelp_consumer_committed_offset``          gauge: last committed offset, by topic and partition
 ``kelp_consumer_queue_batches``             gauge: batches waiting for the trainer
@@ -48,7 +49,11 @@ class ConsumerMetrics:
         self.bytes = m.counter("bytes", "Record value bytes read.", ["topic"])
         self.batches = m.counter("batches", "Micro-batches emitted.")
         self.decode_seconds = m.histogram("decode_seconds", "Decode + validate time per run of records.")
-        self.lag = m.gauge("lag_records", "High watermark minus position.", ["topic", "partition"])
+        self.lag = m.gauge(
+            "lag_records",
+            "High watermark minus position, from the first fetch after a partition is assigned.",
+            ["topic", "partition"],
+        )
         self.committed = m.gauge("committed_offset", "Last committed offset.", ["topic", "partition"])
         self.committed_lag = m.gauge(
             "committed_lag_records", "High watermark minus the last committed offset.", ["topic", "partition"]

@@ -56,9 +56,15 @@ class HealthServer:
     def port(self) -> int:
         return int(self._server.server_address[1])
 
+    @property
+    def address(self) -> str:
+        """``host:port`` as bound (``127.0.0.1:9400`` is reachable from this machine only)."""
+        host = str(self._server.server_address[0])
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
     def start(self) -> HealthServer:
         self._thread.start()
-        log.info("health and metrics on :%d (/healthz /readyz /metrics)", self.port)
+        log.info("health and metrics on %s (/healthz /readyz /metrics)", self.address)
         return self
 
     def stop(self) -> None:

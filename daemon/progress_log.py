@@ -18,11 +18,16 @@ one-task point is exactly the line above::
     {..., "auc": 0.69, ..., "tasks": {"click": {"auc_window": 0.71, "auc": 0.69,
      "log_loss_window": 0.60, "log_loss": 0.62}, "buy": {"auc_window": 0.83, ...}}}
 
-Points are written at every 1% of a file source and every
+Points are written at every 1% of a file source, every
 ``trainer.progress_every_s`` in which samples were trained (on a topic gone
-quiet, one more point covers the last batch, then none until samples arrive);
-a write that fails (full disk, read-only volume) is logged once and the record
+quiet, one more point covers the last batch, then none until samples arrive),
+and by samples (``trainer.progress_every_samples``; unset, whenever the samples
+trained have grown by 5%, so a replay over in seconds still draws a curve); a
+write that fails (full disk, read-only volume) is logged once and the record
 stops, training does not.
+
+A resumed trainer sets its AUC and log-loss gauges from the record's last point
+(:func:`last_point`) before it trains, so they are there from the first scrape.
 """
 
 from __future__ import annotations
@@ -39,7 +44,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # typing only: kelp report reads records without importing the trainer (torch)
     from kelp.trainer.evaluation import AucResult
 
-__all__ = ["METRICS", "PROGRESS_FILE", "ProgressLog", "point_tasks", "read_progress", "task_fields"]
+__all__ = [
+    "METRICS",
+    "PROGRESS_FILE",
+    "ProgressLog",
+    "last_point",
+    "point_tasks",
+    "read_progress",
+    "task_fields",
+]
 
 PROGRESS_FILE = "progress.jsonl"
 METRICS: tuple[str, ...] = ("auc_window", "auc", "log_loss_window", "log_loss")
@@ -122,3 +135,30 @@ def read_progress(path: Path) -> dict[str, list[dict[str, Any]]]:
             if isinstance(point, dict) and "run" in point and "samples" in point:
                 runs.setdefault(str(point["run"]), []).append(point)
     return runs
+
+
+_TAIL_BYTES = 1 << 16  # many points: the last one is never longer (a point per task, a few dozen tasks)
+
+
+def last_point(path: Path | None) -> dict[str, Any] | None:
+    """The last readable point of a progress file; None without one (no file, empty, unreadable).
+
+    Reads only the file's tail: a long-lived trainer's record grows by a point
+    every ``progress_every_s`` and is read at every start.
+    """
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            tail = fh.read()
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            point = json.loads(line)
+        except ValueError:
+            continue  # cut short by a crash, or the partial first line of the tail
+        if isinstance(point, dict) and "run" in point and "samples" in point:
+            return point
+    return None

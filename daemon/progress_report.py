@@ -7,29 +7,40 @@ when it is due, so asking costs one clock read:
   run still shows it learning); an interval with no samples exports rate 0
   and prints nothing;
 * a point of the learning record (``progress.jsonl``, :mod:`kelp.daemon.progress_log`,
-  the leader only) every ``trainer.progress_every_s`` and at every 1% of a file;
+  the leader only) every ``trainer.progress_every_s``, at every 1% of a file, and
+  by samples: every ``trainer.progress_every_samples``, or, unset, whenever the
+  samples trained have grown by :data:`PROGRESS_GROWTH` since the last point. A
+  replay over within one ``progress_every_s`` (a topic read from its start, a
+  file of unknown size) would otherwise record one point and draw no curve; the
+  growth rule spaces its points evenly on a log scale of samples, so a run of any
+  length gets about 47 per tenfold and a long run adds few beyond the timed ones;
 * the progressive AUC and log loss gauges (per task too, with several labels)
-  with each log line and at the drain.
+  with each log line and at the drain; a resumed trainer's leader sets them
+  first from the record's last point (:func:`restore_eval_gauges`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kelp.config import TrainerConfig
-from kelp.daemon.progress_log import ProgressLog, task_fields
+from kelp.daemon.progress_log import ProgressLog, last_point, point_tasks, task_fields
 from kelp.trainer.evaluation import ProgressiveValidator, TaskValidators
 from kelp.trainer.metrics import TrainerMetrics
 
 if TYPE_CHECKING:
     from kelp.daemon.train import TrainReport
 
-__all__ = ["ProgressReporter"]
+__all__ = ["PROGRESS_GROWTH", "ProgressReporter", "restore_eval_gauges"]
 
 log = logging.getLogger("kelp.train")
+
+PROGRESS_GROWTH = 1.05
+"""Unset ``progress_every_samples``: a point once the samples trained reach this times the last point's."""
 
 
 class ProgressReporter:
@@ -97,14 +108,15 @@ class ProgressReporter:
         )
 
     def maybe_record(self, step_no: int, force: bool = False) -> None:
-        """A point of the learning record at every 1% of a file and every ``progress_every_s``."""
+        """A point of the learning record at every 1% of a file, every ``progress_every_s`` and by samples."""
         now = time.monotonic()
         since, samples_then = self._last_record
         if self.report.samples == samples_then or not self.leader:
             return
         fraction = self.file_fraction()
         new_point = fraction is not None and int(fraction * 100) > self._record_hundredths
-        if not (force or new_point or now - since >= self.settings.progress_every_s):
+        timed = now - since >= self.settings.progress_every_s
+        if not (force or new_point or timed or self._samples_due(samples_then)):
             return
         if fraction is not None:
             self._record_hundredths = int(fraction * 100)
@@ -126,6 +138,13 @@ class ProgressReporter:
             **per_task,  # several labels only: a one-task point is unchanged
         )
 
+    def _samples_due(self, samples_then: int) -> bool:
+        """Whether enough samples were trained since the last point for the next one."""
+        every = self.settings.progress_every_samples
+        if every is not None:
+            return self.report.samples - samples_then >= every
+        return self.report.samples >= samples_then * PROGRESS_GROWTH
+
     def export_eval(self) -> None:
         """The progressive AUC and log loss into the report and the gauges (each task's too)."""
         window, total = self.validator.windowed(), self.validator.cumulative()
@@ -138,3 +157,35 @@ class ProgressReporter:
             for name, result in zip(("cumulative", "window"), results, strict=True):
                 self.metrics.task_auc.labels(task=task, window=name).set(result.auc)
                 self.metrics.task_logloss.labels(task=task, window=name).set(result.log_loss)
+
+
+_GAUGE_WINDOWS = (("window", "auc_window", "log_loss_window"), ("cumulative", "auc", "log_loss"))
+"""The gauges' ``window`` label and the point's keys for its AUC and log loss."""
+
+
+def restore_eval_gauges(metrics: TrainerMetrics, record: ProgressLog) -> dict[str, Any] | None:
+    """Set the AUC and log-loss gauges (each task's too) from the record's last point; that point.
+
+    A resumed trainer validates afresh: without this its gauges are absent
+    until it trains a batch, which on a quiet topic is never, so an alert on a
+    missing AUC fires on every restart. The last point measured the model
+    just resumed (or the few batches past its checkpoint), so it is the last
+    known value; the first log line with samples replaces it. A metric the
+    point has as null (one class seen so far) stays absent, as it would live.
+    """
+    point = last_point(record.path)
+    if point is None:
+        return None
+    for window, auc_key, loss_key in _GAUGE_WINDOWS:
+        _set_finite(metrics.auc.labels(window=window), point.get(auc_key))
+        _set_finite(metrics.logloss.labels(window=window), point.get(loss_key))
+    for task, values in point_tasks(point).items():
+        for window, auc_key, loss_key in _GAUGE_WINDOWS:
+            _set_finite(metrics.task_auc.labels(task=task, window=window), values[auc_key])
+            _set_finite(metrics.task_logloss.labels(task=task, window=window), values[loss_key])
+    return point
+
+
+def _set_finite(gauge: Any, value: Any) -> None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        gauge.set(float(value))

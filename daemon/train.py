@@ -47,7 +47,7 @@ from kelp.daemon.outage import OutageGuard
 from kelp.daemon.pipeline import Trained, TrainPipeline
 from kelp.daemon.preflight import preflight
 from kelp.daemon.progress_log import ProgressLog
-from kelp.daemon.progress_report import ProgressReporter
+from kelp.daemon.progress_report import ProgressReporter, restore_eval_gauges
 from kelp.daemon.resume import adopt, leader_start
 from kelp.daemon.row_owners import RowOwners
 from kelp.daemon.summary import RunSummary, summarize
@@ -275,6 +275,7 @@ class TrainDaemon:
     def _build_model(self) -> None:
         from kelp.trainer import ProgressiveValidator, TrainStep, build_model
         from kelp.trainer.checkpoint import config_hash
+        from kelp.trainer.fingerprint import fingerprint
 
         cfg = self.cfg
         device = self._device()
@@ -287,11 +288,17 @@ class TrainDaemon:
             validator=self.validator,
         )
         self.config_hash = config_hash(cfg.features, cfg.trainer)
+        self.fingerprint = fingerprint(cfg.features, cfg.trainer)
         self.group.start(self.step.model, device)
         mine = None
         if self.group.is_leader:
             mine = leader_start(
-                cfg.trainer.checkpoint_dir, self.step, self.config_hash, share=self.group.distributed
+                cfg.trainer.checkpoint_dir,
+                self.step,
+                self.config_hash,
+                share=self.group.distributed,
+                fingerprint=self.fingerprint,
+                accept_model_change=cfg.trainer.accept_model_change,
             )
         start = self.group.share_start(mine)
         assert start is not None
@@ -304,6 +311,8 @@ class TrainDaemon:
         self.report.first_step = self.step_no
         if self.group.is_leader:
             self.progress_log = ProgressLog(cfg.trainer.checkpoint_dir)
+            if start.path is not None:  # the resumed model's last known AUC, there from the first scrape
+                restore_eval_gauges(self.metrics, self.progress_log)
         self._set_dense_lr()
         if device.type == "cpu":
             torch.set_num_threads(_cpu_threads(cfg))
@@ -329,7 +338,7 @@ class TrainDaemon:
             return None
         from kelp.publish import build_publisher
 
-        return build_publisher(self.cfg, self.registry)
+        return build_publisher(self.cfg, self.registry, validator=self.validator)
 
     def _row_owners(self) -> RowOwners | None:
         """One writer per row in a group that overwrites rows (compose adds them up in Redis instead)."""
@@ -537,6 +546,7 @@ class TrainDaemon:
                 config_hash=self.config_hash,
                 offsets=offsets,
                 ranks=ranks,
+                fingerprint=self.fingerprint,
             )
         except NonFiniteError as exc:  # the previous checkpoint stays; training goes on
             self.metrics.checkpoints.labels(result="refused_nonfinite").inc()

@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kelp.config import KafkaSourceConfig, KelpConfig
+from kelp.consumers.deadletter import RejectLog
 from kelp.consumers.kafka_client import client_settings, consumer_settings
 from kelp.errors import StoreUnavailableError
 from kelp.join.joiner import InputRecord, Joiner, Output, Rejected, Step
 from kelp.join.metrics import JoinMetrics
+from kelp.join.records import load_action_decoders
 from kelp.join.state import RedisWaitingStore, WaitingStore
 from kelp.redaction import redact_url
 
@@ -96,7 +98,8 @@ class JoinProcess:
             raise ValueError("kelp join needs a kafka source")
         self.cfg = cfg
         self.join = cfg.join
-        self.output_topic = cfg.join.output_topic or cfg.source.topics[0]
+        # The config model already refused an output topic this config's trainer reads as JSON.
+        self.output_topic = cfg.join_output_topic or cfg.source.topics[0]
         self.metrics = metrics or JoinMetrics()
         self.clock = clock
         self._store = store
@@ -108,6 +111,9 @@ class JoinProcess:
         self.last_step_at = time.monotonic()
         self.ready = False
         self.last_step: Step | None = None
+        # Rejected inputs are logged as they come (the first of each reason at once, then a line per
+        # interval), so a stream of unreadable actions is seen in the log, not only as a counter.
+        self.reject_log = RejectLog()
 
     # -- wiring ------------------------------------------------------------------------------------
 
@@ -140,6 +146,7 @@ class JoinProcess:
             settings.update(group_id=self.join.group_id, max_poll_records=self.join.max_poll_records)
             self._consumer = KafkaConsumer(**settings)
         self._consumer.subscribe([self.join.impressions_topic, *(a.topic for a in self.join.actions)])
+        load_action_decoders(self.join.actions)  # a plug-in that cannot be made stops here, reading nothing
         tasks = [t.name for t in self.cfg.features.tasks]
         self.joiner = Joiner(self.join, tasks, self._store)
         self._warn_stored_watermark()
@@ -363,6 +370,7 @@ class JoinProcess:
             m.actions.labels(task=task, result=result).inc(n)
         for rejected in step.rejected:
             m.rejected.labels(input=rejected.input, reason=rejected.reason).inc()
+            self._log_rejected(rejected)
         for kind, n in self.joiner.store.take_corrupt().items():
             m.state_corrupt.labels(kind=kind).inc(n)
         for out in step.outputs:
@@ -386,6 +394,22 @@ class JoinProcess:
             m.waiting.set(waiting)
             m.waiting_bytes.set(stored)
             m.early.set(early)
+
+    def _log_rejected(self, rejected: Rejected) -> None:
+        """Log an unreadable input record, within the reject log's budget per input and reason."""
+        rec = rejected.record
+        if rec.partition < 0:  # an output the topic refused: _replace has logged it
+            return
+        self.reject_log.note(
+            f"{rejected.input}:{rejected.reason}",
+            f"join: rejected {rejected.input} record ({rejected.reason}): {rejected.detail[:300]}",
+            {
+                "input": rejected.input,
+                "reason": rejected.reason,
+                "error": rejected.detail,
+                "source": f"{rec.topic}:{rec.partition}:{rec.offset}",
+            },
+        )
 
 
 def _any_positive(out: Any) -> bool:

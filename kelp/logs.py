@@ -24,10 +24,23 @@ LogFormat = Literal["text", "json"]
 
 # Attributes every LogRecord has; anything else came from `extra=` and is a field.
 _STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+# Extras that only repeat the message for a terminal: uvicorn's ``color_message`` (the message with
+# ANSI colour codes) would put escape sequences into every JSON record and text line.
+_DROPPED_EXTRAS = frozenset({"color_message"})
+
+# kafka-python lines an operator cannot act on, each lowered to a level: (logger, message template
+# prefix) -> level. A topic missing from metadata is routine while a topic is being created (Kelp
+# reports a source topic that is really gone in its own words, with kelp_consumer_topic_missing);
+# idempotence is disabled because Kelp's producer settings ask for acks or retries that conflict
+# with it, on purpose.
+_LOWERED: dict[tuple[str, str], int] = {
+    ("kafka.cluster", "Topic %s not found in cluster metadata"): logging.DEBUG,
+    ("kafka.producer.kafka", "%s: Idempotence will be disabled"): logging.INFO,
+}
 
 
 def _extra_fields(record: logging.LogRecord) -> dict[str, object]:
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS}
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS and k not in _DROPPED_EXTRAS}
 
 
 class JsonLineFormatter(logging.Formatter):
@@ -72,6 +85,35 @@ class _RankField(logging.Filter):
         return True
 
 
+class _Lowered(logging.Filter):
+    """Lowers the :data:`_LOWERED` lines of one kafka-python logger, then keeps them only at that level.
+
+    A logger's filter runs after its level check, so a lowered line is
+    dropped here unless the logger would have let a line of the new level through.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.levels = [(prefix, level) for (logger, prefix), level in _LOWERED.items() if logger == name]
+        self.logger = logging.getLogger(name)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        template = record.msg if isinstance(record.msg, str) else ""
+        for prefix, level in self.levels:
+            if template.startswith(prefix) and record.levelno > level:
+                record.levelno, record.levelname = level, logging.getLevelName(level)
+                return self.logger.isEnabledFor(level)
+        return True
+
+
+def _lower_library_noise() -> None:
+    """Installs :class:`_Lowered` once on each logger named in :data:`_LOWERED`."""
+    for name in dict.fromkeys(logger for logger, _ in _LOWERED):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Lowered) for f in logger.filters):
+            logger.addFilter(_Lowered(name))
+
+
 def configure_logging(level: str = "info", fmt: LogFormat = "text", stream: TextIO | None = None) -> None:
     """Install one handler on the root logger, replacing any earlier one.
 
@@ -91,3 +133,4 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text", stream: Text
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
     # Its event loop warns whenever a callback takes >100 ms, which on 2 cores is routine noise.
     logging.getLogger("kafka.net.selector").setLevel(max(logging.ERROR, root.level))
+    _lower_library_noise()

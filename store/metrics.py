@@ -7,7 +7,9 @@ write), ``reason``.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kelp.metrics import Children, MetricFactory
 
@@ -18,6 +20,22 @@ _PREFIX = "kelp_store_"
 
 class StoreMetrics:
     """Every store metric; ``registry=None`` gives a private registry (so two stores never clash)."""
+
+    # The hot tier's, there once :meth:`hot_tier` has run.
+    hot_hits: Counter
+    hot_misses: Counter
+    hot_hits_by: Children[Counter]
+    hot_misses_by: Children[Counter]
+    hot_hit_rate: Gauge
+    hot_rows: Gauge
+    hot_bytes: Gauge
+    hot_writeback: Counter
+    hot_stale: Counter
+    hot_evictions: Counter
+    hot_capacity: Gauge
+    hot_writeback_every_steps: Gauge
+    hot_writeback_interval: Gauge
+    hot_dirty_age: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -60,34 +78,6 @@ class StoreMetrics:
         self.errors = m.counter("errors", "Failed operations after retries", ["op", "kind"])
         self.retries = m.counter("retries", "Retried attempts", ["op"])
         self.latency = m.histogram("op_duration", "Wall time of a store operation", ["op"])
-        self.hot_hits = m.counter("hot_cache_hits", "Pulled rows served by the hot-row cache", ["table"])
-        self.hot_misses = m.counter(
-            "hot_cache_misses", "Pulled rows the hot-row cache had to fetch", ["table"]
-        )
-        self.hot_hit_rate = m.gauge(
-            "hot_cache_hit_rate", "Hits / lookups of the hot-row cache since start", unit="ratio"
-        )
-        self.hot_rows = m.gauge("hot_cache_rows", "Rows held in the hot-row cache", unit="rows")
-        self.hot_bytes = m.gauge(
-            "hot_cache", "Memory the hot tier's slot columns take (rows, state, ids)", unit="bytes"
-        )
-        self.hot_writeback = m.counter("hot_cache_writeback_rows", "Dirty rows written back by the hot cache")
-        self.hot_stale = m.counter(
-            "hot_cache_stale_rereads", "Cached rows re-read because they passed max_staleness_s"
-        )
-        self.hot_evictions = m.counter(
-            "hot_cache_evictions", "Clean rows dropped from the hot tier by frequency (trims)"
-        )
-        self.hot_capacity = m.gauge("hot_cache_capacity", "Configured hot tier capacity", unit="rows")
-        self.hot_writeback_every_steps = m.gauge(
-            "hot_cache_writeback_every_steps",
-            "Configured bound: pushes between two write-backs of the hot tier (store.hot_cache)",
-        )
-        self.hot_writeback_interval = m.gauge(
-            "hot_cache_writeback_interval",
-            "Configured bound: seconds between two write-backs of the hot tier (store.hot_cache)",
-            unit="seconds",
-        )
         # Per-request recording by table or op, without labels()'s lock and checks each time.
         self.pulled_rows = Children(self.rows_pulled)
         self.missed_rows = Children(self.misses)
@@ -95,14 +85,58 @@ class StoreMetrics:
         self.sent = Children(self.bytes_sent)
         self.row_ops = Children(self.backend_row_ops)
         self.op_latency = Children(self.latency)
-        self.hot_hits_by = Children(self.hot_hits)
-        self.hot_misses_by = Children(self.hot_misses)
         self.trips = Children(self.round_trips)
-        self.hot_dirty_age = m.gauge(
-            "hot_cache_dirty_age",
-            "Age of the oldest hot-tier update not yet written back to the store (0: all durable)",
-            unit="seconds",
-        )
+        self._hot_lock = threading.Lock()  # a hot tier registers its metrics once, whoever asks first
+
+    def hot_tier(self) -> None:
+        """Register the hot tier's metrics (``kelp_store_hot_cache_*``); a hot tier calls it, once or more.
+
+        Only a store with a hot tier in front exports them: made at start in
+        every process they would read 0 where there is no hot tier at all
+        (serving, a write-through trainer), a cold cache to whoever reads them,
+        and pull a dashboard's average hit rate down.
+        """
+        with self._hot_lock:
+            if hasattr(self, "hot_hits"):
+                return
+            m = self.factory
+            self.hot_hits = m.counter("hot_cache_hits", "Pulled rows served by the hot-row cache", ["table"])
+            self.hot_misses = m.counter(
+                "hot_cache_misses", "Pulled rows the hot-row cache had to fetch", ["table"]
+            )
+            self.hot_hit_rate = m.gauge(
+                "hot_cache_hit_rate", "Hits / lookups of the hot-row cache since start", unit="ratio"
+            )
+            self.hot_rows = m.gauge("hot_cache_rows", "Rows held in the hot-row cache", unit="rows")
+            self.hot_bytes = m.gauge(
+                "hot_cache", "Memory the hot tier's slot columns take (rows, state, ids)", unit="bytes"
+            )
+            self.hot_writeback = m.counter(
+                "hot_cache_writeback_rows", "Dirty rows written back by the hot cache"
+            )
+            self.hot_stale = m.counter(
+                "hot_cache_stale_rereads", "Cached rows re-read because they passed max_staleness_s"
+            )
+            self.hot_evictions = m.counter(
+                "hot_cache_evictions", "Clean rows dropped from the hot tier by frequency (trims)"
+            )
+            self.hot_capacity = m.gauge("hot_cache_capacity", "Configured hot tier capacity", unit="rows")
+            self.hot_writeback_every_steps = m.gauge(
+                "hot_cache_writeback_every_steps",
+                "Configured bound: pushes between two write-backs of the hot tier (store.hot_cache)",
+            )
+            self.hot_writeback_interval = m.gauge(
+                "hot_cache_writeback_interval",
+                "Configured bound: seconds between two write-backs of the hot tier (store.hot_cache)",
+                unit="seconds",
+            )
+            self.hot_hits_by = Children(self.hot_hits)
+            self.hot_misses_by = Children(self.hot_misses)
+            self.hot_dirty_age = m.gauge(
+                "hot_cache_dirty_age",
+                "Age of the oldest hot-tier update not yet written back to the store (0: all durable)",
+                unit="seconds",
+            )
 
     def totals(self) -> dict[str, float]:
         """Each store counter summed over its labels, without prefix or suffix: ``{"rows_pulled": 12.0}``.

@@ -10,6 +10,7 @@ labelled by the task's name; a one-task run draws one curve.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,4 +104,16 @@ def _report(args: argparse.Namespace) -> int:
     path = plot_learning(curves, out, title)
     points = sum(len(points) for _name, points in chosen)
     print(f"wrote {path} ({points} points, {len(curves)} curve{'s' if len(curves) != 1 else ''})")
+    for name, run_points in chosen:
+        if len(run_points) < 2:
+            print(f"note: {one_point_note(name)}", file=sys.stderr)
     return 0
+
+
+def one_point_note(run: str) -> str:
+    """Why a run's curve is empty: a line needs two points, and what gives a run more."""
+    return (
+        f"run {run} has a single point, which draws no line: it trained one batch, or a trainer older "
+        "than trainer.progress_every_samples recorded it (a point only every trainer.progress_every_s); "
+        "a run trained now records a point at least at every 5% more samples"
+    )

@@ -250,6 +250,7 @@ class HotRowCache(EmbeddingStore):
 
     def _export_settings(self) -> None:
         m = self.metrics
+        m.hot_tier()
         m.hot_writeback_every_steps.set(self.cfg.writeback_every_steps)
         m.hot_writeback_interval.set(self.cfg.writeback_interval_s)
         m.hot_capacity.set(self.capacity)

@@ -94,7 +94,9 @@ def _exposed_names() -> set[str]:
         ServingMetrics,
         JoinMetrics,
     ):
-        metrics(registry)
+        made = metrics(registry)
+        if isinstance(made, StoreMetrics):
+            made.hot_tier()  # registered only where a hot tier runs: a trainer's default
     names = registered_names(registry)
     # Every sample that exists already is among them.
     samples = {s.name for family in registry.collect() for s in family.samples}
