@@ -104,9 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
         action=_VersionAction,
         help="show Kelp, torch, redis-py and kafka-python versions and the device",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
-        "--log-format", default="text", choices=["text", "json"], help="json: one object per line"
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="default: the config's logging.level where the command reads a config, else info",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=None,
+        choices=["text", "json"],
+        help="json: one object per line; default: the config's logging.format where the command "
+        "reads a config, else text",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -124,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
-    progress.configure(args.log_format)
+    configure_logging(args.log_level or "info", args.log_format or "text")
+    progress.configure(args.log_format or "text")
     try:
         return int(args.handler(args) or 0)
     except UserError as exc:

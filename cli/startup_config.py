@@ -10,13 +10,16 @@ field is the config as a JSON object; the text format prints it as compact JSON.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from typing import Any, Literal
 
+from kelp import progress
 from kelp.config import KelpConfig, effective_config
+from kelp.logs import configure_logging
 
-__all__ = ["MESSAGE", "effective_config_record", "log_effective_config"]
+__all__ = ["MESSAGE", "apply_config_logging", "effective_config_record", "log_effective_config"]
 
 log = logging.getLogger("kelp.config")
 
@@ -48,3 +51,16 @@ def effective_config_record(cfg: KelpConfig, origin: str, role: Role) -> dict[st
 def log_effective_config(cfg: KelpConfig, origin: str, role: Role) -> None:
     """Log the config ``cfg`` (loaded from ``origin``) as the ``role`` process will run it."""
     log.info(MESSAGE, extra=effective_config_record(cfg, origin, role))
+
+
+def apply_config_logging(args: argparse.Namespace, cfg: KelpConfig) -> None:
+    """Log as the config's ``logging`` section says, where ``--log-level`` / ``--log-format`` were not
+    given (a flag wins): the config a user validates, chart included, decides how its process logs.
+
+    The CLI configured logging from the flags (or text at info) before any config was read; this
+    re-configures it once the config is known, and leaves the effective values on ``args``.
+    """
+    args.log_level = args.log_level or cfg.logging.level
+    args.log_format = args.log_format or cfg.logging.format
+    configure_logging(args.log_level, args.log_format)
+    progress.configure(args.log_format)

@@ -35,13 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _join(args: argparse.Namespace) -> int:
-    from kelp.cli.startup_config import log_effective_config
+    from kelp.cli.startup_config import apply_config_logging, log_effective_config
     from kelp.daemon.health import HealthServer
     from kelp.daemon.listen import check_listen
     from kelp.daemon.preflight import preflight
     from kelp.join import JoinProcess
 
     cfg = load_config(args.config)
+    apply_config_logging(args, cfg)
     preflight(cfg, args.config, role="join")
     log_effective_config(cfg, args.config, "join")
     check_listen(cfg.join.host, cfg.join.port, "join")

@@ -53,7 +53,7 @@ def _multiprocess_metrics() -> Iterator[None]:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from kelp.cli.startup_config import log_effective_config
+    from kelp.cli.startup_config import apply_config_logging, log_effective_config
     from kelp.daemon.listen import check_listen
     from kelp.daemon.preflight import preflight
     from kelp.daemon.startup import check_endpoints
@@ -62,6 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kelp.serving.replica import ServingReplica
 
     cfg = load_config(args.config)
+    apply_config_logging(args, cfg)
     preflight(cfg, args.config, role="serve")
     log_effective_config(cfg, args.config, "serve")
     check_listen(cfg.serving.host, cfg.serving.port, "serving")  # a port in use: one line, exit 2

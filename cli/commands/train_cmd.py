@@ -97,6 +97,8 @@ def _launch_group(args: argparse.Namespace) -> int:
         "--monitor-interval=0.5",
         "-m",
         "kelp.cli",
+        *(["--log-level", args.log_level] if args.log_level else []),  # the ranks log as this command
+        *(["--log-format", args.log_format] if args.log_format else []),
         "train",
         "--config",
         args.config,
@@ -121,7 +123,7 @@ def _launch_group(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from kelp.cli.startup_config import log_effective_config
+    from kelp.cli.startup_config import apply_config_logging, log_effective_config
     from kelp.daemon.preflight import preflight
     from kelp.daemon.startup import check_endpoints
     from kelp.daemon.train import PEER_STOPPED, TrainDaemon
@@ -135,6 +137,7 @@ def _train(args: argparse.Namespace) -> int:
         return _launch_group(args)
 
     cfg = load_config(args.config)
+    apply_config_logging(args, cfg)
     if args.max_steps is not None:
         cfg.trainer.max_steps = args.max_steps
     _override_start(cfg, args.start_from)

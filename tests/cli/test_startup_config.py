@@ -7,6 +7,7 @@ defaults in it.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import logging
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kelp.cli.startup_config import MESSAGE, log_effective_config
+from kelp.cli.startup_config import MESSAGE, apply_config_logging, log_effective_config
 from kelp.config import effective_config
 from kelp.config.loader import parse_config
 from kelp.harness import free_port
@@ -118,3 +119,24 @@ def test_every_process_logs_its_effective_config_before_anything_can_fail(
     assert len(started) == 1, result.stderr
     assert started[0]["role"] == command and started[0]["config"]["deployment"] == "startup"
     assert URL_SECRET not in result.stderr and FIELD_SECRET not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [((None, None), ("warning", "json")), (("debug", "text"), ("debug", "text"))],
+)
+def test_the_configs_logging_applies_unless_a_flag_says_otherwise(
+    root_logging: None, flags: tuple[str | None, str | None], expected: tuple[str, str]
+) -> None:
+    """The config's ``logging`` section used to be validated and then ignored: the flags' defaults
+    decided, so a config (the chart's included) asking for JSON logs got text."""
+    doc = {**_doc(9400), "logging": {"level": "warning", "format": "json"}}
+    cfg = parse_config(doc, "kelp.yaml", {})
+    args = argparse.Namespace(log_level=flags[0], log_format=flags[1])
+    apply_config_logging(args, cfg)
+    assert (args.log_level, args.log_format) == expected
+    root = logging.getLogger()
+    assert root.level == getattr(logging, expected[0].upper())
+    record = logging.LogRecord("kelp.test", logging.WARNING, __file__, 1, "hello", None, None)
+    line = root.handlers[0].format(record)
+    assert (line.startswith("{") and json.loads(line)["msg"] == "hello") == (expected[1] == "json")
