@@ -97,8 +97,14 @@ def _oip_error(status: int, reason: str, message: str, headers: dict[str, str] |
     return JSONResponse({"error": f"{reason}: {message}"}, status_code=status, headers=headers)
 
 
+def _protocol_status(status: int) -> int:
+    """An input the model cannot use is a 400 here, as the protocol and KServe answer it; ``/v1``
+    tells a well-formed but unusable input apart as 422."""
+    return 400 if status == 422 else status
+
+
 def _refused(error: RequestError) -> JSONResponse:
-    return _oip_error(error.status, error.reason, str(error))
+    return _oip_error(_protocol_status(error.status), error.reason, str(error))
 
 
 def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
@@ -234,7 +240,7 @@ def add_oip_routes(app: FastAPI, model: OipModel, server_version: str) -> None:
             )
         except KelpError as exc:
             status, payload = error_answer(exc)
-            return _oip_error(status, payload["error"], payload["detail"])
+            return _oip_error(_protocol_status(status), payload["error"], payload["detail"])
         if header_length is None:
             return Response(body, media_type="application/json", headers=headers)
         headers[BINARY_HEADER] = str(header_length)

@@ -130,9 +130,10 @@ def test_tritonclient_health_and_metadata(oip: Oip) -> None:
     assert metadata["inputs"][0]["shape"] == [-1, 2]
 
 
-def _error_of(call) -> str:  # type: ignore[no-untyped-def]
+def _error_of(call, status: str = "400") -> str:  # type: ignore[no-untyped-def]
     with pytest.raises(InferenceServerException) as caught:
         call()
+    assert caught.value.status() == status, caught.value.message()
     return str(caught.value.message())
 
 
@@ -145,8 +146,8 @@ def test_errors_name_the_reason_in_the_protocols_shape(oip: Oip) -> None:
         return lambda: client.infer(model, [tensor], model_version=version)
 
     ids = np.array([1, 2], np.int64)
-    assert _error_of(infer_with("C1", "INT64", ids, model="nope")).startswith("unknown_model:")
-    assert _error_of(infer_with("C1", "INT64", ids, version=str(oip.version + 1))).startswith(
+    assert _error_of(infer_with("C1", "INT64", ids, model="nope"), "404").startswith("unknown_model:")
+    assert _error_of(infer_with("C1", "INT64", ids, version=str(oip.version + 1)), "404").startswith(
         "version_not_loaded:"
     )
     assert _error_of(infer_with("C9", "INT64", ids)).startswith("unknown_input: input 'C9'")
@@ -156,7 +157,9 @@ def test_errors_name_the_reason_in_the_protocols_shape(oip: Oip) -> None:
     assert _error_of(infer_with("dense", "FP32", np.ones((2, 3), np.float32))).startswith("bad_shape:")
     nan = np.array([[np.nan, 1.0]], np.float32)
     assert _error_of(infer_with("dense", "FP32", nan)).startswith("bad_dense:")
-    assert _error_of(infer_with("C1", "INT64", np.arange(65, dtype=np.int64))).startswith("too_many_samples:")
+    assert _error_of(infer_with("C1", "INT64", np.arange(65, dtype=np.int64)), "413").startswith(
+        "too_many_samples:"
+    )
 
     statuses = {
         "unknown output": oip.http.post(
