@@ -482,3 +482,40 @@ def test_state_stored_under_an_id_the_rule_now_refuses_still_closes() -> None:
     rig.store.apply(Changes(put={rid: (waiting, T0 + 60, 600.0)}))
     rig.tick(T0 + 61)
     assert sorted(e["id"] for e in rig.emitted()) == ["old id/0", "old id/1", "old id/2"]
+
+
+def test_a_one_row_event_holds_the_same_row_as_the_general_cut() -> None:
+    """A positive's event is cut out of its impression by byte slices where every row holds one id
+    (the request log's shape); ragged columns take the array path. Either way row r is row r."""
+    from kelp.consumers.codec import encode_request_record
+    from kelp.join.records import Impression
+
+    rng = np.random.default_rng(5)
+    n = 6
+    ragged = rng.integers(0, 3, size=n).astype(np.int32)
+    record = encode_request_record(
+        request_id="q-cut",
+        model_version=1,
+        ts=100.0,
+        dense=rng.random((n, 2)).astype(np.float32),
+        sparse={
+            "user": (np.arange(n, dtype=np.uint64) + 10, np.ones(n, dtype=np.int32)),
+            "tags": (rng.integers(0, 99, size=int(ragged.sum())).astype(np.uint64), ragged),
+        },
+        scores={"click": rng.random(n).astype(np.float32)},
+    )
+    imp = Impression.from_raw(record)
+
+    def cut(rows: list[int]) -> dict:
+        labels = {"click": np.ones(len(rows), np.float32)}
+        return msgpack.unpackb(imp.labelled(np.array(rows), labels, None, False))
+
+    for r in range(n):
+        one, two = cut([r]), cut([r, (r + 1) % n])
+        for name in ("user", "tags"):
+            lens = np.frombuffer(two["sparse"][name]["lengths"], "<i4")
+            ids = np.frombuffer(two["sparse"][name]["values"], "<u8")[: lens[0]]
+            assert np.frombuffer(one["sparse"][name]["lengths"], "<i4").tolist() == lens[:1].tolist()
+            assert np.frombuffer(one["sparse"][name]["values"], "<u8").tolist() == ids.tolist()
+        assert one["dense"] == two["dense"][: len(one["dense"])]
+        assert one["request"]["scores"]["click"] == two["request"]["scores"]["click"][:4]
