@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -56,13 +59,18 @@ def pod_spec(obj: Manifest) -> dict[str, Any]:
     return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
 
 
-def merge_values(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Helm's rule for layering values: maps merge, anything else (lists included) replaces."""
-    out = dict(base)
-    for key, value in over.items():
-        mergeable = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = merge_values(out[key], value) if mergeable else value
-    return out
+def _chart_tool() -> ModuleType:
+    """scripts/chart.py (``make chart``), loaded once: the tests layer values by its rule, not a copy."""
+    spec = importlib.util.spec_from_file_location("kelp_chart_tool", ROOT / "scripts" / "chart.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+CHART_TOOL = _chart_tool()
+merge_values = CHART_TOOL.merge_values
 
 
 def minimal_values(over: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -7,15 +7,13 @@ action without a cluster (an unreachable kubeconfig, in-memory release storage).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
-from chartkit import MINIMAL_VALUES, PRODUCTION_VALUES, ROOT, merge_values
+from chartkit import CHART_TOOL, MINIMAL_VALUES, PRODUCTION_VALUES, ROOT, merge_values
 
 _UNREACHABLE_KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -28,12 +26,7 @@ users: [{name: none, user: {token: none}}]
 
 @pytest.fixture(scope="module")
 def chart_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kelp_chart_tool", ROOT / "scripts" / "chart.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return CHART_TOOL
 
 
 def _write(path: Path, values: dict[str, Any]) -> Path:
