@@ -17,6 +17,10 @@ streams (:mod:`kelp.bench.streams`):
    (engaged and buy); each skipped, with the reason in the JSON, where its data
    is missing (the shipped criteo sample has no conversion label; Kelp does not
    ship Taobao).
+2c. **First-order forms** (full run, :mod:`kelp.bench.accuracy_first_order`): DeepFM's
+   ``projection`` and ``per_id`` (with and without its gradient scale) beside the
+   reference, at ``min_count`` 1 and 3, three seeds, on Taobao, the synthetic
+   long-tail click stream of :mod:`kelp.bench.longtail`, MovieLens and criteo-attribution.
 3. **Sweep** on MovieLens-100k: admission ``min_count`` with and without fallback
    rows, TTL and LFU eviction. These runs use the trainer's step on an in-memory
    store whose clock is the stream's *event* time, so a TTL of 7 days means 7 days
@@ -43,8 +47,10 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from kelp.bench.accuracy_admission import ROWS_TARGET, admission_sweep, memory_auc, taobao_config
+from kelp.bench.accuracy_first_order import first_order_comparison
 from kelp.bench.accuracy_kelp import Trained, default_data_dir, kelp_config, train_daemon
 from kelp.bench.accuracy_tasks import RUNS, multitask_parity
+from kelp.bench.longtail import longtail_stream
 from kelp.bench.reference import ReferenceOptions, train_reference
 from kelp.bench.runner import progress
 from kelp.bench.store import bytes_per_counter, bytes_per_row
@@ -379,7 +385,14 @@ def run(quick: bool, data_dir: Path | None = None, out_dir: Path | None = None) 
                 counter_ttl_s=COUNTER_TTL_S,
                 costs=costs,
             )
-            result["taobao_memory_auc"] = memory_auc(result["taobao_sweep"])
+            result["taobao_memory_auc"] = memory_auc(result["taobao_sweep"], first_order="projection")
+        if not quick:
+            candidates = (taobao, longtail_stream(), streams[MOVIELENS], streams[CRITEO_ATTRIBUTION])
+            compared = [s for s in candidates if isinstance(s, Stream)]
+            progress(f"deepfm's first-order forms on {', '.join(s.name for s in compared)} (3 seeds each)")
+            result["first_order"] = first_order_comparison(
+                compared, work=work, data_dir=data_dir, train=train_on_event_time
+            )
     suffix = "-quick" if quick else ""
     title = "kelp bench accuracy" + (" --quick" if quick else "")
     path = out_dir / f"accuracy{suffix}.png"

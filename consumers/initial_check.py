@@ -185,8 +185,8 @@ class InitialCheck:
         return (
             f"{head}were rejected ({reasons}{detail}); the rejected records {_plural(shape)}, not "
             f"{self.expects}. Stopped without committing or dead-lettering them: point source.topics at a "
-            f"topic of {self.expects}, set source.format, source.topic_formats or source.decoder to what the topic holds, or "
-            f"fix its producer {tail}"
+            f"topic of {self.expects}, set source.format, source.topic_formats or source.decoder to what "
+            f"the topic holds, or fix its producer {tail}"
         )
 
 

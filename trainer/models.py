@@ -44,9 +44,14 @@ vector and the id's own weight ``w_id``, stored, admitted, evicted and updated
 
     row_id = [v_id (k), w_id]       logit = sum_f w_{id_f} + b + pairwise(v) + deep(v)
 
-Under frequency admission the projection loses more AUC than per-id weights do
-(an admitted id's weight starts at its init, not trained through a shared ``w``):
-docs/accuracy.md measures both. On the criteo-attribution and MovieLens streams
+The row has one row-wise Adagrad accumulator, and ``w_id``'s gradient (the
+logit's own) starts far larger than any element of ``v_id``'s: unscaled, it
+fills the accumulator, shrinks the vector's steps and makes the weight's own
+step about ``sqrt(k + 1)`` times a plain Adagrad step. So the weight's gradient
+is scaled by ``per_id_grad_scale`` (0.25) on its way back to the row; the logit
+is unchanged. Neither form ranks better in general (docs/accuracy.md measures
+both, and the scale, on four streams), so ``projection`` stays the default.
+On the criteo-attribution and MovieLens streams
 the pairwise term is where ``dlrm-small``'s concatenation loses AUC to a plain
 FM+MLP.
 """
@@ -76,6 +81,7 @@ from kelp.trainer.model_api import (
 __all__ = [
     "DLRM",
     "MODELS",
+    "PER_ID_GRAD_SCALE",
     "CrossNetwork",
     "DCNv2",
     "DeepFM",
@@ -208,6 +214,23 @@ class DCNv2(nn.Module):
 FIRST_ORDER = ("projection", "per_id")
 """DeepFM's first-order term: a learned projection of each field vector, or each id's own weight."""
 
+PER_ID_GRAD_SCALE = 0.25
+"""What ``first_order: per_id`` multiplies the weight's gradient by before it reaches the row.
+
+The weight shares its row's one Adagrad accumulator with the field vector, and
+its gradient is the logit's own, so unscaled it outweighs every vector element
+and sets the row's step size alone; about ``1 / sqrt(dim)`` for tables of dim 17
+lets both parts move (docs/accuracy.md measures 0.1, 0.25, 0.5 and 1).
+"""
+
+
+def scale_grad(x: Tensor, scale: float) -> Tensor:
+    """``x`` unchanged in the forward pass; its gradient times ``scale`` in the backward pass."""
+    if scale == 1.0:
+        return x
+    frozen = x.detach()
+    return frozen + scale * (x - frozen)
+
 
 def pairwise_interaction(fields: Tensor) -> Tensor:
     """FM's second-order term ``sum_{f<g} <v_f, v_g>`` for ``fields`` f32[B, F, k] -> f32[B], in O(F k).
@@ -233,6 +256,7 @@ class DeepFM(nn.Module):
         bottom_mlp: Sequence[int],
         top_mlp: Sequence[int],
         first_order: str = "projection",
+        per_id_grad_scale: float = PER_ID_GRAD_SCALE,
     ) -> None:
         super().__init__()
         if first_order not in FIRST_ORDER:
@@ -240,7 +264,15 @@ class DeepFM(nn.Module):
                 f"trainer.model_args.first_order: got {first_order!r}: "
                 f"expected one of {', '.join(FIRST_ORDER)}"
             )
+        if isinstance(per_id_grad_scale, bool) or not (
+            isinstance(per_id_grad_scale, int | float) and 0 < per_id_grad_scale <= 1
+        ):
+            raise UserError(
+                f"trainer.model_args.per_id_grad_scale: got {per_id_grad_scale!r}: "
+                "expected a number in (0, 1] (first_order: per_id scales its weight's gradient by it)"
+            )
         self.per_id = first_order == "per_id"
+        self.per_id_grad_scale = float(per_id_grad_scale)
         extra = 1 if self.per_id else 0  # the row's last element is the id's first-order weight
         widths = {d - extra for d in inputs.feature_dims} | ({bottom_mlp[-1]} if inputs.n_dense else set())
         if len(widths) != 1:
@@ -274,7 +306,8 @@ class DeepFM(nn.Module):
         dense = [self.bottom(batch.dense)] if self.bottom is not None else []
         if self.per_id:
             k = self.field_width
-            first = torch.stack([p[:, k] for p in pooled], dim=1).sum(dim=1)
+            weights = torch.stack([p[:, k] for p in pooled], dim=1)
+            first = scale_grad(weights, self.per_id_grad_scale).sum(dim=1)
             pooled = [p[:, :k] for p in pooled]
         fields = [*dense, *pooled]
         x = torch.cat(fields, dim=1)
@@ -310,12 +343,14 @@ def deepfm(
     bottom_mlp: Sequence[int] = (64, 16),
     top_mlp: Sequence[int] = (256, 64),
     first_order: str = "projection",
+    per_id_grad_scale: float = PER_ID_GRAD_SCALE,
 ) -> DeepFM:
     """``kelp.trainer.models:deepfm`` (alias ``deepfm``): :class:`DeepFM`.
 
-    ``first_order``: ``projection`` (a learned ``w . x``) or ``per_id`` (each row's last element).
+    ``first_order``: ``projection`` (a learned ``w . x``) or ``per_id`` (each row's last element);
+    ``per_id_grad_scale``: with ``per_id``, the weight's gradient multiplier (:data:`PER_ID_GRAD_SCALE`).
     """
-    return DeepFM(ModelInputs.from_spec(spec, "deepfm"), bottom_mlp, top_mlp, first_order)
+    return DeepFM(ModelInputs.from_spec(spec, "deepfm"), bottom_mlp, top_mlp, first_order, per_id_grad_scale)
 
 
 MODELS: dict[str, str] = dict(BUILTIN_MODELS)
