@@ -13,7 +13,8 @@ from kelp.errors import UserError
 
 # helpers of the suites, not suites
 NOT_SUITES = {"runner", "synth", "baseline", "scale_rank", "allreduce_probe", "reference", "streams", "plain"}
-NOT_SUITES |= {"accuracy_kelp", "accuracy_tasks", "accuracy_admission", "two_heads", "cost"}
+NOT_SUITES |= {"accuracy_kelp", "accuracy_tasks", "accuracy_admission", "accuracy_first_order", "two_heads"}
+NOT_SUITES |= {"cost", "longtail"}
 NOT_SUITES |= {
     f"chaos_{part}" for part in ("checks", "durability", "faults", "load", "poison", "procs", "rig", "soak")
 }
