@@ -9,7 +9,10 @@ Each step of the loop:
    skipped; an event Kafka refuses for good, too large for the topic, is replaced
    by a dead letter of its impression, so one record cannot hold the join);
 4. applies the step's state changes to the waiting store in one transaction;
-5. commits the input offsets the step covered.
+5. commits the input offsets the step covered, without waiting for the answer: the
+   next step goes on meanwhile, and the join waits for a last commit of every
+   applied step when it stops. A commit that fails, or is still on the way at a
+   crash, only means its records are read again.
 
 A crash after 3 sends the step's events again when the records are read again,
 with the same sample ids; after 4 the state already says what was emitted.
@@ -111,6 +114,7 @@ class JoinProcess:
         self.last_step_at = time.monotonic()
         self.ready = False
         self.last_step: Step | None = None
+        self._applied: dict[Any, int] = {}  # per partition, the last offset whose step is applied
         # Rejected inputs are logged as they come (the first of each reason at once, then a line per
         # interval), so a stream of unreadable actions is seen in the log, not only as a counter.
         self.reject_log = RejectLog()
@@ -165,6 +169,7 @@ class JoinProcess:
             )
 
     def close(self) -> None:
+        self._commit_applied()
         for part in (self._consumer, self._producer, self._store):
             if part is not None:
                 try:
@@ -354,13 +359,36 @@ class JoinProcess:
         return None
 
     def _commit(self, last: dict[Any, int]) -> None:
-        from kafka.structs import OffsetAndMetadata
-
+        """Commit the offsets of an applied step without waiting for the answer (a round trip of
+        every step otherwise); a failure, reported to the callback, means those records are read again."""
+        self._applied.update(last)
         try:
-            self._consumer.commit({tp: OffsetAndMetadata(offset + 1, "", -1) for tp, offset in last.items()})
+            self._consumer.commit_async(_offsets(last), callback=self._committed)
         except Exception as exc:  # a rebalance moved the partitions: their next owner reads these again
-            self.metrics.commit_failures.inc()
-            log.warning("join: offsets not committed (%s); the records will be read again", exc)
+            self._commit_failed(exc)
+
+    def _committed(self, _offsets: Any, result: Any) -> None:
+        if isinstance(result, Exception):
+            self._commit_failed(result)
+
+    def _commit_failed(self, exc: Exception) -> None:
+        self.metrics.commit_failures.inc()
+        log.warning("join: offsets not committed (%s); the records will be read again", exc)
+
+    def _commit_applied(self) -> None:
+        """At the end, wait for a commit of every applied step's offsets (the async ones may still
+        be on the way): a join stopped by SIGTERM restarts after the last step it finished."""
+        if not self._applied or self._consumer is None:
+            return
+        try:
+            # Only partitions still held: a moved one's new owner may be past these offsets already.
+            held = set(self._consumer.assignment())
+            mine = {tp: offset for tp, offset in self._applied.items() if tp in held}
+            if mine:
+                self._consumer.commit(_offsets(mine))
+        except Exception as exc:
+            self._commit_failed(exc)
+        self._applied = {}
 
     def _count(self, step: Step, now: float) -> None:
         m = self.metrics
@@ -410,6 +438,13 @@ class JoinProcess:
                 "source": f"{rec.topic}:{rec.partition}:{rec.offset}",
             },
         )
+
+
+def _offsets(last: dict[Any, int]) -> dict[Any, Any]:
+    """Kafka's commit of ``last`` (per partition, the last offset handled): the next one to read."""
+    from kafka.structs import OffsetAndMetadata
+
+    return {tp: OffsetAndMetadata(offset + 1, "", -1) for tp, offset in last.items()}
 
 
 def _any_positive(out: Any) -> bool:
