@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kelp.redaction import redact_url
 
-__all__ = ["StrictModel", "identifier", "kafka_topic", "split_csv", "url_with_plain_userinfo"]
+__all__ = ["StrictModel", "decoder_ref", "identifier", "kafka_topic", "split_csv", "url_with_plain_userinfo"]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -23,6 +23,16 @@ class StrictModel(BaseModel):
     """Base for every config section: unknown keys are errors; assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+
+
+_DECODER_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def decoder_ref(value: str | None) -> str | None:
+    """A plug-in decoder's ``package.module:attr`` (sources and join actions name one the same way)."""
+    if value is not None and not _DECODER_REF.match(value):
+        raise ValueError(f"{value!r}: expected package.module:attr (e.g. avro_decoder:ConfluentAvro)")
+    return value
 
 
 def identifier(value: str, what: str) -> str:

@@ -14,9 +14,8 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
-from kelp.config.base import StrictModel, kafka_topic, url_with_plain_userinfo
+from kelp.config.base import StrictModel, decoder_ref, kafka_topic, url_with_plain_userinfo
 from kelp.config.json_mapping import TimeCast
-from kelp.config.sources import _decoder_ref
 
 __all__ = ["ActionStream", "JoinConfig"]
 
@@ -70,7 +69,7 @@ class ActionStream(StrictModel):
         "read as UTC). A value its cast cannot read is dead-lettered as bad_type.",
     )
 
-    _decoder = field_validator("decoder")(_decoder_ref)
+    _decoder = field_validator("decoder")(decoder_ref)
 
     @field_validator("topic")
     @classmethod

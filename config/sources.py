@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from kelp.config.base import StrictModel, kafka_topic, split_csv
+from kelp.config.base import StrictModel, decoder_ref, kafka_topic, split_csv
 from kelp.config.json_mapping import JsonMapping
 
 __all__ = [
@@ -122,15 +122,6 @@ class CsvMapping(StrictModel):
         if both:
             raise ValueError(f"feature(s) {', '.join(both)} in both sparse_columns and flag_columns")
         return self
-
-
-_DECODER_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-
-
-def _decoder_ref(value: str | None) -> str | None:
-    if value is not None and not _DECODER_REF.match(value):
-        raise ValueError(f"{value!r}: expected package.module:attr (e.g. avro_decoder:ConfluentAvro)")
-    return value
 
 
 class FileSourceConfig(StrictModel):
@@ -316,7 +307,7 @@ class KafkaSourceConfig(StrictModel):
     )
 
     _split = field_validator("bootstrap_servers", "topics", mode="before")(split_csv)
-    _decoder = field_validator("decoder")(_decoder_ref)
+    _decoder = field_validator("decoder")(decoder_ref)
 
     @field_validator("topics")
     @classmethod
