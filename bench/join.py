@@ -171,7 +171,6 @@ def _raw_consume(bootstrap: str, topics: list[str], records: int) -> float:
 def _kelp_join(cfg: KelpConfig, samples: int) -> tuple[float, JoinProcess]:
     """Seconds from the joiner's first step with records until it emitted ``samples`` candidates."""
     process = JoinProcess(cfg)
-    emitted = [0]
     started: list[float] = []
     stop = threading.Event()
 
@@ -179,9 +178,7 @@ def _kelp_join(cfg: KelpConfig, samples: int) -> tuple[float, JoinProcess]:
         step = process.last_step
         if step is not None and (step.outputs or step.impressions) and not started:
             started.append(time.perf_counter())
-        if step is not None:
-            emitted[0] += sum(o.rows for o in step.outputs)
-        return emitted[0] >= samples
+        return process.samples_emitted >= samples
 
     process.run(stop, until=done)
     return time.perf_counter() - started[0], process

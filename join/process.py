@@ -22,6 +22,7 @@ records after the last commit. SIGTERM finishes the step under way, then stops.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from kelp.consumers.kafka_client import client_settings, consumer_settings
 from kelp.errors import StoreUnavailableError
 from kelp.join.joiner import InputRecord, Joiner, Output, Rejected, Step
 from kelp.join.metrics import JoinMetrics
+from kelp.join.pending import PendingState
 from kelp.join.records import load_action_decoders
 from kelp.join.state import RedisWaitingStore, WaitingStore
 from kelp.redaction import redact_url
@@ -80,6 +82,18 @@ class _Send:
     rejected: Rejected | None = None
 
 
+@dataclass
+class _InFlight:
+    """A decided step whose events are on their way: applied and committed once all are acknowledged."""
+
+    step: Step
+    last: dict[Any, int]
+    now: float
+    started: float
+    sends: list[_Send]
+    futures: list[Any]
+
+
 class JoinProcess:
     """The joiner's loop over one consumer, one producer and one waiting store.
 
@@ -115,6 +129,9 @@ class JoinProcess:
         self.ready = False
         self.last_step: Step | None = None
         self._applied: dict[Any, int] = {}  # per partition, the last offset whose step is applied
+        self._in_flight: _InFlight | None = None
+        self.samples_emitted = 0
+        """Candidates sent in labelled events (late corrections aside) by the steps finished so far."""
         # Rejected inputs are logged as they come (the first of each reason at once, then a line per
         # interval), so a stream of unreadable actions is seen in the log, not only as a counter.
         self.reject_log = RejectLog()
@@ -152,7 +169,8 @@ class JoinProcess:
         self._consumer.subscribe([self.join.impressions_topic, *(a.topic for a in self.join.actions)])
         load_action_decoders(self.join.actions)  # a plug-in that cannot be made stops here, reading nothing
         tasks = [t.name for t in self.cfg.features.tasks]
-        self.joiner = Joiner(self.join, tasks, self._store)
+        self._pending = PendingState(self._store)
+        self.joiner = Joiner(self.join, tasks, self._pending)
         self._warn_stored_watermark()
         self.ready = True
 
@@ -197,6 +215,7 @@ class JoinProcess:
                 self.step_once(stop)
                 if until is not None and until():
                     break
+            self.drain(stop)
         except redis.RedisError as exc:
             raise StoreUnavailableError(
                 f"join: the waiting store ({redact_url(join_redis_url(self.cfg))}) failed: "
@@ -206,9 +225,18 @@ class JoinProcess:
             self.close()
 
     def step_once(self, stop: threading.Event) -> Step | None:
-        """One poll, decide, deliver, apply, commit; None when a delivery was cut short by ``stop``."""
+        """Poll and decide a step and send its events; then finish the step before it.
+
+        The step before was decided and sent one call earlier: its acknowledgements arrived while
+        this one polled and decided (which reads its unapplied changes through
+        :class:`~kelp.join.pending.PendingState`). Finishing it waits for any still missing, then
+        applies its changes and commits its offsets. A step with nothing to send is finished in
+        the same call, so an idle stream waits in ``poll``, not in a loop. Returns the newest step
+        finished by this call; None when none was, or a delivery was cut short by ``stop``.
+        """
         started = time.perf_counter()
-        polled = self._consumer.poll(timeout_ms=_POLL_MS, max_records=self.join.max_poll_records)
+        timeout_ms = 0 if self._in_flight is not None else _POLL_MS
+        polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=self.join.max_poll_records)
         now = self.clock()
         records: list[InputRecord] = []
         last: dict[Any, int] = {}
@@ -219,16 +247,49 @@ class JoinProcess:
             last[tp] = batch[-1].offset
         assigned = [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
         step = self.joiner.step(records, now, assigned, self._idle(assigned, now))
-        if not self._deliver(step, stop):
+        self._pending.stage(step.changes)
+        launched = self._launch(step, last, now, started)
+        earlier, self._in_flight = self._in_flight, launched
+        finished = None
+        if earlier is not None:
+            finished = self._finish(earlier, stop)
+            if finished is None:
+                return None
+        if not launched.futures:
+            self._in_flight = None
+            finished = self._finish(launched, stop)
+        return finished
+
+    def _launch(self, step: Step, last: dict[Any, int], now: float, started: float) -> _InFlight:
+        """Send ``step``'s events and dead letters without waiting for Kafka's answers."""
+        sends = [self._event(out) for out in step.outputs]
+        if self.join.dead_letter_topic is not None:
+            sends += [self._dead_letter(r) for r in step.rejected]
+        return _InFlight(step, last, now, started, sends, [self._send(s) for s in sends])
+
+    def _finish(self, flight: _InFlight, stop: threading.Event) -> Step | None:
+        """Wait for ``flight``'s acknowledgements, apply its changes, commit its offsets; None (and
+        nothing staged applied) when ``stop`` cut the wait short: the records are read again."""
+        if not self._acknowledged(flight.step, flight.sends, flight.futures, stop):
+            self._pending.discard()
+            self._in_flight = None
             return None
-        self.joiner.store.apply(step.changes)
-        if last:
-            self._commit(last)
-        self._count(step, now)
-        self.metrics.step_seconds.observe(time.perf_counter() - started)
+        self._pending.apply(flight.step.changes)
+        if flight.last:
+            self._commit(flight.last)
+        self._count(flight.step, flight.now)
+        self.metrics.step_seconds.observe(time.perf_counter() - flight.started)
         self.last_step_at = time.monotonic()
-        self.last_step = step
-        return step
+        self.last_step = flight.step
+        self.samples_emitted += sum(out.rows for out in flight.step.outputs if not out.late)
+        return flight.step
+
+    def drain(self, stop: threading.Event) -> None:
+        """Finish the step still in flight (at the end of :meth:`run`): its events are out, so its
+        state and offsets follow once they are acknowledged; ``stop`` set means no resend."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None:
+            self._finish(flight, stop)
 
     def _idle(self, assigned: list[tuple[str, int]], now: float) -> set[tuple[str, int]]:
         """Partitions that are caught up and gave nothing for ``idle_partition_s``."""
@@ -250,7 +311,14 @@ class JoinProcess:
         return idle
 
     def _deliver(self, step: Step, stop: threading.Event) -> bool:
-        """Send the step's events and dead letters and wait for every ack.
+        """Send the step's events and dead letters and wait until Kafka acknowledged every one."""
+        flight = self._launch(step, {}, self.clock(), time.perf_counter())
+        return self._acknowledged(step, flight.sends, flight.futures, stop)
+
+    def _acknowledged(
+        self, step: Step, sends: list[_Send], futures: list[Any], stop: threading.Event
+    ) -> bool:
+        """Wait for the answers to ``sends``; False when ``stop`` ended a wait to send some again.
 
         A send refused for a passing reason (a broker away, a leader moving) is sent again until
         acknowledged, holding the step. A refusal no retry changes (the record is larger than the
@@ -259,12 +327,9 @@ class JoinProcess:
         no ``dead_letter_topic`` the refused event is only counted and logged at ERROR, and the step
         commits past it: its labels are lost.
         """
-        pending = [self._event(out) for out in step.outputs]
-        if self.join.dead_letter_topic is not None:
-            pending += [self._dead_letter(r) for r in step.rejected]
+        pending = sends
         while pending:
-            futures = [self._send(s) for s in pending]
-            self._producer.flush()
+            _wait(futures)
             failed = [
                 (s, exc) for s, f in zip(pending, futures, strict=True) if (exc := _failure(f)) is not None
             ]
@@ -286,6 +351,7 @@ class JoinProcess:
                 if stop.wait(_RETRY_S):
                     return False
                 pending += [send for send, _ in held]
+            futures = [self._send(s) for s in pending]
         acked = self.clock()
         for out in step.outputs:
             self.metrics.label_delay.labels(
@@ -449,6 +515,18 @@ def _offsets(last: dict[Any, int]) -> dict[Any, Any]:
 
 def _any_positive(out: Any) -> bool:
     return any(bool((col > 0).any()) for col in out.labels.values())
+
+
+def _wait(futures: list[Any]) -> None:
+    """Block until every produce future has its answer (the producer's delivery timeout bounds it).
+
+    Not ``producer.flush()``: that would also wait for the next step's events, sent meanwhile.
+    """
+    for future in futures:
+        if isinstance(future, Exception) or future.is_done:
+            continue
+        with contextlib.suppress(Exception):  # its error is read back from the future by _failure
+            future.get()
 
 
 def _failure(future: Any) -> Exception | None:

@@ -274,6 +274,11 @@ class WaitingStore(Protocol):
         """Up to ``limit`` requests whose early actions waited past ``watermark``."""
         ...
 
+    def due_scored(self, watermark: float, limit: int, *, early: bool = False) -> list[tuple[float, str]]:
+        """:meth:`due` (``early``: :meth:`early_due`) with each deadline, earliest first: what
+        :class:`~kelp.join.pending.PendingState` merges its own unapplied deadlines into."""
+        ...
+
     def watermark(self) -> float | None:
         """The watermark of the last applied step (None before the first)."""
         ...
@@ -336,10 +341,13 @@ class MemoryWaitingStore:
         (self._early_due if early else self._due)[request_id] = deadline
 
     def due(self, watermark: float, limit: int) -> list[str]:
-        return _earliest(self._due, watermark, limit)
+        return [r for _, r in _earliest(self._due, watermark, limit)]
 
     def early_due(self, watermark: float, limit: int) -> list[str]:
-        return _earliest(self._early_due, watermark, limit)
+        return [r for _, r in _earliest(self._early_due, watermark, limit)]
+
+    def due_scored(self, watermark: float, limit: int, *, early: bool = False) -> list[tuple[float, str]]:
+        return _earliest(self._early_due if early else self._due, watermark, limit)
 
     def watermark(self) -> float | None:
         return self._watermark
@@ -374,9 +382,8 @@ class MemoryWaitingStore:
         pass
 
 
-def _earliest(deadlines: dict[str, float], watermark: float, limit: int) -> list[str]:
-    ready = sorted((d, r) for r, d in deadlines.items() if d <= watermark)
-    return [r for _, r in ready[:limit]]
+def _earliest(deadlines: dict[str, float], watermark: float, limit: int) -> list[tuple[float, str]]:
+    return sorted((d, r) for r, d in deadlines.items() if d <= watermark)[:limit]
 
 
 class RedisWaitingStore:
@@ -450,6 +457,11 @@ class RedisWaitingStore:
 
     def early_due(self, watermark: float, limit: int) -> list[str]:
         return self._range(self._early, watermark, limit)
+
+    def due_scored(self, watermark: float, limit: int, *, early: bool = False) -> list[tuple[float, str]]:
+        key = self._early if early else self._due
+        found = self._r.zrangebyscore(key, "-inf", watermark, start=0, num=limit, withscores=True)
+        return [(float(d), m.decode() if isinstance(m, bytes) else m) for m, d in found]
 
     def _range(self, key: str, watermark: float, limit: int) -> list[str]:
         found = self._r.zrangebyscore(key, "-inf", watermark, start=0, num=limit)
