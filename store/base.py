@@ -25,7 +25,7 @@ Concurrency: whole rows, last writer wins; see docs/store.md.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -37,7 +37,8 @@ from kelp.errors import UserError
 from kelp.store.policy.admission import Draws, build_admission
 from kelp.store.policy.eviction import EvictionPolicy, LfuCapacity, TtlEviction, build_evictions
 from kelp.store.policy.initial_rows import init_rows
-from kelp.store.rows.codec import RowCodec
+from kelp.store.rows.codec import RowCodec, finite_rows
+from kelp.store.rows.stored import StoredRows
 
 __all__ = ["EmbeddingStore", "PullResult", "ReadRows", "StoreStats", "Table", "UnknownTableError"]
 
@@ -171,6 +172,42 @@ class Table:
                 raise ValueError(f"table {self.name}: ids must be non-negative integers (uint64)")
             ids = ids.astype(np.uint64)
         return ids
+
+    def check_stored(self, block: StoredRows) -> StoredRows:
+        """``block`` checked for :meth:`EmbeddingStore.load_rows`, its columns in the dtypes a store keeps.
+
+        Refuses (ValueError naming the table and the field) rows of another width and
+        non-finite embeddings or state: a store never holds a row it could not train through.
+        """
+        ids = self.check_ids(block.ids)
+        rows = np.asarray(block.rows)
+        if rows.ndim != 2 or rows.shape != (len(ids), self.dim):
+            want = f"[{len(ids)}, {self.dim}]"
+            raise ValueError(f"table {self.name}: StoredRows.rows must be {want}, got {rows.shape}")
+        rows = rows.astype(self.spec.dtype, copy=False)
+        state = np.asarray(block.state, dtype=np.float32)
+        bad = len(ids) - int(finite_rows(rows, state).sum())
+        if bad:
+            raise ValueError(
+                f"table {self.name}: {bad} of {len(ids)} rows hold a NaN or an infinity "
+                "(StoredRows.rows or .state); nothing was written"
+            )
+        return StoredRows(
+            ids=ids,
+            rows=rows,
+            state=state,
+            access_count=self._uint32(block.access_count, "access_count"),
+            updated_s=self._uint32(block.updated_s, "updated_s"),
+        )
+
+    def _uint32(self, values: np.ndarray, field: str) -> np.ndarray:
+        arr = np.asarray(values)
+        if arr.dtype != np.uint32:
+            integral = np.issubdtype(arr.dtype, np.integer)
+            if arr.size and (not integral or arr.min() < 0 or arr.max() > 2**32 - 1):
+                raise ValueError(f"table {self.name}: StoredRows.{field} must fit uint32, got {arr.dtype}")
+            arr = arr.astype(np.uint32)
+        return arr
 
     def check_push(
         self, ids: np.ndarray, rows: np.ndarray, state: np.ndarray
@@ -314,6 +351,60 @@ class EmbeddingStore(Closeable, abc.ABC):
         are always dirty and "is everything durable?" would rarely be true).
         Asking writes back what is due first (``force``: everything buffered).
         """
+
+    # -- listing and loading rows exactly (snapshots, restore, import) ---------------------------
+
+    def row_scan_parts(self) -> int:
+        """How many independent parts a full :meth:`scan_rows` splits into (Redis shards or cluster
+        primaries; 1 in memory), so a snapshot reads them in parallel, each on its own connection."""
+        raise self._cannot_list_rows()
+
+    def scan_rows(
+        self, table: str, part: int, *, batch: int = 4096, updated_since_s: int | None = None
+    ) -> Iterator[StoredRows]:
+        """Every live row of ``table`` held by ``part`` (0 <= part < :meth:`row_scan_parts`), in blocks
+        of about ``batch`` rows: a snapshot never holds the whole table in memory.
+
+        Left out, as a read would leave them out: rows past their TTL, and stored values
+        that are no valid row (counted in a WARNING line; a snapshot must not carry one).
+        ``updated_since_s``: only rows with ``updated_s >= updated_since_s`` (incremental
+        snapshots). Safe while other clients write; a row present for the whole scan is
+        yielded at least once, maybe twice (Redis ``SCAN`` while the keyspace rehashes).
+        Arguments are checked when called, before the first block.
+        """
+        raise self._cannot_list_rows()
+
+    def load_rows(self, table: str, rows: StoredRows) -> int:
+        """Write each row exactly as given (embedding, state, access count, last update), replacing
+        what is stored, without admission; returns the rows written.
+
+        Rows already past the table's TTL at their ``updated_s`` are not written (a read would
+        hide them at once). Batched per shard. Refuses a malformed block before writing anything.
+        """
+        raise self._cannot_list_rows()
+
+    def drop_rows(self, table: str) -> int:
+        """Delete every row and admission counter of ``table`` (this deployment only); returns the
+        rows deleted."""
+        raise self._cannot_list_rows()
+
+    def _check_scan(self, table: str, part: int, batch: int, updated_since_s: int | None) -> Table:
+        """The table of a :meth:`scan_rows` call, once its arguments are checked (ValueError naming one)."""
+        t = self.table(table)
+        parts = self.row_scan_parts()
+        if not 0 <= part < parts:
+            raise ValueError(f"scan_rows: part must be in [0, {parts}) for this store, got {part}")
+        if batch < 1:
+            raise ValueError(f"scan_rows: batch must be >= 1, got {batch}")
+        if updated_since_s is not None and updated_since_s < 0:
+            raise ValueError(f"scan_rows: updated_since_s must be >= 0 (unix seconds), got {updated_since_s}")
+        return t
+
+    def _cannot_list_rows(self) -> UserError:
+        return UserError(
+            f"store {self.backend!r} cannot list or load rows exactly; row snapshots, restore and import "
+            "run on the backing store itself (build_store without the hot tier, or the store it wraps)"
+        )
 
     def close(self) -> None:
         """Release connections and buffers (``with store:`` calls it)."""

@@ -16,9 +16,10 @@ Thread-safe (one lock per store); nothing is shared between processes.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -27,9 +28,13 @@ from kelp.config import TableSpec
 from kelp.store.base import StoreStats, Table
 from kelp.store.flow import FlowStore, InitRows, RowWrite, StoredRows
 from kelp.store.policy.eviction import LfuCapacity, TtlEviction
+from kelp.store.rows import stored as stored_rows
+from kelp.store.rows.codec import finite_rows
 from kelp.store.rows.slots import Column, SlotTable
 
 __all__ = ["MemoryStore"]
+
+log = logging.getLogger("kelp.store.memory")
 
 
 def _row_table(t: Table) -> SlotTable:
@@ -45,6 +50,12 @@ def _row_table(t: Table) -> SlotTable:
 
 def _counter_table() -> SlotTable:
     return SlotTable({"count": Column(np.uint32), "first": Column(np.float64)}, capacity=64)
+
+
+def _last_of_each_id(ids: np.ndarray) -> np.ndarray:
+    """Positions of ``ids``, the last of a repeated id kept: it wins, as it would in a Redis ``MSET``."""
+    _, first_from_end = np.unique(ids[::-1], return_index=True)
+    return np.sort(len(ids) - 1 - first_from_end)
 
 
 class MemoryStore(FlowStore):
@@ -198,6 +209,80 @@ class MemoryStore(FlowStore):
         with self._op_lock:
             self._counters[table].remove_ids(ids)
             return self._rows[table].remove_ids(ids)
+
+    # -- listing and loading rows exactly -------------------------------------------------------
+
+    def row_scan_parts(self) -> int:
+        return 1
+
+    def scan_rows(
+        self, table: str, part: int, *, batch: int = 4096, updated_since_s: int | None = None
+    ) -> Iterator[stored_rows.StoredRows]:
+        t = self._check_scan(table, part, batch, updated_since_s)
+        return self._scan_slots(t, batch, updated_since_s)
+
+    def _scan_slots(
+        self, t: Table, batch: int, updated_since_s: int | None
+    ) -> Iterator[stored_rows.StoredRows]:
+        """Slot ranges of ``batch``, each copied under the lock: pushes go on between blocks, and a row
+        never moves slot, so one present for the whole scan is met once."""
+        start, nonfinite = 0, 0
+        while True:
+            with self._op_lock:
+                table = self._rows[t.name]  # drop_rows replaces it: read again every block
+                if start >= table.high:
+                    break
+                end = min(start + batch, table.high)
+                slots = start + np.flatnonzero(table.live[start:end])
+                ids, rows, state, count, updated = (
+                    table.ids[slots],
+                    *table.read(slots, "rows", "state", "count", "updated"),
+                )
+            start = end
+            keep = finite_rows(rows, state)
+            nonfinite += len(keep) - int(keep.sum())
+            if t.ttl is not None:
+                keep &= ~t.ttl.expired(updated, self._clock())
+            stamps = np.floor(updated).astype(np.uint32)
+            if updated_since_s is not None:
+                keep &= stamps >= updated_since_s
+            if keep.any():
+                yield stored_rows.StoredRows(ids[keep], rows[keep], state[keep], count[keep], stamps[keep])
+        if nonfinite:
+            log.warning("store table %r: left out %d rows holding a NaN or an infinity", t.name, nonfinite)
+
+    def load_rows(self, table: str, rows: stored_rows.StoredRows) -> int:
+        t = self.table(table)
+        block = t.check_stored(rows)
+        with self._op_lock:
+            now = self._clock()
+            keep = _last_of_each_id(block.ids)
+            if t.ttl is not None:
+                keep = keep[~t.ttl.expired(block.updated_s[keep].astype(np.float64), now)]
+            ids = block.ids[keep]
+            values = {
+                "rows": block.rows[keep],
+                "state": block.state[keep],
+                "count": block.access_count[keep],
+                "updated": block.updated_s[keep].astype(np.float64),
+            }
+            table = self._rows[table]
+            slots = table.lookup(ids)
+            present = slots >= 0
+            table.write(slots[present], **{k: v[present] for k, v in values.items()})
+            missing = ~present
+            if missing.any():
+                self._make_room(t, int(missing.sum()), now, protect=slots[present])
+                table.insert(ids[missing], **{k: v[missing] for k, v in values.items()})
+            return len(ids)
+
+    def drop_rows(self, table: str) -> int:
+        t = self.table(table)
+        with self._op_lock:
+            dropped = len(self._rows[table])
+            self._rows[table] = _row_table(t)
+            self._counters[table] = _counter_table()
+            return dropped
 
     def stats(self) -> StoreStats:
         with self._op_lock:

@@ -53,8 +53,19 @@ from kelp.store.redis.bucket_scripts import set_rows_if_args, sweep_args
 from kelp.store.redis.connection import translate_redis_errors
 from kelp.store.redis.keys import BucketLayout, quote_key
 from kelp.store.redis.plan import Gathered, Plan, adder, chunks, scatter, split_replies
+from kelp.store.redis.row_scan import (
+    ID_BYTES,
+    Node,
+    Skipped,
+    block_part,
+    ids_of,
+    live_rows,
+    round_trip,
+    scan_pages,
+)
 from kelp.store.redis.shared import TypedKeys
 from kelp.store.redis.standalone import RedisStore
+from kelp.store.rows import stored as stored_rows
 from kelp.store.rows.hashing import rendezvous, splitmix64
 
 __all__ = ["BucketSweeper", "RedisBucketStore"]
@@ -64,6 +75,16 @@ log = logging.getLogger("kelp.store.redis_buckets")  # the name users filter on,
 _LISTPACK_ENTRIES = 512  # fields per bucket before Redis converts it to a hashtable
 _SWEEP_KEYS_PER_CALL = 64
 _GROUP_AT_ROWS_PER_BUCKET = 1.0  # rows per bucket from which a write groups them (~37% fewer commands)
+
+
+def _unlink_hashes(client: Any, keys: list[bytes]) -> int:
+    """``UNLINK`` bucket hashes in one round trip; returns the rows (fields) they held."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hlen(key)
+        pipe.unlink(key)
+    replies = pipe.execute()
+    return sum(int(rows) for rows, gone in zip(replies[0::2], replies[1::2], strict=True) if gone)
 
 
 class BucketSweeper:
@@ -373,23 +394,28 @@ class RedisBucketStore(RedisStore):
             packed = np.concatenate(
                 [codec.pack(writes[n].rows, writes[n].state, 0, int(now)) for n in fused.names]
             ).view(f"V{codec.nbytes}")
-            group = self._rows_share_buckets(fused)
-            for shard, pos in fused.per_shard():
-                mine = pos if len(pos) < len(fused.shard) else slice(None)  # one shard: no copies
-                keys, fields, values = fused.keys[mine], fused.fields[mine], packed[mine]
-                if group:
-                    grouped = pack_grouped(("HSET",), fused.bucket[mine], keys, fields, values)
-                    plan.add_packed(shard, grouped, grouped.count, integers=True)
-                else:
-                    plan.add_packed(
-                        shard, pack_commands(("HSET",), keys, fields, values), len(keys), integers=True
-                    )
+            self._plan_hsets(plan, fused, packed)
         swept = self._plan_sweeps(plan, now)
         self._runner.run(plan, "push")
         for name, n in swept.items():
             if n[0]:
                 self.metrics.evictions.labels(table=name, reason="ttl").inc(n[0])
         return {name: got[0] for name, got in kept.items()}
+
+    def _plan_hsets(self, plan: Plan, fused: _Fused, packed: np.ndarray) -> None:
+        """One ``HSET`` per row of ``fused`` (``packed``: its encoded values, in order), or one per
+        bucket where rows share buckets, packed per shard."""
+        group = self._rows_share_buckets(fused)
+        for shard, pos in fused.per_shard():
+            mine = pos if len(pos) < len(fused.shard) else slice(None)  # one shard: no copies
+            keys, fields, values = fused.keys[mine], fused.fields[mine], packed[mine]
+            if group:
+                grouped = pack_grouped(("HSET",), fused.bucket[mine], keys, fields, values)
+                plan.add_packed(shard, grouped, grouped.count, integers=True)
+            else:
+                plan.add_packed(
+                    shard, pack_commands(("HSET",), keys, fields, values), len(keys), integers=True
+                )
 
     def _rows_share_buckets(self, fused: _Fused) -> bool:
         """Whether writing ``fused`` one command per bucket saves enough commands to pay for grouping.
@@ -485,6 +511,106 @@ class RedisBucketStore(RedisStore):
                     rows += sum(pipe.execute())
             out[name] = {"rows": rows, "counters": self._scan_count(self.layouts[name].counter_pattern)}
         return out
+
+    # -- listing and loading rows exactly -------------------------------------------------------
+
+    def _scan_part(
+        self, t: Table, node: Node, batch: int, updated_since_s: int | None
+    ) -> Iterator[stored_rows.StoredRows]:
+        """One shard's rows of ``t``: ``SCAN`` its bucket hashes, ``HGETALL`` about a batch of rows'
+        buckets per round trip, rows past the TTL hidden by the rule a pull applies (:meth:`_cutoff`)."""
+        skipped = Skipped(t.name, node[0])
+        fields: list[bytes] = []
+        values: list[bytes] = []
+        try:
+            for replies in self._bucket_trips(t, node, batch, skipped):
+                for reply in replies:
+                    fields.extend(reply)
+                    values.extend(reply.values())
+                if len(fields) >= batch:
+                    yield self._bucket_rows(t, fields, values, skipped, updated_since_s)
+                    fields, values = [], []
+            if fields:
+                yield self._bucket_rows(t, fields, values, skipped, updated_since_s)
+        finally:
+            skipped.log()
+
+    def _bucket_trips(
+        self, t: Table, node: Node, batch: int, skipped: Skipped
+    ) -> Iterator[list[dict[bytes, bytes]]]:
+        """The table's bucket hashes on ``node``, read a round trip at a time: as many buckets as hold
+        about ``batch`` rows by the buckets read so far (a first guess of full listpacks), so a trip
+        neither carries a few rows nor the whole table."""
+        layout = self.buckets[t.name]
+        trip = max(1, batch // _LISTPACK_ENTRIES)
+        buckets_read = rows_read = 0
+        pending: list[bytes] = []
+        for page in scan_pages(node, layout.pattern, batch, self.retry):
+            kept, _ = ids_of(page, layout.key_width, skipped)
+            pending.extend(kept)
+            while len(pending) >= trip:
+                keys, pending = pending[:trip], pending[trip:]
+                replies = self._hgetall(node, keys)
+                yield replies
+                buckets_read += len(keys)
+                rows_read += sum(map(len, replies))
+                trip = max(1, min(batch, batch * buckets_read // max(1, rows_read)))
+        if pending:
+            yield self._hgetall(node, pending)
+
+    def _hgetall(self, node: Node, keys: list[bytes]) -> list[dict[bytes, bytes]]:
+        where, client = node
+
+        def fetch() -> list[dict[bytes, bytes]]:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            return pipe.execute()
+
+        return round_trip(self.retry, where, fetch) if keys else []
+
+    def _bucket_rows(
+        self,
+        t: Table,
+        fields: list[bytes],
+        values: list[bytes],
+        skipped: Skipped,
+        updated_since_s: int | None,
+    ) -> stored_rows.StoredRows:
+        if any(len(f) != ID_BYTES for f in fields):  # a field another client added: no row id
+            pairs = [(f, v) for f, v in zip(fields, values, strict=True) if len(f) == ID_BYTES]
+            skipped.add("bad_key", len(fields) - len(pairs))
+            fields, values = [f for f, _ in pairs], [v for _, v in pairs]
+        _, ids = ids_of(fields, ID_BYTES, skipped)
+        decoded = t.codec.decode(values)  # type: ignore[arg-type]
+        cutoff = self._cutoff(t, self._clock())
+        return live_rows(t, ids, decoded, skipped, cutoff=cutoff, updated_since_s=updated_since_s)
+
+    def _load(self, t: Table, block: stored_rows.StoredRows) -> int:
+        """``HSET`` into the rows' bucket hashes, packed per shard; rows a pull would already hide as
+        past the TTL are not written."""
+        if t.ttl is not None:
+            cutoff = self._cutoff(t, self._clock())
+            block = block_part(block, np.flatnonzero(block.updated_s.astype(np.int64) >= cutoff))
+        packed = t.codec.pack(block.rows, block.state, block.access_count, block.updated_s)
+        plan = Plan()
+        (fused,) = self._fuse({t.name: block.ids})
+        self._plan_hsets(plan, fused, packed.view(f"V{t.codec.nbytes}"))
+        self._runner.run(plan, "push")
+        self.metrics.sent.inc(len(block) * (t.codec.nbytes + ID_BYTES), t.name)
+        return len(block)
+
+    def drop_rows(self, table: str) -> int:
+        self.table(table)
+        self._ready()
+        layout = self.buckets[table]
+        dropped = 0
+        for node in self._scan_nodes():
+            where, client = node
+            for keys in scan_pages(node, layout.pattern, _LISTPACK_ENTRIES, self.retry):
+                dropped += round_trip(self.retry, where, lambda keys=keys, c=client: _unlink_hashes(c, keys))
+            self._unlink(node, self.layouts[table].counter_pattern)
+        return dropped
 
     # -- server settings ------------------------------------------------------------------------
 

@@ -23,15 +23,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+from redis.crc import key_slot
 
 from kelp.config import StoreConfig
 from kelp.errors import StoreUnavailableError
+from kelp.store.base import Table
 from kelp.store.flow import InitRows, RowWrite, StoredRows
 from kelp.store.redis._wire.packing import cut_runs
 from kelp.store.redis.cluster_routes import ClusterRoutes, NodePipeline, SlotMapChangedError
 from kelp.store.redis.connection import cluster_name, connect_cluster, translate_redis_errors
 from kelp.store.redis.plan import Group, PlanRunner
+from kelp.store.redis.row_scan import Node
 from kelp.store.redis.shared import RedisStoreBase
+from kelp.store.rows.stored import StoredRows as RowsToLoad
 
 __all__ = ["RedisClusterStore"]
 
@@ -171,6 +175,25 @@ class RedisClusterStore(RedisStoreBase):
 
     def raw_values(self, table: str, ids: np.ndarray) -> list[bytes | None]:
         return self._rerouted(lambda: super(RedisClusterStore, self).raw_values(table, ids))
+
+    def _load(self, t: Table, block: RowsToLoad) -> int:
+        return self._rerouted(lambda: super(RedisClusterStore, self)._load(t, block))
+
+    # -- listing rows: node by node --------------------------------------------------------------
+
+    def _scan_nodes(self) -> list[Node]:
+        """Every primary, by name: a scan's parts are the nodes, each with its own connections."""
+        with translate_redis_errors(self._cluster):
+            primaries = sorted(self._client.get_primaries(), key=lambda n: n.name)
+        return [(n.name, n.redis_connection) for n in primaries]
+
+    def _slot_groups(self, keys: list[bytes]) -> list[list[bytes]]:
+        """Keys by slot: a node refuses a multi-key command across slots (``CROSSSLOT``). A table's
+        keys fall in its buckets' slots, so a page of keys makes few groups."""
+        by_slot: dict[int, list[bytes]] = {}
+        for key in keys:
+            by_slot.setdefault(key_slot(key), []).append(key)
+        return list(by_slot.values())
 
     # -- the rest --------------------------------------------------------------------------------
 

@@ -43,7 +43,20 @@ from kelp.store.redis.connection import connection_options
 from kelp.store.redis.durability import report_durability
 from kelp.store.redis.keys import KeyLayout, quote_key
 from kelp.store.redis.plan import Gathered, Group, Plan, PlanRunner, adder, chunks, scatter, setter
+from kelp.store.redis.row_scan import (
+    Node,
+    Skipped,
+    batched,
+    block_part,
+    ids_of,
+    live_rows,
+    pieces,
+    round_trip,
+    scan_pages,
+    unlink_matching,
+)
 from kelp.store.redis.set_rows import set_rows_args
+from kelp.store.rows import stored as stored_rows
 from kelp.store.rows.codec import DecodedRows
 
 __all__ = ["RedisStoreBase", "TypedKeys", "retry_policy"]
@@ -54,6 +67,10 @@ TypedKeys = tuple[int, list[bytes], str, str]
 
 _TYPE_CHECKS_AT_MOST = 200_000
 """Keys asked their ``TYPE`` after a ``WRONGTYPE`` reply, at most (an error path, but not unbounded)."""
+LOAD_ROWS_PER_CALL = 32_768
+"""Rows of one :meth:`RedisStoreBase.load_rows` pipeline run: a restore's shard of rows is written in
+runs of a few MB per node, not one pipeline of its whole size."""
+_DROP_SCAN_COUNT = 1000
 
 
 def retry_policy(cfg: StoreConfig) -> RetryPolicy:
@@ -450,6 +467,111 @@ class RedisStoreBase(FlowStore):
     def _scan_count(self, pattern: str) -> int:
         """Keys matching ``pattern`` over every shard (primaries)."""
 
+    # -- listing and loading rows exactly -------------------------------------------------------
+
+    def row_scan_parts(self) -> int:
+        self._ready()
+        return len(self._scan_nodes())
+
+    def scan_rows(
+        self, table: str, part: int, *, batch: int = 4096, updated_since_s: int | None = None
+    ) -> Iterator[stored_rows.StoredRows]:
+        t = self._check_scan(table, part, batch, updated_since_s)
+        return self._scan_part(t, self._scan_nodes()[part], batch, updated_since_s)
+
+    def _scan_part(
+        self, t: Table, node: Node, batch: int, updated_since_s: int | None
+    ) -> Iterator[stored_rows.StoredRows]:
+        """One node's rows of ``t``: ``SCAN`` the row keys, ``MGET`` a batch of them per round trip.
+
+        No TTL rule of its own: Redis expires a row key itself (``PX``), and ``SCAN``
+        and ``MGET`` never return an expired one, as a pull never does."""
+        layout = self.layouts[t.name]
+        skipped = Skipped(t.name, node[0])
+        try:
+            for keys in batched(scan_pages(node, layout.pattern, batch, self.retry), batch):
+                kept, _ = ids_of(keys, layout.key_width, skipped)
+                groups = self._slot_groups(kept)
+                flat = [k for g in groups for k in g]
+                _, ids = ids_of(flat, layout.key_width, skipped)
+                values = self._mget(node, groups)
+                decoded = t.codec.decode(values)
+                block = live_rows(t, ids, decoded, skipped, updated_since_s=updated_since_s)
+                if len(block):
+                    yield block
+        finally:
+            skipped.log()
+
+    def _mget(self, node: Node, groups: list[list[bytes]]) -> list[bytes | None]:
+        """The values of ``groups`` of keys, in order, in one pipelined round trip."""
+        where, client = node
+
+        def fetch() -> list[bytes | None]:
+            pipe = client.pipeline(transaction=False)
+            for group in groups:
+                for i in range(0, len(group), self.chunk):
+                    pipe.mget(group[i : i + self.chunk])
+            return list(chain.from_iterable(pipe.execute()))
+
+        return round_trip(self.retry, where, fetch)
+
+    def load_rows(self, table: str, rows: stored_rows.StoredRows) -> int:
+        t = self.table(table)
+        block = t.check_stored(rows)
+        self._ready()
+        return sum(self._load(t, piece) for piece in pieces(block, LOAD_ROWS_PER_CALL))
+
+    def _load(self, t: Table, block: stored_rows.StoredRows) -> int:
+        """Write one piece: ``MSET`` per shard (bucket), or with a TTL one ``SET ... PXAT`` per row
+        at the expiry its ``updated_s`` gives, so a loaded row expires when the original would."""
+        layout = self.layouts[t.name]
+        expire_ms = None
+        if t.ttl is not None:
+            ttl_ms = t.ttl.ttl_ms
+            live = block.updated_s.astype(np.int64) * 1000 + ttl_ms > int(self._clock() * 1000)
+            block = block_part(block, np.flatnonzero(live))
+            expire_ms = block.updated_s.astype(np.int64) * 1000 + ttl_ms
+        plan = Plan()
+        if expire_ms is None and self._packs_commands():
+            packed = t.codec.pack(block.rows, block.state, block.access_count, block.updated_s)
+            values = packed.view(f"V{t.codec.nbytes}")
+            for shard, pos, lengths, bucket in self._runs(t.name, block.ids):
+                keys = layout.row_key_array(block.ids[pos], bucket)
+                plan.add_packed(shard, pack_runs(("MSET",), lengths, keys, values[pos]), len(lengths))
+        else:
+            encoded = t.codec.encode(block.rows, block.state, block.access_count, block.updated_s)
+            for g in self.groups(t.name, block.ids):
+                for pos in chunks(g.pos, self.chunk):
+                    keys = layout.row_keys(block.ids[pos], np.full(len(pos), g.bucket))
+                    vals = [encoded[i] for i in pos.tolist()]
+                    if expire_ms is None:
+                        plan.add(g.shard, ("MSET", *chain.from_iterable(zip(keys, vals, strict=True))))
+                        continue
+                    for key, value, at in zip(keys, vals, expire_ms[pos].tolist(), strict=True):
+                        plan.add(g.shard, ("SET", key, value, "PXAT", at))
+        self._runner.run(plan, "push")
+        self.metrics.sent.inc(len(block) * (t.codec.nbytes + layout.key_width), t.name)
+        return len(block)
+
+    def drop_rows(self, table: str) -> int:
+        self.table(table)
+        self._ready()
+        layout = self.layouts[table]
+        dropped = 0
+        for node in self._scan_nodes():
+            dropped += self._unlink(node, layout.pattern)
+            self._unlink(node, layout.counter_pattern)
+        return dropped
+
+    def _unlink(self, node: Node, pattern: str) -> int:
+        return unlink_matching(
+            node, pattern, self.retry, self._slot_groups, count=_DROP_SCAN_COUNT, chunk=self.chunk
+        )
+
+    def _slot_groups(self, keys: list[bytes]) -> list[list[bytes]]:
+        """Keys a multi-key command may carry together: every key of a standalone shard."""
+        return [keys] if keys else []
+
     def close(self) -> None:
         self._runner.close()
         self._close_clients()
@@ -482,6 +604,10 @@ class RedisStoreBase(FlowStore):
         Public because it is the routing contract: ``kelp bench store`` builds its
         raw MGET/MSET baseline on exactly these keys and shards.
         """
+
+    @abc.abstractmethod
+    def _scan_nodes(self) -> list[Node]:
+        """The parts of a full scan, in a stable order: every shard's primary (name, client)."""
 
     @abc.abstractmethod
     def _pipeline(self, shard: int, readonly: bool) -> Any:

@@ -23,6 +23,7 @@ from kelp.store.redis.cluster import RedisClusterStore
 from kelp.store.redis.connection import connect_node, node_name, translate_redis_errors
 from kelp.store.redis.layout_marker import check_layout_marker
 from kelp.store.redis.plan import Group
+from kelp.store.redis.row_scan import Node
 from kelp.store.redis.shared import RedisStoreBase
 from kelp.store.rows.hashing import name_seed, rendezvous
 
@@ -84,6 +85,9 @@ class RedisStore(RedisStoreBase):
             with translate_redis_errors(name):
                 total += sum(1 for _ in client.scan_iter(match=pattern, count=1000))
         return total
+
+    def _scan_nodes(self) -> list[Node]:
+        return list(zip(self.shard_names, self._clients, strict=True))
 
     def _pipeline(self, shard: int, readonly: bool) -> Any:
         client = self._clients[shard]
