@@ -59,6 +59,7 @@ lint: setup
 # to Tansu.
 kafka-jars: setup system-deps-test
 	$(PY) -m kelp.harness.kafka_dist
+	$(PY) -m kelp.harness.s3proxy
 
 test: setup system-deps-test lint kafka-jars
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)

@@ -12,6 +12,7 @@ from kelp.config.base import StrictModel
 from kelp.config.features import FeatureSpec
 from kelp.config.join import JoinConfig
 from kelp.config.processes import LoggingConfig, MetricsConfig, PublisherConfig, ServingConfig
+from kelp.config.snapshots import SnapshotsConfig
 from kelp.config.sources import BatchingConfig, KafkaSourceConfig, SourceConfig
 from kelp.config.store import StoreConfig
 from kelp.config.trainer import TrainerConfig
@@ -45,6 +46,7 @@ class KelpConfig(StrictModel):
     publisher: PublisherConfig = Field(default_factory=PublisherConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
     join: JoinConfig = Field(default_factory=JoinConfig)
+    snapshots: SnapshotsConfig = Field(default_factory=SnapshotsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from kelp.errors import MissingBinaryError
 from kelp.harness import KafkaBroker, RedisCluster, RedisServer, TansuBroker, broker_kind, make_broker
+from kelp.harness.s3proxy import S3ProxyServer, s3proxy_available
 
 S = TypeVar("S", bound=object)
 
@@ -138,3 +139,30 @@ def unique_topic() -> str:
 @pytest.fixture
 def metrics_registry() -> CollectorRegistry:
     return CollectorRegistry()
+
+
+# -- a real S3-protocol server (s3proxy) for row snapshots: one per session (per xdist worker); each
+# test gets a fresh prefix and the credentials boto3 reads, only for that test.
+
+
+@pytest.fixture(scope="session")
+def s3proxy_server() -> Iterator[S3ProxyServer]:
+    if not s3proxy_available():
+        pytest.skip("S3 snapshot tests need java and mvn (s3proxy from Maven Central); not found")
+    server = S3ProxyServer()
+    try:
+        server.start()
+    except MissingBinaryError as exc:
+        pytest.skip(f"s3proxy unavailable: {' '.join(str(exc).split())[:200]}")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def s3_snapshot_url(s3proxy_server: S3ProxyServer, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """``(s3://bucket/<fresh prefix>, endpoint)``, with s3proxy's credentials in the environment."""
+    for key, value in s3proxy_server.aws_env().items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(key, raising=False)
+    return f"s3://{s3proxy_server.bucket}/t-{uuid.uuid4().hex[:12]}", s3proxy_server.endpoint
