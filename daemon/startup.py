@@ -22,24 +22,34 @@ SASL login or certificate only as a bootstrap that never completes, so those
 fail when the budget is spent, as :class:`~kelp.consumers.errors.SourceAuthError`
 (exit 2), naming the listener and the ``source.security`` setting to check. ``kelp config validate`` does
 not contact anything; this runs only where a process starts.
+
+Once the store answers, :func:`check_no_restore` refuses to start a trainer or
+a replica while ``kelp store restore`` (or ``kelp model rollback --rows``) is
+rewriting the deployment's rows, or one was killed half-way: one line naming
+the snapshot and the command that finishes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterator
 
 from kelp.config import KafkaSourceConfig, KelpConfig
 from kelp.daemon.preflight import Role
-from kelp.errors import KelpError
+from kelp.errors import KelpError, UserError
 from kelp.redaction import redact_url
 from kelp.retry import RetryPolicy
 
-__all__ = ["StartupUnreachableError", "check_endpoints"]
+__all__ = ["RestoreInProgressError", "StartupUnreachableError", "check_endpoints", "check_no_restore"]
 
 
 class StartupUnreachableError(KelpError):
     """An endpoint did not answer within the start-up budget (exit 1: the process never started)."""
+
+
+class RestoreInProgressError(UserError):
+    """A row restore is rewriting the deployment's store: a trainer or replica would read half of it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +75,31 @@ def check_endpoints(cfg: KelpConfig, role: Role, *, sleep: Callable[[float], Non
                 f"{endpoint.setting}: {endpoint.shown} did not answer within {budget:g}s "
                 f"({budget_setting}): {_reason(exc)}"
             ) from None
+    check_no_restore(cfg, role)
+
+
+def check_no_restore(cfg: KelpConfig, role: Role) -> None:
+    """Refuse to start while ``kelp store restore`` rewrites the store (its marker is in the store's Redis).
+
+    A trainer started then would train on, and write over, a mix of old and
+    restored rows, and would consume from offsets the restore is about to
+    move; a replica would serve that mix. A memory store lives in one process,
+    so no restore can be running on it.
+    """
+    if cfg.store.backend == "memory":
+        return
+    from kelp.daemon.row_snapshots import restore_in_progress
+
+    running = restore_in_progress(cfg)
+    if running is None:
+        return
+    named = re.search(r"snapshot (\S+)", running)
+    snapshot = named.group(1) if named else "ID"
+    raise RestoreInProgressError(
+        f"kelp {role} refused: {running} has not finished on deployment {cfg.deployment!r}; let it "
+        f"finish, or finish an interrupted one with `kelp store restore --config F --snapshot {snapshot} "
+        "--replace`, then start again"
+    )
 
 
 def _reason(exc: BaseException) -> str:

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -50,6 +51,7 @@ from kelp.daemon.progress_log import ProgressLog
 from kelp.daemon.progress_report import ProgressReporter, restore_eval_gauges
 from kelp.daemon.resume import adopt, leader_start
 from kelp.daemon.row_owners import RowOwners
+from kelp.daemon.row_snapshot_schedule import RowSnapshotSchedule, row_snapshot_schedule
 from kelp.daemon.summary import RunSummary, summarize
 from kelp.errors import KelpError, UserError
 from kelp.metrics import LabelledRegistry
@@ -157,6 +159,8 @@ class TrainDaemon:
         self._source: Source | None = None
         self.progress_log = ProgressLog(None)
         self.progress: ProgressReporter | None = None
+        self.row_snapshots: RowSnapshotSchedule | None = None
+        self._last_trained_step = 0
 
     # ------------------------------------------------------------------ control
 
@@ -370,6 +374,8 @@ class TrainDaemon:
         self._last_checkpoint_s = time.monotonic()
         self._last_checkpoint_step = self.step_no
         self._published_step = self.step_no  # what serving has already (a restored model is not news)
+        self._last_trained_step = self.step_no
+        self.row_snapshots = row_snapshot_schedule(self.cfg, self.registry)
         self.progress = ProgressReporter(
             cfg,
             self.metrics,
@@ -399,7 +405,10 @@ class TrainDaemon:
             raise
         finally:
             pipeline.model_errors.close()
-        self._drain(pipeline, publisher)
+        try:
+            self._drain(pipeline, publisher)
+        finally:
+            self._end_row_snapshots()
 
     def _model_errors(self, source: Source) -> ModelErrors:
         """Samples the model raises on go where the source's rejected records go, counted with them."""
@@ -427,7 +436,7 @@ class TrainDaemon:
         ready contributes nothing rather than waiting, so uneven partitions never block.
         """
         stop = self._stop.is_set()
-        checkpoint = self._checkpoint_clock_due()
+        checkpoint = self._checkpoint_clock_due() or self._row_snapshot_due()
         rounds: list[Round] = []
 
         def dense_sync(samples: int) -> bool:
@@ -459,7 +468,7 @@ class TrainDaemon:
 
     def _account(self, trained: Trained) -> None:
         """A trained step's number, offsets, report and metrics; ``on_step`` sees it last."""
-        self.step_no = trained.step
+        self.step_no = self._last_trained_step = trained.step
         batch, result = trained.batch, trained.result
         for r in batch.sources:  # held batches included: _trained_through() stops short of them
             key = (r.topic, r.partition)
@@ -508,11 +517,79 @@ class TrainDaemon:
         In a group ``agreed.checkpoint`` is the same on every rank, so ranks
         decide a checkpoint together with or without a batch.
         """
+        barrier = self._row_snapshot_barrier(agreed)
         self._maybe_checkpoint(force=False, clock_due=agreed.checkpoint)
+        if barrier:
+            self._start_row_snapshot()
         self._maybe_publish(publisher, force=False)
         assert self.progress is not None
         self.progress.maybe_log(self.step_no)
         self.progress.maybe_record(self.step_no)
+
+    # ------------------------------------------------------------------ row snapshots
+
+    def _row_snapshot_due(self) -> bool:
+        """The leader's clock alone asks for a snapshot's checkpoint (the other ranks join the agreed one)."""
+        return self.group.is_leader and self.row_snapshots is not None and self.row_snapshots.due()
+
+    def _row_snapshot_barrier(self, agreed: Round) -> bool:
+        """Whether this round's checkpoint is a row snapshot's: then every row trained so far is in the store.
+
+        Only the leader's clock asks for a snapshot, and only it knows whether an
+        agreed checkpoint is one: in a group every rank waits at every agreed
+        checkpoint, so each rank's own pushes are in the store before the
+        checkpoint's collective; the leader alone takes the snapshot.
+        """
+        schedule = self.row_snapshots
+        if schedule is None or not agreed.checkpoint:
+            return False
+        if not (self._row_snapshot_due() or self.group.distributed):
+            return False
+        if not self._flush_barrier():
+            schedule.fail(
+                f"rows trained through step {self._last_trained_step} were not all in the store within "
+                f"trainer.drain_timeout_s={self.cfg.trainer.drain_timeout_s:g}s"
+            )
+            return False
+        return self._row_snapshot_due()
+
+    def _flush_barrier(self) -> bool:
+        """Wait until every step this rank trained is pushed and acknowledged, and, with the hot tier's
+        working copy, written back (its offsets committed); False past ``trainer.drain_timeout_s``."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            return True
+        target = self._last_trained_step
+        working = pipeline.working_copy
+        if working is not None and self.cfg.trainer.prefetch_batches == 0:
+            # No writer thread (its work is done on this one): write the working copy back here.
+            self.guard.call("push", lambda: working.durable_through(force=True))
+            return True
+        deadline = time.monotonic() + self.cfg.trainer.drain_timeout_s
+        while pipeline.ledger.acked < target or (working is not None and pipeline.committed_step < target):
+            if time.monotonic() >= deadline:  # a failed writer thread is raised by the next step
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _start_row_snapshot(self) -> None:
+        """Hand the checkpoint just written at this step to the snapshot thread."""
+        schedule = self.row_snapshots
+        assert schedule is not None
+        written = self.report.checkpoint
+        if self._last_checkpoint_step != self.step_no or written is None:
+            schedule.postpone(f"no checkpoint written at step {self.step_no}")
+            return
+        schedule.start(self.step_no, self.group.size, Path(written))
+
+    def _end_row_snapshots(self) -> None:
+        """Let a running snapshot finish before the process goes (one cut short is never taken for whole)."""
+        schedule = self.row_snapshots
+        if schedule is None:
+            return
+        if not schedule.wait(self.cfg.trainer.drain_timeout_s):
+            log.warning("a row snapshot is still running at exit; it stays incomplete and is never restored")
+        schedule.close()
 
     def _checkpoint_clock_due(self) -> bool:
         return time.monotonic() - self._last_checkpoint_s >= self.cfg.trainer.checkpoint_every_s

@@ -19,6 +19,17 @@ moves the dense weights and the model only: embedding rows keep their newest
 state, since serving reads them from the store the trainer writes. It skips a
 stored version that holds the same weights as the served one (recorded in
 the manifests as ``dense_sha256``), so it never pins a no-op.
+
+``rollback --rows [--snapshot ID] [--from URL]`` moves rows and dense weights
+back together, from a row snapshot (:mod:`kelp.daemon.row_snapshots`): the
+given one, else the newest whole snapshot whose dense version is below the
+served one (one taken while the bad version served holds rows the bad data
+trained). With the trainers stopped (refused while their consumer group has
+members), it restores the rows (replacing the store's), the group's offsets
+and the trainer checkpoint, then pins the snapshot's dense version, published
+again from the snapshot's copy when the channel has pruned it. Replicas read
+rows from the store, so they serve the restored rows at once (after
+``serving.local_cache_ttl_ms`` with a row cache), and the pin as any pin.
 """
 
 from __future__ import annotations
@@ -52,9 +63,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     pin.set_defaults(handler=_pin)
 
     rollback = verbs.add_parser(
-        "rollback", help="pin the newest stored version below the one replicas serve now"
+        "rollback",
+        help="pin the newest stored version below the one replicas serve now; "
+        "--rows: move the rows back with it, from a row snapshot",
     )
     rollback.add_argument("--config", required=True)
+    rollback.add_argument(
+        "--rows",
+        action="store_true",
+        help="restore the rows of a row snapshot (replacing the store's), set the trainers' offsets and "
+        "checkpoint to it, and serve its dense weights; stop every trainer first",
+    )
+    rollback.add_argument(
+        "--snapshot",
+        default=None,
+        help="with --rows: the row snapshot (default: the newest with a dense version below the served one)",
+    )
+    rollback.add_argument(
+        "--from",
+        dest="from_url",
+        default=None,
+        help="with --rows: where the snapshots are (default snapshots.rows.url)",
+    )
     rollback.set_defaults(handler=_rollback)
 
     unpin = verbs.add_parser("unpin", help="lift the pin: replicas follow the newest publish again")
@@ -160,6 +190,10 @@ def _pin(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
+    if args.rows:
+        return _rollback_rows(args)
+    if args.snapshot is not None or args.from_url is not None:
+        raise UserError("--snapshot and --from choose a row snapshot: they go with --rows")
     with _channel(args.config) as channel:
         serving = channel.target().version
         if serving is None:
@@ -215,3 +249,180 @@ def _unpin(args: argparse.Namespace) -> int:
     was = f"v{pin} was pinned" if pin is not None else "nothing was pinned"
     print(f"unpinned ({was}); replicas follow latest, v{latest}")
     return 0
+
+
+# --------------------------------------------------------------------------- rollback --rows
+
+
+def _rollback_rows(args: argparse.Namespace) -> int:
+    """Rows, offsets, trainer checkpoint and served dense weights back to one row snapshot.
+
+    The order keeps a failure harmless: the snapshot is chosen and the trainers
+    checked first (nothing changed), then the restore, and the pin last, so
+    replicas never serve the snapshot's dense weights over rows not restored.
+    """
+    from kelp.daemon.row_snapshots import open_snapshot_storage, restore_snapshot
+
+    cfg = load_config(args.config)
+    storage = open_snapshot_storage(cfg, args.from_url)
+    with _channel(args.config) as channel:
+        serving = channel.target().version
+        manifest = _chosen_snapshot(storage, cfg.deployment, args.snapshot, serving)
+        _refuse_running_trainers(cfg)
+        report = restore_snapshot(
+            cfg, manifest.snapshot_id, replace=True, set_offsets=True, storage_url=args.from_url
+        )
+        dense = _serve_snapshot_dense(cfg, channel, storage, manifest)
+    lines = [
+        f"rolled back to row snapshot {manifest.snapshot_id}: {sum(report.rows.values())} rows restored "
+        "(replacing the store's)"
+    ]
+    if report.offsets:
+        lines.append(
+            f"the trainers' consumer group resumes from the snapshot's offsets ({len(report.offsets)})"
+        )
+    installed = report.checkpoint
+    if manifest.checkpoint is None:
+        installed = _install_dense_checkpoint(cfg, storage, manifest)
+    if installed is not None:
+        lines.append(f"the trainers resume from the snapshot's dense state: checkpoint {installed}")
+    elif manifest.checkpoint is None and not (manifest.dense or {}).get("file"):
+        lines.append(
+            "the snapshot holds neither a trainer checkpoint nor dense weights: trainers resume from "
+            "their own latest checkpoint"
+        )
+    else:
+        lines.append(
+            f"trainer.checkpoint_dir {cfg.trainer.checkpoint_dir} is not on this machine, so no checkpoint "
+            "of the snapshot was installed: run this where it is, or trainers resume their newer dense state"
+        )
+    lines.append(dense)
+    lines.append(
+        "replicas read rows from the store: they see the restored rows now (after serving.local_cache_ttl_ms "
+        "with a row cache); start the trainers when ready; `kelp model unpin` lets the dense weights "
+        "follow new publishes again"
+    )
+    print("\n".join(lines))
+    return 0
+
+
+def _refuse_running_trainers(cfg: Any) -> None:
+    """Trainers would commit over the restored offsets and train on half-restored rows: stopped first."""
+    from kelp.config import KafkaSourceConfig
+    from kelp.daemon.group_offsets import active_members
+
+    if not isinstance(cfg.source, KafkaSourceConfig):
+        return
+    members = active_members(cfg.source)
+    if members:
+        raise UserError(
+            f"consumer group {cfg.source.group_id!r} has {members} active member(s): stop every trainer "
+            "of the deployment first (rollback --rows moves their rows and offsets back), then run it again"
+        )
+
+
+def _chosen_snapshot(storage: Any, deployment: str, snapshot_id: str | None, serving: int | None) -> Any:
+    """The given snapshot, else the newest whole one whose dense version is below the served version.
+
+    Below, not at: the snapshot taken while the bad version was served holds
+    rows the bad data had already trained. With nothing published yet, the newest.
+    """
+    from kelp.store.snapshots.catalog import list_snapshots, read_manifest
+
+    if snapshot_id is not None:
+        return read_manifest(storage, deployment, snapshot_id)
+    snapshots = list_snapshots(storage, deployment)
+    if serving is None:
+        eligible = snapshots
+    else:
+        eligible = [m for m in snapshots if m.dense is not None and int(m.dense["version"]) < serving]
+    if not eligible:
+        seen = ", ".join(f"{m.snapshot_id} (dense {_dense_version(m)})" for m in snapshots[-5:]) or "none"
+        raise UserError(
+            f"no whole row snapshot of {deployment!r} in {storage.describe()} with a dense version below "
+            f"the served v{serving} (newest: {seen}); name one with --snapshot ID"
+        )
+    return eligible[-1]
+
+
+def _dense_version(manifest: Any) -> str:
+    return "-" if manifest.dense is None else f"v{manifest.dense['version']}"
+
+
+def _serve_snapshot_dense(cfg: Any, channel: SnapshotChannel, storage: Any, manifest: Any) -> str:
+    """Pin the snapshot's dense version; re-published from the snapshot's copy when the channel pruned it."""
+    dense = manifest.dense
+    if dense is None:
+        return "the snapshot records no dense version: what replicas serve is unchanged"
+    version = int(dense["version"])
+    if version in channel.versions():
+        _set_pin(channel, version)
+        return f"replicas serve its dense weights: pinned v{version}"
+    if not dense.get("file"):
+        raise UserError(
+            f"rows restored, but the snapshot's dense v{version} is no longer stored and the snapshot holds "
+            "no copy of it; pin a version with `kelp model pin N`"
+        )
+    republished = _republish(cfg, channel, storage.get(dense["file"]), int(dense.get("step", 0)), manifest)
+    _set_pin(channel, republished)
+    return (
+        f"replicas serve its dense weights: v{version} was pruned, re-published as v{republished} and pinned"
+    )
+
+
+def _dense_model(cfg: Any, weights: bytes) -> Any:
+    """The configured model holding a published version's weights (safetensors of its state_dict)."""
+    from safetensors.torch import load as st_load
+
+    from kelp.trainer import build_model
+
+    model = build_model(cfg.features, cfg.trainer)
+    try:
+        model.load_state_dict(st_load(weights), strict=True)
+    except RuntimeError as exc:
+        raise UserError(
+            "the snapshot's dense weights do not fit the configured model: "
+            f"{' '.join(str(exc).split())[:300]}"
+        ) from None
+    return model
+
+
+def _offsets_of(manifest: Any) -> dict[tuple[str, int], int]:
+    return {(o["topic"], int(o["partition"])): int(o["offset"]) for o in manifest.offsets}
+
+
+def _install_dense_checkpoint(cfg: Any, storage: Any, manifest: Any) -> str | None:
+    """For a snapshot taken without a trainer checkpoint (`kelp store snapshot`): a checkpoint of its dense
+    weights (the dense optimizer's state starts afresh), so restarted trainers do not resume the newer
+    dense state the bad data trained. None when there are no weights or no checkpoint directory here."""
+    from kelp.trainer.checkpoint import config_hash, save_checkpoint
+    from kelp.trainer.fingerprint import fingerprint
+    from kelp.trainer.optim import build_dense_optimizer
+
+    dense, directory = manifest.dense, cfg.trainer.checkpoint_dir
+    if dense is None or not dense.get("file") or not directory.is_dir():
+        return None
+    model = _dense_model(cfg, storage.get(dense["file"]))
+    path = save_checkpoint(
+        directory,
+        model,
+        build_dense_optimizer(model.parameters(), cfg.trainer.dense_optimizer),
+        step=int(dense["step"]),
+        config_hash=config_hash(cfg.features, cfg.trainer),
+        offsets=_offsets_of(manifest),
+        fingerprint=fingerprint(cfg.features, cfg.trainer),
+    )
+    return str(path)
+
+
+def _republish(cfg: Any, channel: SnapshotChannel, weights: bytes, step: int, manifest: Any) -> int:
+    """The snapshot's dense weights as a new version (the channel never reuses a number)."""
+    from kelp.publish import build_snapshot
+
+    model = _dense_model(cfg, weights)
+    offsets = _offsets_of(manifest)
+    version = channel.next_version()
+    channel.write(
+        build_snapshot(model, cfg.features, cfg.trainer, version=version, step=step, offsets=offsets)
+    )
+    return version

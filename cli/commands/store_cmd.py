@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kelp.cli.commands import import_cmd, snapshot_cmd
 from kelp.config import load_config
 from kelp.errors import UserError
 
@@ -52,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="file holding the password; the line carries only its SHA-256 (default: a placeholder)",
     )
     acl.set_defaults(handler=_acl)
+
+    snapshot_cmd.add_verbs(verbs)
+    import_cmd.add_verbs(verbs)
 
 
 def _open(path: str):  # type: ignore[no-untyped-def]

@@ -1,1 +1,1 @@
-"""Point-in-time copies of a deployment's rows: the shard format, the manifest, where they are kept, taking and restoring."""
+"""Point-in-time copies of a deployment's rows: shard format, manifest, storage, taking and restoring."""
