@@ -282,8 +282,11 @@ class Impression:
         if col is None:
             return np.empty(0, dtype=np.int64)
         values, lengths = _jagged(col, self.n, feature)
-        rows = np.repeat(np.arange(self.n), lengths)
-        return np.unique(rows[values == np.uint64(item)])
+        hits = values == np.uint64(item)
+        if len(values) == self.n and bool((lengths == 1).all()):  # one id per candidate: hits are rows
+            return np.flatnonzero(hits)
+        rows = np.repeat(np.arange(self.n), lengths)[hits]  # ascending: keep each row once
+        return rows[np.r_[True, rows[1:] != rows[:-1]]] if len(rows) else rows
 
     def labelled(
         self,

@@ -519,3 +519,24 @@ def test_a_one_row_event_holds_the_same_row_as_the_general_cut() -> None:
             assert np.frombuffer(one["sparse"][name]["values"], "<u8").tolist() == ids.tolist()
         assert one["dense"] == two["dense"][: len(one["dense"])]
         assert one["request"]["scores"]["click"] == two["request"]["scores"]["click"][:4]
+
+
+def test_rows_of_an_item_with_one_or_several_ids_per_candidate() -> None:
+    """An item column with one id per candidate and one with several (a candidate naming an item
+    twice counts once) give the same ascending rows."""
+    import msgpack
+
+    from kelp.join.records import Impression
+
+    def raw(values: list[int], lengths: list[int]) -> bytes:
+        col = {"values": np.array(values, "<u8").tobytes(), "lengths": np.array(lengths, "<i4").tobytes()}
+        n = len(lengths)
+        return msgpack.packb(
+            {"v": 1, "batch": n, "ts": T0, "request": {"id": "r"}, "sparse": {"item": col}}, use_bin_type=True
+        )
+
+    one = Impression.from_raw(raw([5, 7, 5, 9], [1, 1, 1, 1]), 0)
+    assert one.rows_of_item("item", 5).tolist() == [0, 2]
+    several = Impression.from_raw(raw([5, 5, 7, 9, 5, 1], [2, 0, 1, 3]), 0)
+    assert several.rows_of_item("item", 5).tolist() == [0, 3]
+    assert several.rows_of_item("item", 4).tolist() == []
