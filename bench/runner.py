@@ -26,6 +26,7 @@ SUITES: dict[str, str] = {
     "scale": "the same records through 1 and 2 trainer ranks (torch.distributed): equality, lost rows, AUC",
     "accuracy": "progressive AUC vs a plain PyTorch reference on real streams; admission/eviction sweep",
     "join": "labelled samples/s through kelp join vs a raw consume; Redis bytes per impression; label delay",
+    "snapshot": "full and incremental row snapshots and restore vs BGSAVE / redis-cli --rdb; training lost",
     "chaos": "kill -9, Redis restart/stall, broker restart, store loss, hostile join times; the invariants",
 }
 """Only suites that exist: a test keeps this equal to the ``kelp.bench.<suite>`` modules."""
