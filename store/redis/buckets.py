@@ -47,6 +47,7 @@ from prometheus_client import CollectorRegistry
 from kelp.config import StoreConfig, TableSpec
 from kelp.store.base import Table
 from kelp.store.flow import InitRows, RowWrite, StoredBlock, StoredRows
+from kelp.store.redis._wire.packed_pipeline import PackedPipeline
 from kelp.store.redis._wire.packing import pack_commands, pack_grouped
 from kelp.store.redis._wire.row_replies import RowReplies
 from kelp.store.redis.bucket_scripts import set_rows_if_args, sweep_args
@@ -525,8 +526,12 @@ class RedisBucketStore(RedisStore):
         try:
             for replies in self._bucket_trips(t, node, batch, skipped):
                 for reply in replies:
-                    fields.extend(reply)
-                    values.extend(reply.values())
+                    if isinstance(reply, dict):  # a RESP3 connection answers a map
+                        fields.extend(reply)
+                        values.extend(reply.values())
+                    else:
+                        fields.extend(reply[0::2])
+                        values.extend(reply[1::2])
                 if len(fields) >= batch:
                     yield self._bucket_rows(t, fields, values, skipped, updated_since_s)
                     fields, values = [], []
@@ -537,37 +542,46 @@ class RedisBucketStore(RedisStore):
 
     def _bucket_trips(
         self, t: Table, node: Node, batch: int, skipped: Skipped
-    ) -> Iterator[list[dict[bytes, bytes]]]:
+    ) -> Iterator[list[Any]]:
         """The table's bucket hashes on ``node``, read a round trip at a time: as many buckets as hold
         about ``batch`` rows by the buckets read so far (a first guess of full listpacks), so a trip
-        neither carries a few rows nor the whole table."""
+        neither carries a few rows nor the whole table.
+
+        No ``SCAN``: a table's bucket keys are known (its bucket numbers on this shard), and a
+        ``SCAN ... MATCH`` walks every key of the database once per table, every other table's too."""
         layout = self.buckets[t.name]
+        everything = np.arange(layout.buckets, dtype=np.int64)
+        shard = self._scan_nodes().index(node)
+        keys = layout.bucket_keys(everything[self._shard_of_buckets(t.name, everything) == shard])
         trip = max(1, batch // _LISTPACK_ENTRIES)
-        buckets_read = rows_read = 0
-        pending: list[bytes] = []
-        for page in scan_pages(node, layout.pattern, batch, self.retry):
-            kept, _ = ids_of(page, layout.key_width, skipped)
-            pending.extend(kept)
-            while len(pending) >= trip:
-                keys, pending = pending[:trip], pending[trip:]
-                replies = self._hgetall(node, keys)
-                yield replies
-                buckets_read += len(keys)
-                rows_read += sum(map(len, replies))
-                trip = max(1, min(batch, batch * buckets_read // max(1, rows_read)))
-        if pending:
-            yield self._hgetall(node, pending)
+        start = buckets_read = rows_read = 0
+        while start < len(keys):
+            chunk = keys[start : start + trip]
+            start += len(chunk)
+            replies = self._hgetall(node, chunk)
+            yield replies
+            buckets_read += len(chunk)
+            rows_read += sum(len(r) if isinstance(r, dict) else len(r) // 2 for r in replies)
+            trip = max(1, min(batch, batch * buckets_read // max(1, rows_read)))
 
-    def _hgetall(self, node: Node, keys: list[bytes]) -> list[dict[bytes, bytes]]:
+    def _hgetall(self, node: Node, keys: np.ndarray) -> list[Any]:
+        """Every bucket's ``[field, value, field, value, ...]`` (a map on RESP3), for bucket ``keys``
+        (one fixed-width void array).
+
+        The ``HGETALL`` commands are packed by numpy and their replies read off the socket in one
+        pass: a scan reads tens of thousands of buckets, and redis-py's per-command packing and reply
+        handling were most of its time."""
         where, client = node
+        if not len(keys):
+            return []
+        payload = pack_commands(("HGETALL",), keys)
 
-        def fetch() -> list[dict[bytes, bytes]]:
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                pipe.hgetall(key)
-            return pipe.execute()
+        def fetch() -> list[Any]:
+            pipe = PackedPipeline(client)
+            pipe.add_packed(payload, len(keys))
+            return pipe.execute()[0]
 
-        return round_trip(self.retry, where, fetch) if keys else []
+        return round_trip(self.retry, where, fetch)
 
     def _bucket_rows(
         self,
