@@ -27,7 +27,9 @@ is a file (no Kafka, so no offsets to read or set), into a directory.
   rows/s while a full snapshot runs, alternating; the snapshot runs either on
   a thread inside the load's process (as ``snapshots.rows.every_s`` runs it in
   the trainer: ``throughput_lost_share``) or in a process of its own (as
-  ``kelp store snapshot`` runs beside a trainer: ``..._separate_process``).
+  ``kelp store snapshot`` runs beside a trainer: ``..._separate_process``),
+  and paced in a process of its own at ``PACED_SHARE`` of the unpaced rate
+  (``snapshots.rows.max_rows_per_s``: ``..._paced``).
   A real trainer spends most of a step in the model, so it touches the store
   less per second than this load does; on a 2-core machine the snapshot's scan,
   the load and redis-server share the same cores.
@@ -72,6 +74,8 @@ LOAD_BATCH = 4096
 """Samples per step of the stand-in training load (the criteo-synth batch)."""
 REPS = 3
 """Alone and during-snapshot windows of the load, alternated, each this many times."""
+PACED_SHARE = 0.25
+"""The paced snapshot's ``snapshots.rows.max_rows_per_s``, as a share of the unpaced full snapshot's rate."""
 FILL_BLOCK = 50_000
 STORED_AGO_S = 3600
 """The filled rows' last update: long before the full snapshot, so an incremental leaves them out."""
@@ -323,6 +327,7 @@ def measure_load(
     reps: int,
     modes: Sequence[str] = ("in_process", "separate"),
     timeout_s: float = 900.0,
+    paced_cfg: KelpConfig | None = None,
 ) -> dict[str, Any]:
     """The stand-in load alone and during full snapshots, windows alternated ``reps`` times."""
     batches = load_batches(ids_by_table, 16)
@@ -348,7 +353,8 @@ def measure_load(
                 start = time.monotonic()
                 time.sleep(window_s)
                 windows.spans.append(("alone", start, time.monotonic()))
-                windows.spans.append(_during(cfg, mode, parent, windows, timeout_s))
+                during_cfg = paced_cfg if mode == "paced" and paced_cfg is not None else cfg
+                windows.spans.append(_during(during_cfg, mode, parent, windows, timeout_s))
         stop.set()
         if not parent.poll(timeout_s):
             raise RuntimeError("the load process did not report its steps")
@@ -366,7 +372,8 @@ def measure_load(
 def _during(
     cfg: KelpConfig, mode: str, conn: Any, windows: Windows, timeout_s: float
 ) -> tuple[str, float, float]:
-    """One full snapshot while the load runs: in the load's process or in this one."""
+    """One full snapshot while the load runs: in the load's process or in this one (``paced``: in
+    this one, at ``cfg``'s ``snapshots.rows.max_rows_per_s``)."""
     if mode == "in_process":
         conn.send("snapshot")
         if not conn.poll(timeout_s):
@@ -395,10 +402,10 @@ def _load_figures(
         seconds.setdefault(kind, []).append(end - start)
     alone = statistics.median(rates["alone"])
     out: dict[str, Any] = {"load_rows_per_s_alone": alone, "load_windows_alone": rates["alone"]}
-    for kind in ("in_process", "separate"):
+    suffixes = {"in_process": "", "separate": "_separate_process", "paced": "_paced"}
+    for kind, suffix in suffixes.items():
         if kind not in rates:
             continue
-        suffix = "" if kind == "in_process" else "_separate_process"
         during = statistics.median(rates[kind])
         out[f"load_rows_per_s_during_snapshot{suffix}"] = during
         out[f"throughput_lost_share{suffix}"] = 1.0 - during / alone
@@ -480,8 +487,19 @@ def measure(
             incremental_share_of_rows=inc.rows / stored,
         )
 
+    pace = PACED_SHARE * out["full_rows_per_s"]
+    paced_cfg = cfg.model_copy(deep=True)
+    paced_cfg.snapshots.rows.max_rows_per_s = pace
+    out["paced_max_rows_per_s"] = pace
     say(f"training stand-in alone and during full snapshots, {reps} times each")
-    load = measure_load(cfg, ids_by_table, window_s=max(min_window_s, full.seconds), reps=reps, modes=modes)
+    load = measure_load(
+        cfg,
+        ids_by_table,
+        window_s=max(min_window_s, full.seconds),
+        reps=reps,
+        modes=modes,
+        paced_cfg=paced_cfg,
+    )
     out.update(load)
     lost = "throughput_lost_share"
     # train_slowdown: the name ../shared/BENCHMARKS.md gives the same figure
@@ -501,6 +519,7 @@ def run(quick: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"store": "one standalone redis-server"}
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="kelp-bench-snapshot-") as tmp:
         result["redis_version"] = server.client().info("server")["redis_version"]
-        modes = ("in_process",) if quick else ("in_process", "separate")  # quick: within its 60 s
+        # quick: within its 60 s
+        modes = ("in_process", "paced") if quick else ("in_process", "separate", "paced")
         result.update(measure(server, Path(tmp), rows, modes=modes))
     return result

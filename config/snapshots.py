@@ -36,6 +36,13 @@ class RowSnapshotsConfig(StrictModel):
         description="Of the trainer's scheduled snapshots, every full_every-th is full and the others "
         "are incremental (only rows updated since the previous one). 1: always full.",
     )
+    max_rows_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Rows a snapshot reads per second at most, all shards together. The scan shares "
+        "Redis and the machine with training; a slower snapshot takes less of them at a time. "
+        "None: as fast as Redis answers (see docs/benchmarks.md, the snapshot suite).",
+    )
     keep: int = Field(
         7, ge=1, description="Full snapshots kept (with their incrementals); older ones are deleted."
     )

@@ -182,6 +182,7 @@ def take_snapshot(
             tables=tables,
             updated_since_s=since,
             shard_rows=shard_rows,
+            max_rows_per_s=config.snapshots.rows.max_rows_per_s,
         )
     finished_at = time.time()
     consistency: dict[str, Any] = {

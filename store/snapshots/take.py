@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -93,13 +94,28 @@ class _PartWriter:
         shard_rows: int,
         updated_since_s: int | None,
         stop: threading.Event,
+        rows_per_s: float | None = None,
     ) -> None:
         self.store, self.storage = store, storage
         self.deployment, self.snapshot_id, self.part = deployment, snapshot_id, part
         self.shard_rows, self.updated_since_s, self.stop = shard_rows, updated_since_s, stop
+        self.rows_per_s = rows_per_s
         self.entries: list[ShardEntry] = []
+        self._started = time.monotonic()
+        self._read = 0
+
+    def _pace(self, rows: int) -> None:
+        """Hold the part's reading to ``rows_per_s``: the scan shares Redis and the cores with
+        training, and a slower snapshot that takes less of them at a time is often the better trade."""
+        self._read += rows
+        if self.rows_per_s is None:
+            return
+        ahead = self._read / self.rows_per_s - (time.monotonic() - self._started)
+        if ahead > 0 and self.stop.wait(ahead):
+            raise _StoppedError
 
     def run(self, tables: list[str]) -> list[ShardEntry]:
+        self._started = time.monotonic()  # a part waiting for a worker thread starts its pace then
         try:
             for table in tables:
                 self._table(table)
@@ -117,6 +133,7 @@ class _PartWriter:
         for block in self.store.scan_rows(table, self.part, updated_since_s=self.updated_since_s):
             if self.stop.is_set():
                 raise _StoppedError
+            self._pace(len(block))
             if not len(block):
                 continue
             held.append(block)
@@ -158,21 +175,26 @@ def take_rows(
     updated_since_s: int | None,
     shard_rows: int = DEFAULT_SHARD_ROWS,
     parallel: int | None = None,
+    max_rows_per_s: float | None = None,
 ) -> list[ShardEntry]:
     """Write every live row of ``tables`` (name -> TableSpec or ``{"dim", "dtype"}``) as shards.
 
     ``updated_since_s``: only rows updated at or after it (an incremental
     snapshot); None: every row. ``parallel``: at most this many parts are read
     at once (default: all of them). Returns the shards written, ordered by
-    table, part and sequence; raises the first worker's error (shards written
+    table, part and sequence. ``max_rows_per_s``: rows read per second at most, all parts together
+    (None: as fast as Redis answers); raises the first worker's error (shards written
     before it stay in storage, with no manifest naming them).
     """
     if shard_rows < 1:
         raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
     for name in tables:
         store.table(name)  # an unknown table is one clear line, before any thread starts
+    if max_rows_per_s is not None and max_rows_per_s <= 0:
+        raise ValueError(f"max_rows_per_s must be > 0, got {max_rows_per_s}")
     parts = store.row_scan_parts()
     workers = max(1, min(parts, parallel or parts))
+    per_part = None if max_rows_per_s is None else max_rows_per_s / workers
     stop = threading.Event()
     writers = [
         _PartWriter(
@@ -184,6 +206,7 @@ def take_rows(
             shard_rows=shard_rows,
             updated_since_s=updated_since_s,
             stop=stop,
+            rows_per_s=per_part,
         )
         for part in range(parts)
     ]
