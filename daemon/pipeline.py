@@ -168,6 +168,13 @@ class TrainPipeline:
         return self._working
 
     @property
+    def owned_rows_submitted_step(self) -> int:
+        """In a group with row owners, the last group step whose owned-row updates this rank handed
+        to its writer, batch or not (a rank with no batch still applies the updates other ranks
+        sent for the rows it owns)."""
+        return self._last_submitted
+
+    @property
     def committed_step(self) -> int:
         """The last step whose batch's offsets are committed (durable in the store)."""
         return self._writer.committed_step

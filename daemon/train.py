@@ -559,7 +559,7 @@ class TrainDaemon:
         pipeline = self.pipeline
         if pipeline is None:
             return True
-        target = self._last_trained_step
+        target = max(self._last_trained_step, pipeline.owned_rows_submitted_step)
         working = pipeline.working_copy
         if working is not None and self.cfg.trainer.prefetch_batches == 0:
             # No writer thread (its work is done on this one): write the working copy back here.

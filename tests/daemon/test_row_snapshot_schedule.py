@@ -164,3 +164,21 @@ def test_inline_writer_with_a_working_copy_flushes_at_the_barrier(tmp_path: Path
     assert value("kelp_row_snapshots_total", {"outcome": "failed"}) == 0
     (first, *_) = list_snapshots(open_storage(cfg.snapshots.rows.url), cfg.deployment)
     assert first.kind == "full" and first.total_rows > 0 and first.consistency["barrier_step"] > 0
+
+
+def test_the_barrier_waits_for_owned_row_updates_of_steps_without_a_batch(tmp_path: Path) -> None:
+    """In a group with row owners a rank without a batch still applies other ranks' updates to the
+    rows it owns: the barrier waits for those steps too, not only the ones it trained."""
+    from types import SimpleNamespace
+
+    cfg = base_config(tmp_path)
+    cfg.trainer.drain_timeout_s = 0.2
+    daemon = TrainDaemon(cfg, http=False)
+    daemon._last_trained_step = 3
+    ledger = SimpleNamespace(acked=4)
+    daemon.pipeline = SimpleNamespace(  # type: ignore[assignment]
+        ledger=ledger, owned_rows_submitted_step=5, working_copy=None, committed_step=0
+    )
+    assert not daemon._flush_barrier()  # step 5's owned rows are not acknowledged yet
+    ledger.acked = 5
+    assert daemon._flush_barrier()
