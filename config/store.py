@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from kelp.config.base import StrictModel, split_csv, url_with_plain_userinfo
 from kelp.redaction import redact_url
 
-__all__ = ["HotCacheConfig", "RedisTls", "RetrySpec", "RowLayoutSpec", "StoreConfig"]
+__all__ = ["DurabilitySpec", "HotCacheConfig", "RedisTls", "RetrySpec", "RowLayoutSpec", "StoreConfig"]
 
 
 class RetrySpec(StrictModel):
@@ -30,6 +30,36 @@ class RedisTls(StrictModel):
     cert_file: Path | None = None
     key_file: Path | None = None
     check_hostname: bool = True
+
+
+class DurabilitySpec(StrictModel):
+    """What a push must reach before its ticket counts as durable (and its Kafka offsets may commit).
+
+    Redis acknowledges a write once the primary has it; a failover to a
+    replica that had not received it yet loses it. With ``replicas_ack`` n > 0,
+    every shard's pipelined push ends with ``WAIT n replicas_ack_timeout_ms`` on
+    the same connection: fewer than n replicas confirming within the timeout
+    fails the push as an unreachable shard does (retried; never acknowledged),
+    so an acknowledged update survives the loss of its primary. See
+    docs/store.md, No loss across failover.
+    """
+
+    replicas_ack: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Replicas of each written shard that must confirm a push (Redis WAIT) before it is "
+        "acknowledged as durable; 0: the primary's reply is enough (a failover may lose the last "
+        "updates). Needs at least this many replicas per primary, and one more to keep accepting pushes "
+        "while one is down.",
+    )
+    replicas_ack_timeout_ms: int = Field(
+        500,
+        ge=1,
+        le=600_000,
+        description="How long a push waits for replicas_ack confirmations (WAIT's timeout) before it "
+        "fails and is retried; must be below store.socket_timeout_s.",
+    )
 
 
 class HotCacheConfig(StrictModel):
@@ -164,6 +194,7 @@ class StoreConfig(StrictModel):
         "one slot. Hazard: changing it changes every key (rows written before become invisible).",
     )
     layout: RowLayoutSpec = Field(default_factory=RowLayoutSpec)
+    durability: DurabilitySpec = Field(default_factory=DurabilitySpec)
     hot_cache: HotCacheConfig = Field(default_factory=HotCacheConfig)
     sparse_updates: Literal["overwrite", "compose"] = Field(
         "overwrite",
@@ -185,6 +216,18 @@ class StoreConfig(StrictModel):
             return bool(self.hot_cache.enabled)
         return self.backend != "memory" and self.sparse_updates == "overwrite" and trainers is not None
 
+    def _check_durability(self) -> None:
+        d = self.durability
+        if d.replicas_ack and self.backend == "memory":
+            raise ValueError(
+                "durability.replicas_ack needs backend redis or redis-cluster (replicas to wait for)"
+            )
+        if d.replicas_ack and d.replicas_ack_timeout_ms >= self.socket_timeout_s * 1000:
+            raise ValueError(
+                f"durability.replicas_ack_timeout_ms ({d.replicas_ack_timeout_ms}) must be below "
+                f"socket_timeout_s ({self.socket_timeout_s:g} s): the socket would time out first"
+            )
+
     @property
     def row_layout(self) -> Literal["keys", "buckets"]:
         """``layout.kind`` with ``auto`` resolved for this backend."""
@@ -200,6 +243,7 @@ class StoreConfig(StrictModel):
             url_with_plain_userinfo(url, "url")
         if self.replicas and len(self.replicas) != len(self.urls):
             raise ValueError(f"replicas has {len(self.replicas)} groups but urls has {len(self.urls)} shards")
+        self._check_durability()
         if self.layout.kind == "buckets" and self.backend != "redis":
             raise ValueError(
                 f"layout.kind: buckets needs backend redis (standalone shards); backend '{self.backend}' "

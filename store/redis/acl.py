@@ -100,9 +100,10 @@ _WRITE = (
     "script|exists",
     "info",
     "dbsize",
+    "wait",
 )
 """The trainer's extra commands: row and counter writes, the Lua scripts, snapshot publish and its
-read-back (HSTRLEN of the weights), stats."""
+read-back (HSTRLEN of the weights), stats, and ``WAIT`` for ``store.durability.replicas_ack``."""
 
 _JOIN = (
     "get",

@@ -13,6 +13,10 @@ that one call through redis-py's cluster pipeline, which follows redirections
 itself; the next call is routed by the new map. A call re-run this way repeats
 the commands that had already succeeded: row writes and ``SET NX`` admissions
 are idempotent, but a sighting counted before the redirection is counted twice.
+A write that must wait for replicas (``store.durability.replicas_ack``) is re-run
+on the refreshed node routes instead, because only a node's own pipeline can end
+with the ``WAIT`` that covers its writes; if the map moves again (a slot
+migration in progress) the push fails retriably and is sent again later.
 Everything else is shared with :mod:`kelp.store.redis.shared`.
 """
 
@@ -28,6 +32,7 @@ from redis.crc import key_slot
 from kelp.config import StoreConfig
 from kelp.errors import StoreUnavailableError
 from kelp.store.base import Table
+from kelp.store.errors import ShardUnavailableError
 from kelp.store.flow import InitRows, RowWrite, StoredRows
 from kelp.store.redis._wire.packing import cut_runs
 from kelp.store.redis.cluster_routes import ClusterRoutes, NodePipeline, SlotMapChangedError
@@ -59,6 +64,7 @@ class RedisClusterStore(RedisStoreBase):
             parallel=False,
         )
         """Runs a re-routed call in the calling thread, every shard's commands through redis-py."""
+        self._slow_runner.shard_names = self.shard_names  # one list: a promoted replica is named here too
 
     @property
     def _runner(self) -> PlanRunner:
@@ -124,16 +130,19 @@ class RedisClusterStore(RedisStoreBase):
     def _falling_back(self) -> bool:
         return bool(getattr(self._fallback, "on", False))
 
-    def _rerouted(self, call: Callable[[], T]) -> T:
+    def _rerouted(self, call: Callable[[], T], *, writes: bool = False) -> T:
         """Run ``call`` on the node routes; after a redirection, refresh them and run it once more
-        through redis-py's cluster pipeline. A node that stopped answering also refreshes them, so
-        the next call finds a promoted replica."""
+        through redis-py's cluster pipeline (``writes`` waited for by replicas: on the new node
+        routes). A node that stopped answering also refreshes them, so the next call finds a
+        promoted replica."""
         try:
             return call()
         except SlotMapChangedError:
             with translate_redis_errors(self._cluster):
                 self._routes.refresh()
             self.metrics.retries.labels(op="reroute").inc()
+            if writes and self._fast_runner.wait is not None:
+                return self._on_new_routes(call)
             self._fallback.on = True
             try:
                 return call()
@@ -146,6 +155,15 @@ class RedisClusterStore(RedisStoreBase):
             except StoreUnavailableError:
                 pass  # the cluster itself is down: the original error says so
             raise
+
+    def _on_new_routes(self, call: Callable[[], T]) -> T:
+        """``call`` once more on the refreshed node routes; a second redirection fails it retriably."""
+        try:
+            return call()
+        except SlotMapChangedError as exc:
+            with translate_redis_errors(self._cluster):
+                self._routes.refresh()
+            raise ShardUnavailableError(self._cluster, f"slot map still moving: {exc}") from exc
 
     # -- the flow's primitives, each re-run on a redirection ----------------------------------------
 
@@ -163,12 +181,14 @@ class RedisClusterStore(RedisStoreBase):
         self._rerouted(lambda: super(RedisClusterStore, self)._store_init_rows(admits, now))
 
     def _write_rows(self, writes: Mapping[str, RowWrite], now: float) -> dict[str, int]:
-        return self._rerouted(lambda: super(RedisClusterStore, self)._write_rows(writes, now))
+        return self._rerouted(lambda: super(RedisClusterStore, self)._write_rows(writes, now), writes=True)
 
     def _apply_adagrad(
         self, writes: Mapping[str, RowWrite], lr: float, eps: float, now: float
     ) -> dict[str, int]:
-        return self._rerouted(lambda: super(RedisClusterStore, self)._apply_adagrad(writes, lr, eps, now))
+        return self._rerouted(
+            lambda: super(RedisClusterStore, self)._apply_adagrad(writes, lr, eps, now), writes=True
+        )
 
     def delete(self, table: str, ids: np.ndarray) -> int:
         return self._rerouted(lambda: super(RedisClusterStore, self).delete(table, ids))
@@ -177,7 +197,7 @@ class RedisClusterStore(RedisStoreBase):
         return self._rerouted(lambda: super(RedisClusterStore, self).raw_values(table, ids))
 
     def _load(self, t: Table, block: RowsToLoad) -> int:
-        return self._rerouted(lambda: super(RedisClusterStore, self)._load(t, block))
+        return self._rerouted(lambda: super(RedisClusterStore, self)._load(t, block), writes=True)
 
     # -- listing rows: node by node --------------------------------------------------------------
 

@@ -14,9 +14,15 @@ yes                    no                          lost if the OS had not flushe
 no                     (any)                       lost unless an RDB snapshot came after it
 =====================  ==========================  ==========================================
 
-Kelp does not call ``WAIT``: a push is acknowledged by the primary alone, so
-a failover to a replica that had not received it loses it too, whatever the
-primary's fsync setting.
+A failover is the other way to lose an acknowledged write: a replica promoted
+before it received the write never has it, whatever the primary's fsync
+setting. With ``store.durability.replicas_ack`` n > 0 (:class:`ReplicaWait`),
+every shard's push pipeline ends with ``WAIT n timeout`` on the same connection
+as its writes, so the reply counts the replicas holding all of them; fewer than
+n fails that shard's push with :class:`NotDurableError` (retriable: retried as
+an unreachable shard is, never acknowledged, its offsets never committed) and
+counts ``kelp_store_replica_ack_failures_total{shard}``. With n = 0 a push is
+acknowledged by the primary alone.
 
 :func:`report_durability` runs once, at the store's first contact with Redis.
 Per primary it logs one line and sets
@@ -34,11 +40,22 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from kelp.config.store import StoreConfig
 from kelp.metrics import MetricFactory
+from kelp.store.errors import ShardUnavailableError
 
-__all__ = ["Durability", "durability_of", "read_durability", "report_durability"]
+__all__ = [
+    "WAITED_OPS",
+    "Durability",
+    "NotDurableError",
+    "ReplicaWait",
+    "durability_of",
+    "read_durability",
+    "replica_wait",
+    "report_durability",
+]
 
 log = logging.getLogger("kelp.store.durability")  # the name users filter on, kept across moves
 
@@ -164,3 +181,61 @@ _LAST: weakref.WeakKeyDictionary[Any, list[Durability]] = weakref.WeakKeyDiction
 def durability_of(store: Any) -> list[Durability]:
     """What :func:`report_durability` found for ``store`` (empty before its first contact)."""
     return _LAST.get(store, [])
+
+
+WAITED_OPS = frozenset({"push"})
+"""Plan ops whose pipelines end with ``WAIT``: the row writes a ticket stands for (pushes, loads)."""
+
+
+class NotDurableError(ShardUnavailableError):
+    """Fewer replicas than ``store.durability.replicas_ack`` confirmed a shard's push in time.
+
+    Retriable, as an unreachable shard is: the push is not acknowledged, so its
+    offsets are not committed, and sending it again is safe (rows are whole-row
+    writes). It persists while a shard has fewer live replicas than asked for."""
+
+
+_WAIT_FAILURES: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
+
+
+def _wait_failures(registry: CollectorRegistry) -> Counter:
+    if registry not in _WAIT_FAILURES:
+        _WAIT_FAILURES[registry] = MetricFactory("store", registry).counter(
+            "replica_ack_failures",
+            "Shard push pipelines that fewer than store.durability.replicas_ack replicas confirmed within "
+            "replicas_ack_timeout_ms (WAIT): the push failed, was not acknowledged, and is retried",
+            ["shard"],
+        )
+    return _WAIT_FAILURES[registry]
+
+
+@dataclass(frozen=True)
+class ReplicaWait:
+    """``WAIT replicas timeout_ms`` at the end of a shard's push pipeline, and the check of its reply."""
+
+    replicas: int
+    timeout_ms: int
+    registry: CollectorRegistry
+
+    def command(self) -> tuple[Any, ...]:
+        return ("WAIT", self.replicas, self.timeout_ms)
+
+    def check(self, shard: str, acked: Any) -> None:
+        """Raise :class:`NotDurableError` unless ``acked`` (WAIT's reply) reaches :attr:`replicas`."""
+        got = int(acked)
+        if got < self.replicas:
+            _wait_failures(self.registry).labels(shard=shard).inc()
+            raise NotDurableError(
+                shard,
+                f"{got} of {self.replicas} replicas confirmed the push within {self.timeout_ms} ms "
+                "(store.durability.replicas_ack); not acknowledged, retried",
+            )
+
+
+def replica_wait(cfg: StoreConfig, registry: CollectorRegistry) -> ReplicaWait | None:
+    """The store's :class:`ReplicaWait`, or None when ``store.durability.replicas_ack`` is 0."""
+    d = cfg.durability
+    if not d.replicas_ack:
+        return None
+    _wait_failures(registry)  # declared with the store: a scrape lists it before the first failure
+    return ReplicaWait(d.replicas_ack, d.replicas_ack_timeout_ms, registry)

@@ -29,6 +29,7 @@ from kelp.retry import RetryPolicy
 from kelp.store.metrics import StoreMetrics
 from kelp.store.redis._wire.row_replies import RowReplies
 from kelp.store.redis.connection import translate_redis_errors
+from kelp.store.redis.durability import WAITED_OPS, ReplicaWait
 
 __all__ = [
     "Command",
@@ -156,7 +157,10 @@ def chunks(pos: np.ndarray, size: int) -> list[np.ndarray]:
 class PlanRunner:
     """Executes plans; shard ``i`` is ``shard_names[i]``, its pipelines come from ``pipeline(i, ro)``.
 
-    ``parallel``: shards run in a thread pool (else one after another, in the calling thread)."""
+    ``parallel``: shards run in a thread pool (else one after another, in the calling thread).
+    ``wait``: end every shard's pipeline of a write op (:data:`~kelp.store.redis.durability.WAITED_OPS`)
+    with ``WAIT``, on the same connection as its writes so the replicas' count covers them all, and
+    fail that shard (retriable) when too few replicas confirmed."""
 
     def __init__(
         self,
@@ -166,8 +170,10 @@ class PlanRunner:
         metrics: StoreMetrics,
         *,
         parallel: bool = True,
+        wait: ReplicaWait | None = None,
     ) -> None:
         self.shard_names = list(shard_names)
+        self.wait = wait
         self._pipeline = pipeline
         self.retry = retry
         self.metrics = metrics
@@ -181,6 +187,7 @@ class PlanRunner:
         self, shard: int, cmds: list[Command | PackedCommands], op: str, readonly: bool
     ) -> list[Any]:
         name = self.shard_names[shard]
+        wait = self.wait if op in WAITED_OPS else None
 
         def attempt() -> list[Any]:
             with translate_redis_errors(name):
@@ -190,7 +197,12 @@ class PlanRunner:
                         pipe.add_packed(c.payload, c.count, c.width, integers=c.integers)
                     else:
                         pipe.execute_command(*c.args)
-                return pipe.execute(raise_on_error=True)
+                if wait is not None:
+                    pipe.execute_command(*wait.command())
+                replies = pipe.execute(raise_on_error=True)
+            if wait is not None:
+                wait.check(name, replies.pop())
+            return replies
 
         def on_retry(_n: int, _exc: BaseException) -> None:
             self.metrics.retries.labels(op=op).inc()

@@ -10,7 +10,8 @@ set on every write when the table has a TTL; see docs/store.md for the measured
 memory and why not hashes. Pushes are whole-row last-writer-wins. Per call,
 every table shares one round trip per shard for the reads (op ``pull``), one
 for sighting counters and one for admissions (op ``admit``), one for pushes
-(op ``push``).
+(op ``push``); with ``store.durability.replicas_ack`` each shard's push pipeline
+ends with ``WAIT`` (:mod:`kelp.store.redis.durability`).
 
 A ``WRONGTYPE`` reply (a key of this deployment holding another Redis type)
 fails the call with :class:`~kelp.store.errors.WrongTypeError` naming the key
@@ -40,7 +41,7 @@ from kelp.store.policy.eviction import EvictionPolicy, LfuCapacity, TtlEviction
 from kelp.store.redis._wire.packing import pack_runs
 from kelp.store.redis.adagrad import ADAGRAD_SCRIPT, script_args
 from kelp.store.redis.connection import connection_options
-from kelp.store.redis.durability import report_durability
+from kelp.store.redis.durability import replica_wait, report_durability
 from kelp.store.redis.keys import KeyLayout, quote_key
 from kelp.store.redis.plan import Gathered, Group, Plan, PlanRunner, adder, chunks, scatter, setter
 from kelp.store.redis.row_scan import (
@@ -142,7 +143,13 @@ class RedisStoreBase(FlowStore):
         self.chunk = cfg.max_rows_per_command
         self.layouts = {name: KeyLayout(deployment, name, self._cluster_buckets(cfg)) for name in self.tables}
         self.shard_names = self._connect(cfg, connection_options(cfg))
-        self._runner = PlanRunner(self.shard_names, self._pipeline, self.retry, self.metrics)
+        self._runner = PlanRunner(
+            self.shard_names,
+            self._pipeline,
+            self.retry,
+            self.metrics,
+            wait=replica_wait(cfg, self.metrics.registry),  # store.durability.replicas_ack
+        )
         self._checked = False
 
     def _ready(self) -> None:

@@ -104,6 +104,8 @@ def test_rules_cover_only_this_deployment() -> None:
     join = acl_rules("shop-eu", "join")
     assert [r for r in join if not r.startswith("+")] == ["~{kelp:shop-eu:join}:*"]  # its state, no channel
     assert "+eval" not in join and "+hset" not in join and "+multi" in join
+    assert "+wait" in acl_rules("shop-eu", "trainer")  # store.durability.replicas_ack
+    assert "+wait" not in rules
 
 
 def test_the_cli_prints_the_join_user(tmp_path: Path) -> None:
