@@ -61,7 +61,19 @@ kafka-jars: setup system-deps-test
 	$(PY) -m kelp.harness.kafka_dist
 	$(PY) -m kelp.harness.s3proxy
 
-test: setup system-deps-test lint kafka-jars
+# The chart tests install the Helm chart on a real Kubernetes control plane (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kwok's fake node) built from the Go module proxy into
+# ~/.cache/kelp/k8s-<version>/ once (many minutes on a fresh machine; seconds after). Without Go,
+# this prints why and those tests skip. It also links the built helm CLI as $(VENV)/bin/helm.
+.PHONY: k8s-binaries helm
+k8s-binaries: setup
+	$(PY) -m kelp.harness.k8s_dist --link-helm $(VENV)/bin/helm
+
+# The helm CLI the docs name (pinned, built from the Go module proxy): $(VENV)/bin/helm.
+helm: setup
+	$(PY) -m kelp.harness.k8s_dist --helm-only --link-helm $(VENV)/bin/helm
+
+test: setup system-deps-test lint kafka-jars k8s-binaries
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 fmt: setup

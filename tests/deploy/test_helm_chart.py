@@ -614,7 +614,9 @@ def test_gpu_trainer_requests_nvidia_gpus(production_manifests: list[Manifest]) 
 def test_hpa_owns_serving_replicas_when_enabled(production_manifests: list[Manifest]) -> None:
     deployment = find(production_manifests, "Deployment", "-serving")
     hpa = find(production_manifests, "HorizontalPodAutoscaler", "-serving")
-    assert "replicas" not in deployment["spec"]
+    # Without a live Deployment to read (install, helm template): the autoscaler's minimum. An upgrade
+    # renders the live count (tests/deploy/test_chart_on_k8s.py): never the field's default of 1.
+    assert deployment["spec"]["replicas"] == hpa["spec"]["minReplicas"]
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

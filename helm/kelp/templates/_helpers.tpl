@@ -319,3 +319,44 @@ The serving bearer token (secrets.serving.authToken) as a volume, and its mount.
 {{- define "kelp.checksumConfig" -}}
 checksum/config: {{ include "kelp.config" . | sha256sum }}
 {{- end }}
+
+{{/*
+serving.replicas with the autoscaler on: the live Deployment's count (what the autoscaler chose),
+kept within minReplicas..maxReplicas, or minReplicas when there is none yet (install, helm
+template). Leaving replicas out instead would make an upgrade that switches the autoscaler on
+reset the running Deployment to 1 replica (the field's default) until the autoscaler's next sync.
+*/}}
+{{- define "kelp.autoscaledServingReplicas" -}}
+{{- $hpa := .Values.serving.autoscaling }}
+{{- $live := lookup "apps/v1" "Deployment" .Release.Namespace (printf "%s-serving" (include "kelp.fullname" .)) }}
+{{- $count := int $hpa.minReplicas }}
+{{- if and $live $live.spec }}{{ $count = max $count (int $live.spec.replicas) }}{{ end }}
+{{- min $count (int $hpa.maxReplicas) }}
+{{- end }}
+
+{{/*
+A StatefulSet's volumeClaimTemplates cannot change once it exists. When the release's trainer
+StatefulSet is live (lookup: helm install/upgrade, never helm template) and
+trainer.checkpoints.persistence asks for other claims than it has, fail naming the values and the
+way out, instead of the API server's "field is immutable" dump after part of the upgrade applied.
+*/}}
+{{- define "kelp.checkClaimTemplates" -}}
+{{- $name := printf "%s-trainer" (include "kelp.fullname" .) }}
+{{- $live := lookup "apps/v1" "StatefulSet" .Release.Namespace $name }}
+{{- if and $live $live.spec }}
+{{- $p := .Values.trainer.checkpoints.persistence }}
+{{- $want := "none (emptyDir)" }}
+{{- if $p.enabled }}
+{{- $want = printf "size %v, storageClassName %q, accessModes %v" $p.size ($p.storageClassName | default "") $p.accessModes }}
+{{- end }}
+{{- $have := "none (emptyDir)" }}
+{{- range ($live.spec.volumeClaimTemplates | default list) }}
+{{- if eq .metadata.name "checkpoints" }}
+{{- $have = printf "size %v, storageClassName %q, accessModes %v" .spec.resources.requests.storage (.spec.storageClassName | default "") .spec.accessModes }}
+{{- end }}
+{{- end }}
+{{- if ne $want $have }}
+{{- fail (printf "trainer.checkpoints.persistence cannot change on a running release: StatefulSet %s has checkpoint volumes %s, the values ask for %s, and a StatefulSet's volumeClaimTemplates are immutable. Keep the old values, or run `kubectl -n %s delete statefulset %s --cascade=orphan` (the pods keep running and their claims stay) and upgrade again; existing claims keep their size (resize them with `kubectl edit pvc` where the storage class allows expansion)." $name $have $want .Release.Namespace $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
