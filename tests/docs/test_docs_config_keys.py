@@ -47,7 +47,14 @@ CHART_DOCS = (ROOT / "helm" / "README.md",)
 # like config keys because the chart's sections share the names `trainer`,
 # `serving` and `join`. Each entry must still be a value of the chart (checked below).
 CHART_VALUES_IN_DOCS = frozenset(
-    {"trainer.image", "serving.image", "join.enabled", "join.terminationGracePeriodSeconds"}
+    {
+        "trainer.image",
+        "serving.image",
+        "join.enabled",
+        "join.terminationGracePeriodSeconds",
+        "serving.autoscaling",
+        "trainer.checkpoints.persistence",
+    }
 )
 
 # Layout 1's top-level `kafka:` section: the loader refuses it with a hint, so a key
