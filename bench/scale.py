@@ -38,6 +38,8 @@ drain). Reported:
 * ``auc_1``, ``auc_2``: progressive AUC over every trained sample (each
   sample scored before the update that used it), all ranks together;
 * ``allreduce_seconds_per_step``: mean seconds in the dense all-reduce per group step at N=2;
+* ``--hosts 0,1,10`` (``run(hosts=...)``): instead of the above, the two ranks on two hosts of
+  a network-namespace rig with that one-way delay between hosts (below);
 * ``*_2_compose``: N=2 again with ``store.sparse_updates: compose`` (gradients
   applied to the stored row inside Redis, so concurrent updates add up);
 * ``push_rows_per_s`` / ``compose_rows_per_s``: one shard, 50k dim-16 rows,
@@ -45,10 +47,39 @@ drain). Reported:
 * ``bare_allreduce_ms_*``: the group step's all-reduce alone (2 processes,
   gloo, median of 30) for dlrm-small's dense size and 10x it: the network
   term of ``docs/scaling.md``, without the waiting that a training step adds.
+
+**Trainers on separate hosts** (``run(hosts="0,1,10")``; ``python -m
+kelp.bench.scale --hosts 0,1,10``): the N=2 group with its ranks on two hosts
+of a :class:`~kelp.harness.hosts.HostRig` (one ``torch.distributed.run``
+agent per host, static rendezvous at rank 0, gloo), Kafka (one KRaft node)
+and redis-server on a third. First over the rig's own link (``veth``: a
+loopback-like baseline), then, per one-way delay ``d`` listed, over a
+:class:`~kelp.harness.delay_line.DelayLine` between the rank hosts (a user
+space wire: the kernels here have no ``sch_netem``), so the all-reduce, the
+row exchange and the rendezvous see ``d`` each way; Kafka and Redis keep the
+rig's link. Reported under ``hosts_<label>``:
+
+* ``rtt_ms``: the round trip between the rank hosts as measured (a TCP
+  connect refused by the other host: one round trip), ``2 d`` configured;
+* ``step_ms``: wall time per step (each rank's first to last step over its
+  steps, the warm-up step excluded), mean over the ranks;
+* ``allreduce_ms_per_step``: time in the dense all-reduce per group step;
+* ``row_exchange_ms_per_step``: time in the row owners' work per group step
+  (``kelp_trainer_row_exchange_seconds``: the four all-to-alls, the owners'
+  steps);
+* ``bare_allreduce_ms``: dlrm-small's dense all-reduce alone (median of 10);
+* ``samples_per_s``, ``records_committed``, ``dense_max_abs_diff`` (0.0).
+
+``python -m kelp.bench.scale --cut S`` (:func:`run_cut`): ``kelp train`` on
+the two rank hosts with ``--max-restarts 3``, rank 1's host cut off for
+``S`` seconds mid-run: when each rank stopped, whether the group came back
+and committed every record. Both need root (network namespaces); where the
+rig cannot be made they say why instead of measuring something else.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -57,10 +88,14 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 import torch
 import yaml
 from kafka import KafkaConsumer, TopicPartition
@@ -71,11 +106,14 @@ from kelp.bench.synth import synth_messages
 from kelp.bench.train import BATCH, PER_MESSAGE, SEED, stream_config
 from kelp.config import StoreConfig, TableSpec
 from kelp.consumers.produce import produce
+from kelp.errors import UserError
 from kelp.harness import RedisServer, make_broker
+from kelp.harness.binaries import find_binary
+from kelp.harness.delay_line import DelayLine
 from kelp.store import build_store
 from kelp.trainer.evaluation import exact_auc
 
-__all__ = ["lost_update_fraction", "run"]
+__all__ = ["lost_update_fraction", "main", "parse_delays", "run", "run_cut", "run_hosts"]
 
 PARTITIONS = 2
 
@@ -176,6 +214,11 @@ def _collect(out: Path, ranks: int, tables: list[str]) -> dict[str, Any]:
         default=0.0,
     )
     steps = max(s["allreduce_count"] for s in summaries)
+    exchanges = max(s.get("row_exchange_count", 0.0) for s in summaries)
+    # Wall time per step from each rank's first to its last step (the first, warm-up step excluded).
+    per_rank_step = [
+        (s["last_step_at"] - s["first_step_at"]) / (s["steps"] - 1) for s in summaries if s["steps"] > 1
+    ]
     lost, updates = lost_update_fraction(traces, tables) if ranks > 1 else (0.0, 0)
     return {
         "samples": int(labels.size),
@@ -184,6 +227,10 @@ def _collect(out: Path, ranks: int, tables: list[str]) -> dict[str, Any]:
         "dense_max_abs_diff": diff,
         "digests_equal": len({s["dense_sha256"] for s in summaries}) == 1,
         "allreduce_seconds_per_step": (summaries[0]["allreduce_seconds"] / steps) if steps else 0.0,
+        "row_exchange_seconds_per_step": (
+            (summaries[0].get("row_exchange_seconds", 0.0) / exchanges) if exchanges else 0.0
+        ),
+        "step_seconds": (sum(per_rank_step) / len(per_rank_step)) if per_rank_step else float("nan"),
         "group_steps": int(steps),
         "lost_update_fraction": lost,
         "row_updates": updates,
@@ -195,7 +242,11 @@ def _collect(out: Path, ranks: int, tables: list[str]) -> dict[str, Any]:
     }
 
 
-def run(quick: bool, broker: str | None = None) -> dict[str, Any]:
+def run(quick: bool, broker: str | None = None, hosts: str | None = None) -> dict[str, Any]:
+    """The suite; with ``hosts`` (one-way delays in ms, ``"0,1,10"``) the ranks run on separate rig
+    hosts instead (see the module docstring)."""
+    if hosts is not None:
+        return run_hosts(quick, hosts)
     samples = (12 if quick else 96) * BATCH  # quick: under 60 s on 2 cores with three trainings
     out: dict[str, Any] = {"workload": "criteo-synth (synthetic)", "model": "dlrm-small", "batch_size": BATCH}
     service = make_broker(broker)
@@ -311,3 +362,368 @@ def _push_vs_compose(redis_url: str, rows: int = 50_000, dim: int = 16, repeats:
         "compose_rows_per_s": round(median["compose"], 1),
         "compose_vs_push_ratio": round(median["compose"] / median["push"], 3),
     }
+
+
+# -- trainers on separate hosts ---------------------------------------------------------------------
+
+_MASTER_PORT = 29500
+_DLRM_SMALL_DENSE = 129_297  # dlrm-small's dense parameters, as kelp.bench.scale's bare all-reduce
+
+
+def parse_delays(text: str) -> list[float]:
+    """``"0,1,10"`` -> ``[0.0, 1.0, 10.0]``: one-way delays in ms between hosts, each a run."""
+    try:
+        delays = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(
+            f"--hosts: expected one-way delays in ms, comma-separated (0,1,10), got {text!r}"
+        ) from None
+    if not delays or any(d < 0 or d > 1000 for d in delays):
+        raise UserError(f"--hosts: each delay must be between 0 and 1000 ms, got {text!r}")
+    return delays
+
+
+def run_hosts(quick: bool, hosts: str) -> dict[str, Any]:
+    """Train the same criteo-synth records with 2 ranks on 2 rig hosts once per delay in ``hosts``."""
+    delays = parse_delays(hosts)
+    samples = (24 if quick else 96) * BATCH
+    out: dict[str, Any] = {
+        "workload": "criteo-synth (synthetic)",
+        "model": "dlrm-small",
+        "batch_size": BATCH,
+        "ranks": 2,
+        "mode": "hosts",
+        "delays_ms_one_way": delays,
+    }
+    with _Setup(samples) as setup:
+        rig, ranks, kafka, topic, summary = setup.rig, setup.ranks, setup.kafka, setup.topic, setup.summary
+        out["broker"] = kafka.label
+        out["records_produced"] = summary.messages
+        out["samples_produced"] = summary.records
+        with DelayLine(*ranks, _wire_subnet(rig.address), rig.prefix) as wire:
+            # The rig's own link first (no wire: the loopback-like baseline), then the wire per delay.
+            runs: list[tuple[str, float | None]] = [("veth", None), *((f"{d:g}ms", d) for d in delays)]
+            for index, (label, delay) in enumerate(runs):
+                if delay is None:
+                    link = _Link(ranks[0].address, [h.peer for h in ranks], ranks[1].address)
+                else:
+                    wire.delay_ms = delay
+                    link = _Link(wire.addresses[0], [wire.ifname] * 2, wire.addresses[1])
+                work = Path(setup.tmp) / f"run{index}"
+                config, cfg = setup.config(work, f"scale-hosts-{index}", 300.0)
+                rtt = _rtt_ms(ranks[0], link.peer)
+                progress(f"{label} (round trip {rtt:.2f} ms): training {summary.records:,} samples")
+                kafka_at = (kafka.bootstrap, cfg.source.group_id, topic)
+                port = _MASTER_PORT + 2 * index
+                seconds = _train_on_hosts(
+                    ranks, link, config, work / "out", port=port, kafka=kafka_at, records=summary.messages
+                )
+                got = _collect(work / "out", 2, [t.name for t in cfg.features.tables])
+                bare = _bare_allreduce_on_hosts(ranks, link, work / "allreduce.json", port + 1)
+                figures = {
+                    "rtt_ms": round(rtt, 3),
+                    "step_ms": round(got["step_seconds"] * 1e3, 2),
+                    "allreduce_ms_per_step": round(got["allreduce_seconds_per_step"] * 1e3, 2),
+                    "row_exchange_ms_per_step": round(got["row_exchange_seconds_per_step"] * 1e3, 2),
+                    "bare_allreduce_ms": round(bare * 1e3, 3),
+                    "samples_per_s": round(got["samples_per_s"], 1),
+                    "group_steps": got["group_steps"],
+                    "records_committed": _committed(kafka.bootstrap, cfg.source.group_id, topic),
+                    "dense_max_abs_diff": got["dense_max_abs_diff"],
+                    "wall_s": round(seconds, 1),
+                }
+                progress(
+                    f"{label}: step {figures['step_ms']} ms, all-reduce {figures['allreduce_ms_per_step']} "
+                    f"ms, row exchange {figures['row_exchange_ms_per_step']} ms, bare all-reduce "
+                    f"{figures['bare_allreduce_ms']} ms"
+                )
+                out[f"hosts_{label}"] = figures
+    return out
+
+
+class _Setup:
+    """A rig with a services host (Kafka, one KRaft node; redis-server) and two rank hosts, and
+    ``samples`` criteo-synth samples produced to a topic of its own; all removed on exit."""
+
+    def __init__(self, samples: int) -> None:
+        from kelp.harness.hosts import HostRig, available
+
+        ok, why = available()
+        if not ok:
+            raise UserError(f"kelp bench scale --hosts needs a host rig (network namespaces): {why}")
+        self.samples = samples
+        self.rig = HostRig()
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> _Setup:
+        from kelp.harness.kafka_cluster import KafkaCluster
+
+        stack = self._stack
+        try:
+            stack.enter_context(self.rig)
+            self.tmp = stack.enter_context(tempfile.TemporaryDirectory())
+            services = self.rig.add_host("services")
+            self.ranks = [self.rig.add_host("rank0"), self.rig.add_host("rank1")]
+            progress("starting Apache Kafka and redis-server on the services host")
+            self.kafka = stack.enter_context(KafkaCluster(self.rig, [services]))
+            self.redis_url = stack.enter_context(_redis_on(services, Path(self.tmp)))
+            self.topic = f"scale-hosts-{uuid.uuid4().hex[:6]}"
+            self.kafka.create_topic(self.topic, PARTITIONS)
+            progress(f"producing {self.samples:,} criteo-synth samples to {self.topic}")
+            self.summary = produce(
+                {"bootstrap_servers": self.kafka.bootstrap_servers},
+                self.topic,
+                synth_messages(self.samples, PER_MESSAGE, seed=SEED),
+                quiet=True,
+            )
+        except BaseException:
+            stack.close()
+            raise
+        return self
+
+    def config(self, work: Path, group: str, timeout_s: float) -> tuple[Path, Any]:
+        """The scale suite's trainer config for this setup, written under ``work``; (path, config)."""
+        work.mkdir(parents=True, exist_ok=True)
+        cfg = stream_config(self.kafka.bootstrap, self.topic, self.redis_url, work, hot_cache="auto")
+        cfg.source = cfg.source.model_copy(update={"group_id": f"{group}-{self.topic}"})
+        cfg.trainer.torch_threads = 1
+        cfg.trainer.distributed.timeout_s = timeout_s
+        path = work / "kelp.yaml"
+        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
+        return path, cfg
+
+    def committed(self, cfg: Any) -> int:
+        return _committed(self.kafka.bootstrap, cfg.source.group_id, self.topic)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+def run_cut(quick: bool, cut_s: float, timeout_s: float = 20.0) -> dict[str, Any]:
+    """``kelp train`` on 2 rank hosts (``--max-restarts 3``); rank 1's host cut off for ``cut_s``.
+
+    Reports when each rank's worker stopped after the cut (the bound is
+    ``trainer.distributed.timeout_s``, here ``timeout_s``), how many times the
+    group (re)joined, and whether every record was committed in the end.
+    """
+    samples = (100 if quick else 200) * BATCH
+    out: dict[str, Any] = {"mode": "cut", "cut_s": cut_s, "distributed_timeout_s": timeout_s}
+    with _Setup(samples) as setup:
+        ranks, records = setup.ranks, setup.summary.messages
+        config, cfg = setup.config(Path(setup.tmp) / "cut", "scale-cut", timeout_s)
+        link = _Link(ranks[0].address, [h.peer for h in ranks], ranks[1].address)
+        module = ["--max-restarts=3", "-m", "kelp.cli", "train", "--config", str(config)]
+        procs = _agents(ranks, link, module, _MASTER_PORT, log_dir=config.parent, tag="cut")
+        try:
+            _wait(lambda: setup.committed(cfg) >= records // 10, 300, procs)
+            workers = [_children(p.pid) for p in procs]
+            started = time.monotonic()
+            setup.rig.partition(ranks[1])
+            progress(f"rank 1's host cut off for {cut_s:g} s")
+            stopped: dict[int, float] = {}
+
+            def note_stops() -> None:
+                """When each rank's first worker process ended (torchrun starts a new one to restart)."""
+                for i, proc in enumerate(procs):
+                    if i not in stopped and not set(workers[i]) & set(_children(proc.pid)):
+                        stopped[i] = time.monotonic() - started
+
+            while time.monotonic() - started < cut_s:
+                note_stops()
+                time.sleep(0.2)
+            setup.rig.heal(ranks[1])
+            _wait(lambda: note_stops() or setup.committed(cfg) >= records, 600, procs)
+            out["finished_after_heal_s"] = round(time.monotonic() - started - cut_s, 1)
+            _stop(procs)
+        finally:
+            setup.rig.heal(ranks[1])
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+        logs = [(config.parent / f"cut-{h.name}.log").read_text(errors="replace") for h in ranks]
+        out.update(
+            records=records,
+            records_committed=setup.committed(cfg),
+            # Rank 0's bound is the collective timeout; the cut-off rank learns only once the link is back.
+            rank_stopped_after_cut_s={str(i): round(t, 1) for i, t in sorted(stopped.items())},
+            group_joins=logs[0].count("joined the trainer group"),
+        )
+    progress(f"cut: {out}")
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    done = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    )
+    return [int(p) for p in done.stdout.split()]
+
+
+def _wait(predicate: Any, timeout_s: float, procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError("the group stopped or stalled")
+        time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class _Link:
+    """How the ranks reach each other: rank 0's address (the rendezvous), each host's interface
+    for gloo, and rank 1's address (to time the round trip)."""
+
+    master: str
+    ifnames: list[str]
+    peer: str
+
+
+def _wire_subnet(rig_address: str) -> str:
+    """A /24 for the wire that is not the rig's: the same third octet in the other half of 198.18.0.0/15."""
+    first, second, third, _ = rig_address.split(".")
+    return f"{first}.{19 if second == '18' else 18}.{third}"
+
+
+@contextmanager
+def _redis_on(host: Any, workdir: Path) -> Iterator[str]:
+    """redis-server on ``host`` (no persistence: each run has a key space of its own); its URL."""
+    folder = workdir / "redis"
+    folder.mkdir()
+    argv = [find_binary("redis-server"), "--bind", host.address, "--port", "6379", "--protected-mode", "no"]
+    argv += ["--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", str(folder)]
+    proc = host.process(argv, name="redis", log_path=folder / "redis.log")
+    try:
+        client = redis.Redis(host=host.address, port=6379, socket_timeout=0.5)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.exceptions.RedisError:
+                if time.monotonic() > deadline or not proc.alive():
+                    raise RuntimeError(f"redis-server on {host} did not answer:\n{proc.log_tail()}") from None
+                time.sleep(0.05)
+        client.close()
+        yield f"redis://{host.address}:6379"
+    finally:
+        proc.stop()
+
+
+def _rtt_ms(source: Any, address: str, probes: int = 5) -> float:
+    """Median round trip from ``source``'s namespace to ``address``: a TCP connect to a closed port
+    is answered by a reset, one round trip later."""
+    code = (
+        "import socket,statistics,sys,time\n"
+        "t=[]\n"
+        f"for _ in range({probes}):\n"
+        "    s=socket.socket(); s.settimeout(5); a=time.perf_counter()\n"
+        f"    try: s.connect(({address!r}, 9))\n"
+        "    except ConnectionRefusedError: pass\n"
+        "    t.append(time.perf_counter()-a); s.close()\n"
+        "print(statistics.median(t)*1e3)\n"
+    )
+    done = source.popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    stdout, _ = done.communicate(timeout=60)
+    if done.returncode != 0:  # no reset came back: the address is not reachable from ``source``
+        raise RuntimeError(f"{address} did not answer from {source}")
+    return float(stdout.strip())
+
+
+def _agents(
+    ranks: list[Any], link: _Link, module: list[str], port: int, *, log_dir: Path, tag: str
+) -> list[subprocess.Popen[bytes]]:
+    """One ``torch.distributed.run`` agent per host (static rendezvous at rank 0), running ``module``."""
+    procs = []
+    for node, host in enumerate(ranks):
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+        launcher += [f"--node-rank={node}", f"--master-addr={link.master}", f"--master-port={port}"]
+        launcher += ["--monitor-interval=0.5", *module]
+        # gloo names its peers by the address of this interface: the link chosen, not loopback.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": link.ifnames[node]}
+        log = (log_dir / f"{tag}-{host.name}.log").open("wb")
+        procs.append(host.popen(launcher, env=env, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], timeout_s: float = 120) -> None:
+    """SIGTERM every agent (they forward it: the ranks drain), then wait; kill what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _train_on_hosts(
+    ranks: list[Any],
+    link: _Link,
+    config: Path,
+    out: Path,
+    *,
+    port: int,
+    kafka: tuple[str, str, str],
+    records: int,
+) -> float:
+    """Both ranks until the group committed every record, then SIGTERM; seconds it took."""
+    bootstrap, group, topic = kafka
+    out.mkdir(parents=True, exist_ok=True)
+    module = ["-m", "kelp.bench.scale_rank", "--config", str(config), "--out", str(out)]
+    started = time.monotonic()
+    procs = _agents(ranks, link, module, port, log_dir=out.parent, tag="train")
+    try:
+        deadline = time.monotonic() + 900
+        while _committed(bootstrap, group, topic) < records:
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                tails = "\n".join((out.parent / f"train-{h.name}.log").read_text()[-1500:] for h in ranks)
+                raise RuntimeError(
+                    f"the group exited or stalled before committing {records} records:\n{tails}"
+                )
+            time.sleep(0.5)
+        _stop(procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    return time.monotonic() - started
+
+
+def _bare_allreduce_on_hosts(ranks: list[Any], link: _Link, out: Path, port: int) -> float:
+    """Median seconds of dlrm-small's dense all-reduce alone, one process per host."""
+    module = ["-m", "kelp.bench.allreduce_probe", "--out", str(out), "--floats", str(_DLRM_SMALL_DENSE)]
+    procs = _agents(ranks, link, [*module, "--repeats", "10"], port, log_dir=out.parent, tag="allreduce")
+    try:
+        for proc in procs:
+            proc.wait(timeout=300)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    return float(json.loads(out.read_text())[str(_DLRM_SMALL_DENSE)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kelp.bench.scale --hosts 0,1,10 [--quick]`` (or ``--cut S``): the JSON on stdout."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hosts", default="0,1,10", help="one-way delays in ms between the rank hosts")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--cut", type=float, default=None, metavar="S", help="instead: cut rank 1's host off for S seconds"
+    )
+    args = parser.parse_args(argv)
+    result = run_cut(args.quick, args.cut) if args.cut is not None else run_hosts(args.quick, args.hosts)
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,7 +7,7 @@ Run by the suite, alone (world of 1) or under ``torch.distributed.run``::
 It trains exactly as ``kelp train`` does (same :class:`TrainDaemon`), until
 SIGTERM, then writes ``DIR/rank-<r>.npz`` (labels and pre-update logits of
 every trained sample, the row trace) and ``DIR/rank-<r>.json`` (timings,
-all-reduce seconds, its dense parameters' digest) and ``DIR/rank-<r>.pt`` (its
+all-reduce and row-exchange seconds, its dense parameters' digest) and ``DIR/rank-<r>.pt`` (its
 dense state, for the max-abs-diff between ranks).
 """
 
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         "first_batch_samples": first_batch[0] if first_batch else 0,
         "allreduce_seconds": registry.get_sample_value("kelp_trainer_allreduce_seconds_sum") or 0.0,
         "allreduce_count": registry.get_sample_value("kelp_trainer_allreduce_seconds_count") or 0.0,
+        "row_exchange_seconds": registry.get_sample_value("kelp_trainer_row_exchange_seconds_sum") or 0.0,
+        "row_exchange_count": registry.get_sample_value("kelp_trainer_row_exchange_seconds_count") or 0.0,
         "dense_sha256": dense_digest(daemon.step.model),
         "backend_row_ops": counter_totals(registry).get("backend_row_ops", 0.0),
         "owned_rows_updated": registry.get_sample_value("kelp_trainer_owned_rows_updated_total") or 0.0,

@@ -136,9 +136,12 @@ def produce(
         total=total, desc=f"produce {topic}", unit="samples", unit_scale=True, wanted=not quiet
     )
     log_lines = not quiet and shown.disabled
+    failed: list[BaseException] = []
     try:
         for value, n in messages:
-            producer.send(topic, value)
+            # A record the brokers never acknowledged (delivery timed out, a refusal that is not retriable)
+            # fails only its future: without the errback it would count as produced.
+            producer.send(topic, value).add_errback(failed.append)
             records += n
             msgs += 1
             nbytes += len(value)
@@ -158,6 +161,10 @@ def produce(
                     records / (now - start),
                 )
         producer.flush()
+        if failed:
+            raise translate_kafka_error(
+                failed[0], f"producing to {topic}: {len(failed)} of {msgs} messages not acknowledged"
+            )
     except KelpError:
         raise  # already translated (e.g. a bad input file: a UserError, one line in the CLI)
     except Exception as exc:

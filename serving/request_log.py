@@ -205,10 +205,15 @@ class RequestLog:
         self.tasks = tasks
         self._settings = {
             **client_settings(kafka),
-            "acks": 1,
+            # Every in-sync replica before "sent": a leader that dies right after answering loses nothing
+            # (with the topic's min.insync.replicas at 2, see docs/deploy.md).
+            "acks": "all",
             "linger_ms": cfg.linger_ms,
             "max_block_ms": _MAX_BLOCK_MS,
             "retries": 3,
+            # Not idempotent: an idempotent producer takes a refusal that is not retriable as fatal and
+            # fails every later send; a repeated record is harmless (the join keeps one impression per id).
+            "enable_idempotence": False,
         }
         self._make_producer = make_producer
         self._held = _Held(cfg.queue_requests, cfg.queue_bytes)

@@ -51,6 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="ingest, train, pipeline, scale, freshness, join, chaos: the Kafka broker the suite starts "
         "(default: Apache Kafka where java runs, else Tansu; $KELP_BROKER)",
     )
+    parser.add_argument(
+        "--hosts",
+        default=None,
+        metavar="MS,MS",
+        help="scale: the ranks on separate network-namespace hosts (root), one run per one-way delay "
+        "in ms between them, e.g. 0,1,10",
+    )
     parser.set_defaults(handler=_bench)
 
 
@@ -63,6 +70,7 @@ def _bench(args: argparse.Namespace) -> int:
         out_dir=args.out,
         soak_minutes=args.soak_minutes,
         broker=args.broker,
+        hosts=args.hosts,
     )
     # Always one JSON line, last on stdout (the benchmark contract); --json is accepted for it.
     print(json.dumps(result, sort_keys=True))
