@@ -11,10 +11,11 @@ STAMP  := $(VENV)/.kelp-setup-stamp
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers (0: in this process). The tests
-# mostly wait on brokers, servers and child processes, so two workers keep two cores busy; each
-# worker starts its own session services (Kafka, Redis, Redis Cluster) on its own free ports.
+# mostly wait on brokers, servers and child processes (JVM starts, redis-server, subprocess CLIs),
+# so one worker more than the two cores keeps both busy while another waits; each worker starts
+# its own session services (Kafka, Redis, Redis Cluster, s3proxy) on its own free ports.
 # --dist loadscope keeps a module's tests (and its module-scoped fixtures) on one worker.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 
 .PHONY: setup system-deps system-deps-test kafka-jars demo test lint fmt bench clean
 
