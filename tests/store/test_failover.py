@@ -44,7 +44,13 @@ FAILOVER_BOUND_S = 60.0
 """Generous poll deadline for a loaded 2-core machine; the measured times are reported, not asserted."""
 
 
-def _store(urls: list[str], backend: str, replicas_ack: int, registry: CollectorRegistry) -> EmbeddingStore:
+def _store(
+    urls: list[str],
+    backend: str,
+    replicas_ack: int,
+    registry: CollectorRegistry,
+    deployment: str | None = None,
+) -> EmbeddingStore:
     cfg = StoreConfig(
         backend=backend,  # type: ignore[arg-type]
         urls=urls,
@@ -53,7 +59,8 @@ def _store(urls: list[str], backend: str, replicas_ack: int, registry: Collector
         durability={"replicas_ack": replicas_ack, "replicas_ack_timeout_ms": 300},  # type: ignore[arg-type]
     )
     # One attempt per call: the loop below retries, as the trainer's outage guard does.
-    return build_store(cfg, [TABLE], f"fo-{uuid.uuid4().hex[:8]}", registry, retry=RetryPolicy(1, 0.0, 0.0))
+    deployment = deployment or f"fo-{uuid.uuid4().hex[:8]}"
+    return build_store(cfg, [TABLE], deployment, registry, retry=RetryPolicy(1, 0.0, 0.0))
 
 
 def _wait_failures(registry: CollectorRegistry) -> float:
@@ -100,12 +107,13 @@ class Writer:
             time.sleep(0.05)
         return time.monotonic() - started
 
-    def lost(self) -> int:
-        """Acknowledged row versions the store no longer has (read back with retries)."""
+    def lost(self, reader: EmbeddingStore | None = None) -> int:
+        """Acknowledged row versions the store no longer has (read back with retries, through
+        ``reader`` when given: another client, as a serving replica reads)."""
         deadline = time.monotonic() + FAILOVER_BOUND_S
         while True:
             try:
-                got = self.store.pull(TABLE.name, self.ids, count=False)
+                got = (reader or self.store).pull(TABLE.name, self.ids, count=False)
                 break
             except KelpError:
                 if time.monotonic() > deadline:
@@ -168,13 +176,22 @@ def test_replicas_ack_loses_no_acknowledged_update_across_a_failover(
     host_cluster: RedisHostCluster, record_property: pytest.RecordProperty
 ) -> None:
     registry = CollectorRegistry()
-    with _store(host_cluster.urls, "redis-cluster", 1, registry) as store:
-        result = _failover(host_cluster, Writer(store))
+    deployment = f"fo-{uuid.uuid4().hex[:8]}"
+    with (
+        _store(host_cluster.urls, "redis-cluster", 1, registry, deployment) as store,
+        _store(host_cluster.urls, "redis-cluster", 0, CollectorRegistry(), deployment) as replica_reader,
+    ):
+        writer = Writer(store)
+        replica_reader.pull(TABLE.name, writer.ids, count=False)  # its slot map is the one before the kill
+        result = _failover(host_cluster, writer)
+        # A serving replica's client, built before the failover, follows the new topology too.
+        seen_by_serving = writer.lost(reader=replica_reader)
     record_property("failover", str(result))
     print(f"replicas_ack 1: {result}")
     assert result.acked_while_replica_paused == 0  # WAIT held back every push its replica missed
     assert _wait_failures(registry) > 0
     assert result.lost == 0, f"acked_updates_lost_replicas_ack: {result.lost}"
+    assert seen_by_serving == 0
 
 
 def test_without_replicas_ack_the_loss_is_measured(
