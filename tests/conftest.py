@@ -25,6 +25,7 @@ for a core make the CPU-bound tests much slower, not faster.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -166,3 +167,20 @@ def s3_snapshot_url(s3proxy_server: S3ProxyServer, monkeypatch: pytest.MonkeyPat
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(key, raising=False)
     return f"s3://{s3proxy_server.bucket}/t-{uuid.uuid4().hex[:12]}", s3proxy_server.endpoint
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """Take back the root handler an in-process ``kelp`` command installs (``configure_logging``).
+
+    Its stream is the test's captured stderr, which pytest closes after the test; a thread of a
+    later test logging through it (kafka-python retrying a stopped broker) would print
+    "--- Logging error ---" tracebacks. pytest's own capture handlers are subclasses, left alone.
+    """
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if type(handler) is logging.StreamHandler and handler not in before:
+            root.removeHandler(handler)
+    root.setLevel(level)
