@@ -25,7 +25,14 @@ from pathlib import Path
 
 from kelp.errors import MissingBinaryError
 
-__all__ = ["KAFKA_VERSION", "cache_root", "ensure_kafka_jars", "java_available"]
+__all__ = [
+    "KAFKA_VERSION",
+    "cache_root",
+    "ensure_kafka_jars",
+    "ensure_maven_jars",
+    "java_available",
+    "maven_jars_cached",
+]
 
 KAFKA_VERSION = os.environ.get("KELP_KAFKA_VERSION", "4.1.1")
 _LOG4J_VERSION = "2.24.3"
@@ -56,43 +63,45 @@ def java_available() -> bool:
     """True when a ``java`` runs here and the jars are cached or Maven can fetch them."""
     if shutil.which("java") is None:
         return False
-    return _stamp(KAFKA_VERSION).is_file() or shutil.which("mvn") is not None
+    return maven_jars_cached(_libs(KAFKA_VERSION)) or shutil.which("mvn") is not None
 
 
 def _libs(version: str) -> Path:
     return cache_root() / f"apache-kafka-{version}" / "libs"
 
 
-def _stamp(version: str) -> Path:
-    return _libs(version).parent / "complete"
+def maven_jars_cached(libs: Path) -> bool:
+    """True when :func:`ensure_maven_jars` finished laying jars in ``libs``."""
+    return (libs.parent / "complete").is_file()
 
 
-def ensure_kafka_jars(version: str = KAFKA_VERSION, *, quiet: bool = True) -> Path:
-    """The folder of every jar the broker needs, fetching them with Maven the first time."""
-    libs = _libs(version)
-    if _stamp(version).is_file():
+def ensure_maven_jars(libs: Path, pom: str, *, what: str, java_hint: str, quiet: bool = True) -> Path:
+    """Every runtime jar of ``pom``'s dependencies in ``libs``, fetched by Maven the first time.
+
+    ``what`` names the download in messages ("Apache Kafka 4.1.1"), ``java_hint`` the Java it needs.
+    A stamp beside ``libs`` makes later calls cost no Maven run; a file lock makes concurrent first
+    fetches (two test processes) wait for one another; a partial earlier fetch is thrown away.
+    """
+    if maven_jars_cached(libs):
         return libs
     if shutil.which("java") is None:
         raise MissingBinaryError(
-            "java not found: Apache Kafka needs Java 17+ (`apt-get install -y openjdk-17-jre-headless`)"
+            f"java not found: {what} needs {java_hint} (`apt-get install -y openjdk-17-jre-headless`)"
         )
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise MissingBinaryError(
-            "mvn not found: the Kafka jars are fetched with Maven (`apt-get install -y maven`)"
-        )
+        raise MissingBinaryError(f"mvn not found: {what} is fetched with Maven (`apt-get install -y maven`)")
     root = libs.parent
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _stamp(version).is_file():  # another process fetched while this one waited
+        if maven_jars_cached(libs):  # another process fetched while this one waited
             return libs
-        pom = root / "pom.xml"
-        pom.write_text(_POM.format(kafka=version, log4j=_LOG4J_VERSION, slf4j=_SLF4J_VERSION))
+        (root / "pom.xml").write_text(pom)
         if libs.exists():
             shutil.rmtree(libs)
         argv = [
-            mvn, "-B", "-f", str(pom), "dependency:copy-dependencies",
+            mvn, "-B", "-f", str(root / "pom.xml"), "dependency:copy-dependencies",
             f"-DoutputDirectory={libs}", "-DincludeScope=runtime",
             f"-Dmaven.repo.local={cache_root() / 'maven-repository'}",
         ]  # fmt: skip
@@ -101,9 +110,17 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION, *, quiet: bool = True) -> Pa
         done = subprocess.run(argv, capture_output=quiet, text=True, timeout=900, check=False)
         if done.returncode != 0:
             tail = "\n".join(((done.stdout or "") + (done.stderr or "")).splitlines()[-15:])
-            raise MissingBinaryError(f"fetching Apache Kafka {version} with Maven failed:\n{tail}")
-        _stamp(version).write_text(version + "\n")
+            raise MissingBinaryError(f"fetching {what} with Maven failed:\n{tail}")
+        (root / "complete").write_text(what + "\n")
     return libs
+
+
+def ensure_kafka_jars(version: str = KAFKA_VERSION, *, quiet: bool = True) -> Path:
+    """The folder of every jar the broker needs, fetching them with Maven the first time."""
+    pom = _POM.format(kafka=version, log4j=_LOG4J_VERSION, slf4j=_SLF4J_VERSION)
+    return ensure_maven_jars(
+        _libs(version), pom, what=f"Apache Kafka {version}", java_hint="Java 17+", quiet=quiet
+    )
 
 
 def main() -> int:

@@ -17,16 +17,13 @@ Run ``python -m kelp.harness.s3proxy`` to fetch ahead of time.
 
 from __future__ import annotations
 
-import fcntl
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
 
-from kelp.errors import MissingBinaryError
-from kelp.harness.kafka_dist import cache_root
+from kelp.harness.kafka_dist import cache_root, ensure_maven_jars, maven_jars_cached
 from kelp.harness.ports import free_port, wait_for_port
 from kelp.harness.process import ManagedProcess
 
@@ -52,59 +49,22 @@ def _libs(version: str) -> Path:
     return cache_root() / f"s3proxy-{version}" / "libs"
 
 
-def _stamp(version: str) -> Path:
-    return _libs(version).parent / "complete"
-
-
 def s3proxy_available(version: str = S3PROXY_VERSION) -> bool:
     """True when a ``java`` runs here and the jars are cached or Maven can fetch them."""
     if shutil.which("java") is None:
         return False
-    return _stamp(version).is_file() or shutil.which("mvn") is not None
+    return maven_jars_cached(_libs(version)) or shutil.which("mvn") is not None
 
 
 def ensure_s3proxy_jars(version: str = S3PROXY_VERSION, *, quiet: bool = True) -> Path:
     """The folder of every jar s3proxy needs, fetching them with Maven the first time."""
-    libs = _libs(version)
-    if _stamp(version).is_file():
-        return libs
-    if shutil.which("java") is None:
-        raise MissingBinaryError(
-            "java not found: s3proxy needs Java 11+ (`apt-get install -y openjdk-17-jre-headless`)"
-        )
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise MissingBinaryError(
-            "mvn not found: the s3proxy jars are fetched with Maven (`apt-get install -y maven`)"
-        )
-    root = libs.parent
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _stamp(version).is_file():  # another process fetched while this one waited
-            return libs
-        _fetch(mvn, root, libs, version, quiet=quiet)
-        _stamp(version).write_text(version + "\n")
-    return libs
-
-
-def _fetch(mvn: str, root: Path, libs: Path, version: str, *, quiet: bool) -> None:
-    """Lay every runtime jar of s3proxy in ``libs`` (a partial earlier fetch is thrown away)."""
-    pom = root / "pom.xml"
-    pom.write_text(_POM.format(version=version))
-    if libs.exists():
-        shutil.rmtree(libs)
-    argv = [
-        mvn, "-B", "-f", str(pom), "dependency:copy-dependencies",
-        f"-DoutputDirectory={libs}", "-DincludeScope=runtime",
-        f"-Dmaven.repo.local={cache_root() / 'maven-repository'}",
-    ]  # fmt: skip
-    if quiet:
-        argv.insert(2, "-q")
-    done = subprocess.run(argv, capture_output=quiet, text=True, timeout=900, check=False)
-    if done.returncode != 0:
-        tail = "\n".join(((done.stdout or "") + (done.stderr or "")).splitlines()[-15:])
-        raise MissingBinaryError(f"fetching s3proxy {version} with Maven failed:\n{tail}")
+    return ensure_maven_jars(
+        _libs(version),
+        _POM.format(version=version),
+        what=f"s3proxy {version}",
+        java_hint="Java 11+",
+        quiet=quiet,
+    )
 
 
 class S3ProxyServer:
