@@ -38,6 +38,7 @@ import numpy as np
 from kelp.config import KelpConfig, TableSpec
 from kelp.errors import UserError
 from kelp.store.rows.stored import StoredRows
+from kelp.store.snapshots.restore_rows import stored_tables
 
 __all__ = ["ImportReport", "import_rows", "read_rows_file"]
 
@@ -86,13 +87,13 @@ def import_rows(
         dropped = 0
         if replace:
             dropped = store.drop_rows(table)
-        elif _holds_rows(store, table):
+        elif stored_tables(store, [table]):
             raise UserError(
                 f"table {table!r} of deployment {cfg.deployment!r} already holds rows; "
                 "--replace deletes them first"
             )
         for start in range(0, len(stored), BLOCK_ROWS):
-            store.load_rows(table, _block(stored, start, start + BLOCK_ROWS))
+            store.load_rows(table, stored.part(slice(start, start + BLOCK_ROWS)))
     return ImportReport(table=table, rows=len(stored), dropped=dropped, kind=found.kind)
 
 
@@ -101,25 +102,6 @@ def _table(cfg: KelpConfig, name: str) -> TableSpec:
     if name not in tables:
         raise UserError(f"--table {name!r} is not a table of this config (tables: {', '.join(tables)})")
     return tables[name]
-
-
-def _holds_rows(store: object, table: str) -> bool:
-    """Whether any part of the store holds a row of ``table`` (reads one small block per part at most)."""
-    for part in range(store.row_scan_parts()):  # type: ignore[attr-defined]
-        for block in store.scan_rows(table, part, batch=16):  # type: ignore[attr-defined]
-            if len(block):
-                return True
-    return False
-
-
-def _block(rows: StoredRows, start: int, stop: int) -> StoredRows:
-    return StoredRows(
-        ids=rows.ids[start:stop],
-        rows=rows.rows[start:stop],
-        state=rows.state[start:stop],
-        access_count=rows.access_count[start:stop],
-        updated_s=rows.updated_s[start:stop],
-    )
 
 
 # --------------------------------------------------------------------------- reading

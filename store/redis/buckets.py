@@ -58,7 +58,6 @@ from kelp.store.redis.row_scan import (
     ID_BYTES,
     Node,
     Skipped,
-    block_part,
     ids_of,
     live_rows,
     round_trip,
@@ -540,9 +539,7 @@ class RedisBucketStore(RedisStore):
         finally:
             skipped.log()
 
-    def _bucket_trips(
-        self, t: Table, node: Node, batch: int, skipped: Skipped
-    ) -> Iterator[list[Any]]:
+    def _bucket_trips(self, t: Table, node: Node, batch: int, skipped: Skipped) -> Iterator[list[Any]]:
         """The table's bucket hashes on ``node``, read a round trip at a time: as many buckets as hold
         about ``batch`` rows by the buckets read so far (a first guess of full listpacks), so a trip
         neither carries a few rows nor the whole table.
@@ -605,7 +602,7 @@ class RedisBucketStore(RedisStore):
         past the TTL are not written."""
         if t.ttl is not None:
             cutoff = self._cutoff(t, self._clock())
-            block = block_part(block, np.flatnonzero(block.updated_s.astype(np.int64) >= cutoff))
+            block = block.part(np.flatnonzero(block.updated_s.astype(np.int64) >= cutoff))
         packed = t.codec.pack(block.rows, block.state, block.access_count, block.updated_s)
         plan = Plan()
         (fused,) = self._fuse({t.name: block.ids})

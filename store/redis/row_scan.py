@@ -36,7 +36,6 @@ __all__ = [
     "Node",
     "Skipped",
     "batched",
-    "block_part",
     "ids_of",
     "live_rows",
     "pieces",
@@ -186,18 +185,7 @@ def unlink_matching(
     return deleted
 
 
-def block_part(block: StoredRows, keep: slice | np.ndarray) -> StoredRows:
-    """Rows ``keep`` of ``block`` (a slice or positions)."""
-    return StoredRows(
-        ids=block.ids[keep],
-        rows=block.rows[keep],
-        state=block.state[keep],
-        access_count=block.access_count[keep],
-        updated_s=block.updated_s[keep],
-    )
-
-
 def pieces(block: StoredRows, size: int) -> Iterator[StoredRows]:
     """``block`` in pieces of at most ``size`` rows: one load call's pipelines stay a few MB."""
     for start in range(0, len(block), size):
-        yield block_part(block, slice(start, start + size))
+        yield block.part(slice(start, start + size))

@@ -48,7 +48,6 @@ from kelp.store.redis.row_scan import (
     Node,
     Skipped,
     batched,
-    block_part,
     ids_of,
     live_rows,
     pieces,
@@ -536,7 +535,7 @@ class RedisStoreBase(FlowStore):
         if t.ttl is not None:
             ttl_ms = t.ttl.ttl_ms
             live = block.updated_s.astype(np.int64) * 1000 + ttl_ms > int(self._clock() * 1000)
-            block = block_part(block, np.flatnonzero(live))
+            block = block.part(np.flatnonzero(live))
             expire_ms = block.updated_s.astype(np.int64) * 1000 + ttl_ms
         plan = Plan()
         if expire_ms is None and self._packs_commands():

@@ -39,6 +39,29 @@ class StoredRows:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def part(self, keep: slice | np.ndarray) -> StoredRows:
+        """Rows ``keep`` of this block (a slice, positions or a mask)."""
+        return StoredRows(
+            ids=self.ids[keep],
+            rows=self.rows[keep],
+            state=self.state[keep],
+            access_count=self.access_count[keep],
+            updated_s=self.updated_s[keep],
+        )
+
+    @classmethod
+    def concat(cls, blocks: list[StoredRows]) -> StoredRows:
+        """One block of ``blocks``' rows, in order (blocks of one table)."""
+        if len(blocks) == 1:
+            return blocks[0]
+        return cls(
+            ids=np.concatenate([b.ids for b in blocks]),
+            rows=np.concatenate([b.rows for b in blocks]),
+            state=np.concatenate([b.state for b in blocks]),
+            access_count=np.concatenate([b.access_count for b in blocks]),
+            updated_s=np.concatenate([b.updated_s for b in blocks]),
+        )
+
     @classmethod
     def empty(cls, dim: int, dtype: str = "float32") -> StoredRows:
         return cls(

@@ -36,36 +36,13 @@ from kelp.store.snapshots.format import encode_shard
 from kelp.store.snapshots.manifest import ShardEntry
 from kelp.store.snapshots.storage import SnapshotStorage
 
-__all__ = ["concat_rows", "take_rows", "unique_last"]
+__all__ = ["take_rows", "unique_last"]
 
 DEFAULT_SHARD_ROWS = 262_144
 
 
 class _StoppedError(Exception):
     """Another worker failed: this one stops without writing more."""
-
-
-def concat_rows(blocks: list[StoredRows]) -> StoredRows:
-    """One block of the given blocks' rows, in order (they are of one table)."""
-    if len(blocks) == 1:
-        return blocks[0]
-    return StoredRows(
-        ids=np.concatenate([b.ids for b in blocks]),
-        rows=np.concatenate([b.rows for b in blocks]),
-        state=np.concatenate([b.state for b in blocks]),
-        access_count=np.concatenate([b.access_count for b in blocks]),
-        updated_s=np.concatenate([b.updated_s for b in blocks]),
-    )
-
-
-def _take(rows: StoredRows, index: np.ndarray | slice) -> StoredRows:
-    return StoredRows(
-        ids=rows.ids[index],
-        rows=rows.rows[index],
-        state=rows.state[index],
-        access_count=rows.access_count[index],
-        updated_s=rows.updated_s[index],
-    )
 
 
 def unique_last(rows: StoredRows) -> StoredRows:
@@ -77,7 +54,7 @@ def unique_last(rows: StoredRows) -> StoredRows:
     if len(first_of_reversed) == len(rows):
         return rows
     keep = np.sort(len(rows) - 1 - first_of_reversed)
-    return _take(rows, keep)
+    return rows.part(keep)
 
 
 class _PartWriter:
@@ -139,13 +116,13 @@ class _PartWriter:
             held.append(block)
             count += len(block)
             while count >= self.shard_rows:
-                rows = concat_rows(held)
-                self._write(table, seq, _take(rows, slice(0, self.shard_rows)))
+                rows = StoredRows.concat(held)
+                self._write(table, seq, rows.part(slice(0, self.shard_rows)))
                 seq += 1
-                rest = _take(rows, slice(self.shard_rows, None))
+                rest = rows.part(slice(self.shard_rows, None))
                 held, count = ([rest] if len(rest) else []), len(rest)
         if count:
-            self._write(table, seq, concat_rows(held))
+            self._write(table, seq, StoredRows.concat(held))
 
     def _write(self, table: str, seq: int, rows: StoredRows) -> None:
         if self.stop.is_set():
