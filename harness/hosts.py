@@ -37,7 +37,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -380,17 +380,8 @@ class HostRig:
         """netem on ``host``'s link for the block (and, with ``duration_s``, at most that long: a
         timer clears it early); always cleared after."""
         self.link(host, delay_ms=delay_ms, jitter_ms=jitter_ms, loss_pct=loss_pct)
-        timer = None
-        if duration_s is not None:
-            timer = threading.Timer(duration_s, lambda: self.link(host))
-            timer.daemon = True
-            timer.start()
-        try:
+        with _undone_after(lambda: self.link(host), duration_s):
             yield
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self.link(host)
 
     def partition(self, host: Host) -> None:
         """``host``'s link down: no packet in or out until :meth:`heal`."""
@@ -403,17 +394,8 @@ class HostRig:
     def partitioned(self, host: Host, duration_s: float | None = None) -> Iterator[None]:
         """:meth:`partition` for the block (or ``duration_s``, whichever ends first), healed after."""
         self.partition(host)
-        timer = None
-        if duration_s is not None:
-            timer = threading.Timer(duration_s, lambda: self.heal(host))
-            timer.daemon = True
-            timer.start()
-        try:
+        with _undone_after(lambda: self.heal(host), duration_s):
             yield
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self.heal(host)
 
     available = staticmethod(available)
 
@@ -428,3 +410,20 @@ def wait_port(host: str, port: int, timeout_s: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+@contextlib.contextmanager
+def _undone_after(undo: Callable[[], None], duration_s: float | None) -> Iterator[None]:
+    """Run ``undo`` when the block ends, or after ``duration_s`` if that comes first (a timer), so
+    a fault never outlives its bound even while the block still runs."""
+    timer = None
+    if duration_s is not None:
+        timer = threading.Timer(duration_s, undo)
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+        undo()

@@ -39,7 +39,7 @@ from kelp.harness.ports import free_port, wait_for_port
 from kelp.harness.process import ManagedProcess
 from kelp.harness.redis_tls import TestPki, make_test_pki
 
-__all__ = ["ApacheKafka"]
+__all__ = ["LOG4J2_CONFIG", "ApacheKafka"]
 
 # Short enough for tests, long enough for a JVM on two busy cores. Tests that
 # need a specific value pass it through ``properties``.
@@ -61,7 +61,7 @@ _DEFAULTS: dict[str, str] = {
     "log.retention.check.interval.ms": "3600000",
 }
 
-_LOG4J2 = """status = warn
+LOG4J2_CONFIG = """status = warn
 appender.out.type = Console
 appender.out.name = OUT
 appender.out.layout.type = PatternLayout
@@ -206,7 +206,7 @@ class ApacheKafka:
 
     def _log_opts(self) -> list[str]:
         path = self.workdir / "log4j2.properties"
-        path.write_text(_LOG4J2)
+        path.write_text(LOG4J2_CONFIG)
         return [f"-Dlog4j2.configurationFile={path}", f"-Dkafka.logs.dir={self.workdir / 'logs'}"]
 
     def _write_config(self) -> Path:

@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import Any
 
 from kelp.harness.hosts import Host, HostRig
+from kelp.harness.kafka import LOG4J2_CONFIG
 from kelp.harness.kafka_dist import KAFKA_VERSION, ensure_kafka_jars
 from kelp.harness.ports import wait_for_port
 from kelp.harness.process import ManagedProcess
@@ -63,15 +64,6 @@ _DEFAULTS: dict[str, str] = {
     "replica.lag.time.max.ms": "3000",
     "log.retention.check.interval.ms": "3600000",
 }
-
-_LOG4J2 = """status = warn
-appender.out.type = Console
-appender.out.name = OUT
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.out.ref = OUT
-"""
 
 
 class KafkaCluster:
@@ -162,7 +154,7 @@ class KafkaCluster:
 
     def _start_node(self, i: int) -> None:
         log4j = self.workdir / "log4j2.properties"
-        log4j.write_text(_LOG4J2)
+        log4j.write_text(LOG4J2_CONFIG)
         argv = [
             self._java,
             *self.jvm_opts,

@@ -44,7 +44,7 @@ from kelp.errors import UserError
 from kelp.publish.base import SnapshotChannel
 from kelp.publish.errors import SnapshotMissingError
 
-__all__ = ["register"]
+__all__ = ["age_text", "register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -138,7 +138,7 @@ def _list(args: argparse.Namespace) -> int:
     for row in doc["versions"]:
         created = row["created_at"]
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(created)) if created else "-"
-        age = _age(now - created) if created else "-"
+        age = age_text(now - created) if created else "-"
         marks = " ".join(m for m, on in (("latest", row["latest"]), ("pinned", row["pinned"])) if on)
         step = "-" if row["step"] is None else row["step"]
         quality = row["quality"] or {}
@@ -152,7 +152,7 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _age(seconds: float) -> str:
+def age_text(seconds: float) -> str:
     """``42s``, ``17m``, ``5h``, ``3d``: how long ago a version was published, at a glance."""
     seconds = max(0.0, seconds)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kelp.cli.commands.model_cmd import age_text
 from kelp.config import load_config
 
 __all__ = ["add_verbs"]
@@ -146,14 +147,6 @@ def _offsets_summary(offsets: list[dict[str, Any]]) -> str:
     return " ".join(f"{t}:{len(v)}p={sum(v)}" for t, v in sorted(per.items()))
 
 
-def _age(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
-
-
 def _snapshots(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     entries = _entries(cfg, args.url)
@@ -172,7 +165,7 @@ def _snapshots(args: argparse.Namespace) -> int:
         dense = "-" if e["dense_version"] is None else f"v{e['dense_version']}"
         print(
             f"{e['id']:<30}  {e['kind']:<11}  {e['parent'] or '-':<30}  {e['rows']:>10}  {e['bytes']:>12}  "
-            f"{_age(now - e['created_at']):>5}  {dense:>5}  {_offsets_summary(e['offsets'])}"
+            f"{age_text(now - e['created_at']):>5}  {dense:>5}  {_offsets_summary(e['offsets'])}"
         )
     if not entries:
         print(f"no snapshots of deployment {cfg.deployment!r}")
