@@ -48,7 +48,7 @@ class PendingState:
             self.store.apply(changes)
             self._staged.pop(0)
             return
-        if changes in self._staged:
+        if any(staged is changes for staged in self._staged):  # by identity: Changes hold arrays
             raise RuntimeError("join: a step's changes are applied before an earlier step's")
         self.store.apply(changes)  # never staged (a step decided on the store itself)
 
