@@ -50,7 +50,8 @@ Invariants reported (each must be 0):
 (``future_ts`` and ``bad_type`` from the two join faults).
 
 ``--soak-minutes M`` runs the rig M minutes without faults instead
-(:mod:`kelp.bench.chaos_soak`).
+(:mod:`kelp.bench.chaos_soak`); ``--hosts`` runs the host mode instead: machines
+that fail over, on network-namespace hosts (:mod:`kelp.bench.chaos_hosts`).
 """
 
 from __future__ import annotations
@@ -64,11 +65,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kelp.bench.chaos_checks import account_records, committed_offsets
+from kelp.bench.chaos_checks import RecordBooks, account_records, committed_offsets
 from kelp.bench.chaos_faults import Health, inject
 from kelp.bench.chaos_load import CANDIDATES
 from kelp.bench.chaos_poison import SnapshotAuditor
-from kelp.bench.chaos_rig import CLIENT_TIMEOUT_S, IMPRESSION_RATE, PARTITIONS, Rig
+from kelp.bench.chaos_rig import CLIENT_TIMEOUT_S, IMPRESSION_RATE, PARTITIONS, Rig, RigParts
 from kelp.bench.chaos_soak import soak
 from kelp.bench.runner import progress
 from kelp.errors import UserError
@@ -132,7 +133,11 @@ def schedule(quick: bool) -> list[str]:
     return out + extra
 
 
-def run(quick: bool, soak_minutes: float | None = None, broker: str | None = None) -> dict[str, Any]:
+def run(
+    quick: bool, soak_minutes: float | None = None, broker: str | None = None, hosts: str | None = None
+) -> dict[str, Any]:
+    if hosts is not None:
+        return _run_hosts(quick, hosts, soak_minutes, broker)
     if soak_minutes is not None and soak_minutes <= 0:
         raise UserError("--soak-minutes must be > 0")
     keep = os.environ.get("KELP_CHAOS_WORKDIR")  # keep the processes' logs there, for a post-mortem
@@ -146,6 +151,20 @@ def run(quick: bool, soak_minutes: float | None = None, broker: str | None = Non
         if quick:  # a step at this rate is long enough that 0.5-2 s lands mid-step, mid-push or mid-commit
             rig.kill_window_s = (0.5, 2.0)
         return {"mode": "faults", **_describe(rig), **_faults(rig, quick)}
+
+
+def _run_hosts(quick: bool, hosts: str, soak_minutes: float | None, broker: str | None) -> dict[str, Any]:
+    """``--hosts`` (no value): the host mode, which starts its own Kafka cluster and runs no soak."""
+    if hosts:
+        raise UserError(f"kelp bench chaos --hosts takes no value, got {hosts!r}")
+    if soak_minutes is not None or broker is not None:
+        raise UserError(
+            "kelp bench chaos --hosts runs its own 3-node Apache Kafka and no soak: "
+            "drop --soak-minutes and --broker"
+        )
+    from kelp.bench.chaos_hosts import run_hosts
+
+    return run_hosts(quick)
 
 
 def _describe(rig: Rig) -> dict[str, Any]:
@@ -180,9 +199,9 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
         faults.append(record)
         progress(f"  {kind}: {_brief(record)}")
     joined = rig.join.settle() if rig.join is not None else {}
-    settle = _settle(rig, health)
+    settle = settle_group(rig, health)
     audit = auditor.finish()
-    final = _stop(rig)
+    final = stop_rig(rig)
     books = account_records(rig.broker.bootstrap, rig.topic, rig.producer.acked, final["committed"])
     answers = rig.client.counts()
     bad_5xx = sum(n for status, n in answers.items() if status >= 500 and status != 503)
@@ -202,15 +221,7 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
         "faults_by_kind": {
             k: sum(1 for f in faults if f["fault"] == k) for k in dict.fromkeys(schedule(quick))
         },
-        "records_acked": books.acked,
-        "records_committed": sum(max(c, 0) for c in books.committed),
-        "records_missing_from_broker": books.missing_from_broker,
-        "records_not_committed": books.not_committed,
-        "producer_failed_sends": rig.producer.failed,
-        "offset_reads": rig.watcher.reads,
-        "offset_reads_failed": rig.watcher.failed_reads,
-        "offset_regression_details": regressions[:10],
-        "serve_answers": {_status_name(k): v for k, v in sorted(answers.items())},
+        **record_books(rig, books),
         "serve_hangs": answers[rig.client.HANG],
         "serve_transport_errors": answers[rig.client.TRANSPORT],
         "serve_strict_5xx_other_than_503": bad_5xx,
@@ -239,7 +250,24 @@ def _faults(rig: Rig, quick: bool) -> dict[str, Any]:
     return out
 
 
-def _status_name(status: int) -> str:
+def record_books(rig: RigParts, books: RecordBooks) -> dict[str, Any]:
+    """The records' accounting, the offset reads and the scoring answers of a settled run, the keys
+    every chaos mode reports beside its invariants."""
+    answers = rig.client.counts()
+    return {
+        "records_acked": books.acked,
+        "records_committed": sum(max(c, 0) for c in books.committed),
+        "records_missing_from_broker": books.missing_from_broker,
+        "records_not_committed": books.not_committed,
+        "producer_failed_sends": rig.producer.failed,
+        "offset_reads": rig.watcher.reads,
+        "offset_reads_failed": rig.watcher.failed_reads,
+        "offset_regression_details": rig.watcher.regressions()[:10],
+        "serve_answers": {status_name(k): v for k, v in sorted(answers.items())},
+    }
+
+
+def status_name(status: int) -> str:
     return {-1: "hang", 0: "transport_error"}.get(status, str(status))
 
 
@@ -265,7 +293,7 @@ def _brief(record: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _settle(rig: Rig, health: Health) -> dict[str, Any]:
+def settle_group(rig: RigParts, health: Health) -> dict[str, Any]:
     """Stop producing; wait until the group committed every acknowledged record (or the timeout)."""
     progress("stopping the producer; waiting for the trainer to commit every acknowledged record")
     rig.producer.finish()
@@ -284,7 +312,7 @@ def _settle(rig: Rig, health: Health) -> dict[str, Any]:
     return {"settle_s": round(time.monotonic() - started, 2), "settled": settled, "acked_end_offsets": ends}
 
 
-def _stop(rig: Rig) -> dict[str, Any]:
+def stop_rig(rig: RigParts) -> dict[str, Any]:
     """SIGTERM the trainer (it drains and prints its summary), stop the rest; the final committed offsets."""
     from kafka import KafkaAdminClient
 

@@ -50,7 +50,7 @@ from kelp.bench.chaos_durability import probe_acked_updates
 from kelp.bench.chaos_load import click_record, impression_record, send_now
 from kelp.bench.chaos_poison import poisoned_rows
 from kelp.bench.chaos_procs import Metrics, total
-from kelp.bench.chaos_rig import IDLE_PARTITION_S, STORE_SOCKET_TIMEOUT_S, WINDOW_S, JoinSide, Rig
+from kelp.bench.chaos_rig import IDLE_PARTITION_S, STORE_SOCKET_TIMEOUT_S, WINDOW_S, JoinSide, Rig, RigParts
 from kelp.bench.runner import progress
 
 __all__ = ["FAULTS", "STORE_FAULTS", "Health", "inject", "join_future_action", "join_nonfinite_impression"]
@@ -74,7 +74,7 @@ class Health:
         self.unexpected_exits = 0
         self.kill_points_s: list[float] = []
 
-    def restart_trainer(self, rig: Rig) -> float | None:
+    def restart_trainer(self, rig: RigParts) -> float | None:
         """Start ``kelp train`` until one incarnation is ready; seconds to ready, None if none was."""
         for _ in range(RESTART_ATTEMPTS):
             rig.trainer.start()
@@ -86,7 +86,7 @@ class Health:
             rig.trainer.kill9()
         return None
 
-    def check_trainer(self, rig: Rig) -> None:
+    def check_trainer(self, rig: RigParts) -> None:
         """A trainer that exited by itself is restarted (and counted)."""
         if not rig.trainer.alive():
             self.unexpected_exits += 1
@@ -122,7 +122,7 @@ def serve_view(m: Metrics) -> dict[str, float]:
     }
 
 
-def _views(rig: Rig) -> dict[str, dict[str, float]]:
+def process_views(rig: RigParts) -> dict[str, dict[str, float]]:
     """Both processes' counters, and whether each one's /readyz answers 200 now (the ``ready``
     gauges only change when something probes /readyz)."""
     return {
@@ -131,12 +131,12 @@ def _views(rig: Rig) -> dict[str, dict[str, float]]:
     }
 
 
-def _delta(after: Counter[int], before: Counter[int]) -> dict[str, int]:
+def answers_delta(after: Counter[int], before: Counter[int]) -> dict[str, int]:
     names = {200: "200", 503: "503", 0: "transport_error", -1: "hang"}
     return {names.get(k, str(k)): after[k] - before[k] for k in after if after[k] - before[k]}
 
 
-def _recover(rig: Rig, health: Health, ok_before: int) -> dict[str, Any]:
+def wait_recovered(rig: RigParts, health: Health, ok_before: int) -> dict[str, Any]:
     """Wait for the trainer to train and the replica to answer 200 again; how long each took."""
     started = time.monotonic()
     health.check_trainer(rig)
@@ -156,17 +156,29 @@ def _recover(rig: Rig, health: Health, ok_before: int) -> dict[str, Any]:
 
 def inject(rig: Rig, health: Health, kind: str, rng: random.Random) -> dict[str, Any]:
     """Run fault ``kind`` (a key of :data:`FAULTS`) with its evidence and recovery."""
-    before = _views(rig)
-    answers = rig.client.counts()
-    at = rig.clock()
-    progress(f"fault {kind} at {at:.1f}s")
     outage: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if rig.join is not None and kind in STORE_FAULTS:
         outage = rig.join.watch.store_outage()
-    with outage:
-        seen = FAULTS[kind](rig, health, rng)
-    during = _delta(rig.client.counts(), answers)
-    recovery = _recover(rig, health, rig.client.counts()[200])
+
+    def act() -> dict[str, Any]:
+        with outage:
+            return FAULTS[kind](rig, health, rng)
+
+    return with_evidence(rig, health, kind, act)
+
+
+def with_evidence(
+    rig: RigParts, health: Health, kind: str, act: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """``act`` (one fault) with what shows it: both processes' counters before and after, the
+    scoring answers during it, and the recovery (training and answering 200 again)."""
+    before = process_views(rig)
+    answers = rig.client.counts()
+    at = rig.clock()
+    progress(f"fault {kind} at {at:.1f}s")
+    seen = act()
+    during = answers_delta(rig.client.counts(), answers)
+    recovery = wait_recovered(rig, health, rig.client.counts()[200])
     return {
         "fault": kind,
         "at_s": at,
@@ -174,7 +186,7 @@ def inject(rig: Rig, health: Health, kind: str, rng: random.Random) -> dict[str,
         "serve_answers_during": during,
         **recovery,
         "metrics_before": before,
-        "metrics_after": _views(rig),
+        "metrics_after": process_views(rig),
     }
 
 

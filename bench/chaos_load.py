@@ -62,10 +62,17 @@ PER_MESSAGE = 64
 
 
 class SteadyProducer(threading.Thread):
-    """``rate`` samples/s into ``topic`` until :meth:`finish`; ``acked[p]``: partition p's acked offsets."""
+    """``rate`` samples/s into ``topic`` until :meth:`finish`; ``acked[p]``: partition p's acked offsets.
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: float, seed: int = 7) -> None:
+    ``acks``: the producer's ``acks`` (``"all"`` on a replicated cluster: acknowledged means in
+    every in-sync replica, so a leader's death loses nothing acknowledged).
+    """
+
+    def __init__(
+        self, bootstrap: str, topic: str, partitions: int, rate: float, seed: int = 7, *, acks: int | str = 1
+    ) -> None:
         super().__init__(name="chaos-producer", daemon=True)
+        self.acks = acks
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
@@ -84,7 +91,7 @@ class SteadyProducer(threading.Thread):
         try:
             producer = KafkaProducer(
                 bootstrap_servers=self.bootstrap,
-                acks=1,
+                acks=self.acks,
                 linger_ms=5,
                 retries=1_000,
                 retry_backoff_ms=200,
@@ -172,7 +179,7 @@ def _all_scores_finite(answer: bytes) -> bool:
 
 
 class ScoreClient(threading.Thread):
-    """``rate`` requests/s to ``127.0.0.1:port`` until :meth:`finish`; a reply later than ``timeout_s`` hangs.
+    """``rate`` requests/s to ``host:port`` until :meth:`finish`; a reply later than ``timeout_s`` hangs.
 
     ``statuses`` counts answers by HTTP status (0: transport error, -1: hang);
     ``samples`` holds ``(sent at, status, seconds)`` for every request;
@@ -182,8 +189,9 @@ class ScoreClient(threading.Thread):
     HANG = -1
     TRANSPORT = 0
 
-    def __init__(self, port: int, rate: float, timeout_s: float) -> None:
+    def __init__(self, port: int, rate: float, timeout_s: float, host: str = "127.0.0.1") -> None:
         super().__init__(name="chaos-score-client", daemon=True)
+        self.host = host
         self.port = port
         self.rate = rate
         self.timeout_s = timeout_s
@@ -204,7 +212,7 @@ class ScoreClient(threading.Thread):
             status = self.TRANSPORT
             try:
                 if conn is None:
-                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s)
+                    conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
                 conn.request("POST", "/v1/score/candidates", body=self.body, headers=headers)
                 resp = conn.getresponse()
                 answer = resp.read()

@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,10 +66,10 @@ def http_status(url: str, timeout_s: float = 2.0) -> int:
         return 0
 
 
-def scrape(port: int, timeout_s: float = 2.0) -> Metrics:
-    """Every sample of ``http://127.0.0.1:port/metrics``; empty when it does not answer."""
+def scrape(port: int, timeout_s: float = 2.0, host: str = "127.0.0.1") -> Metrics:
+    """Every sample of ``http://host:port/metrics``; empty when it does not answer."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout_s) as resp:
             text = resp.read().decode()
     except OSError:
         return {}
@@ -104,12 +104,24 @@ class KelpProcess:
     """One ``kelp`` command, started, killed and restarted; logs under ``workdir/<name>-<n>.log``.
 
     ``http_port`` serves its ``/readyz`` and ``/metrics`` (the trainer's
-    ``metrics.port``, the replica's ``serving.port``).
+    ``metrics.port``, the replica's ``serving.port``) on ``http_host``. ``wrap`` turns the command
+    line into the one to run (a rig host's ``ip netns exec``: the process on its own host).
     """
 
-    def __init__(self, name: str, args: Iterable[str], http_port: int, workdir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: Iterable[str],
+        http_port: int,
+        workdir: Path,
+        *,
+        http_host: str = "127.0.0.1",
+        wrap: Callable[[list[str]], list[str]] | None = None,
+    ) -> None:
         self.name = name
-        self.argv = [sys.executable, "-m", "kelp.cli", *args]
+        argv = [sys.executable, "-m", "kelp.cli", *args]
+        self.argv = wrap(argv) if wrap is not None else argv
+        self.http_host = http_host
         self.http_port = http_port
         self.workdir = workdir
         self.incarnations = 0
@@ -140,7 +152,7 @@ class KelpProcess:
         return None if self.proc is None else self.proc.poll()
 
     def ready(self) -> bool:
-        return self.alive() and http_status(f"http://127.0.0.1:{self.http_port}/readyz") == 200
+        return self.alive() and http_status(f"http://{self.http_host}:{self.http_port}/readyz") == 200
 
     def wait_ready(self, timeout_s: float) -> float | None:
         """Seconds until ``/readyz`` answered 200; None when it did not in time or the process exited."""
@@ -154,7 +166,7 @@ class KelpProcess:
         return None
 
     def metrics(self) -> Metrics:
-        return scrape(self.http_port) if self.alive() else {}
+        return scrape(self.http_port, host=self.http_host) if self.alive() else {}
 
     def kill9(self) -> None:
         """SIGKILL and reap: no drain, no final commit, no checkpoint."""

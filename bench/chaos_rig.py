@@ -31,7 +31,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, Self
 
 import yaml
 
@@ -274,7 +274,78 @@ class JoinSide:
         }
 
 
-class Rig:
+def wait_first_snapshot(trainer: KelpProcess, timeout_s: float = 60.0) -> None:
+    """The replica refuses to be ready without a model: wait for the trainer's first snapshot."""
+    from kelp.bench.chaos_procs import total
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if total(trainer.metrics(), "kelp_publisher_snapshots_total", result="ok") > 0:
+            return
+        time.sleep(0.3)
+    progress("no snapshot counter seen from the trainer; starting serve anyway")
+
+
+class _Bootstrapped(Protocol):
+    @property
+    def bootstrap(self) -> str: ...
+
+
+class RigParts(Protocol):
+    """What the fault, recovery, settle and stop steps read of a rig, so the single-host
+    :class:`Rig` and the host mode's rig share those steps instead of copies of them."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def cfg(self) -> KelpConfig: ...
+    @property
+    def broker(self) -> _Bootstrapped: ...
+    @property
+    def trainer(self) -> KelpProcess: ...
+    @property
+    def serve(self) -> KelpProcess: ...
+    @property
+    def producer(self) -> SteadyProducer: ...
+    @property
+    def watcher(self) -> OffsetWatcher: ...
+    @property
+    def client(self) -> ScoreClient: ...
+    @property
+    def join(self) -> JoinSide | None: ...
+    def clock(self) -> float: ...
+
+
+class RigLife:
+    """A chaos rig's clock and the stack that stops what it started, in reverse order, also when
+    starting fails half-way; subclasses start their parts in ``_start``."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self._stack = contextlib.ExitStack()
+
+    def clock(self) -> float:
+        """Seconds since the rig started."""
+        return round(time.monotonic() - self.started, 2)
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stack.close()
+
+
+class Rig(RigLife):
     """The services and processes of one chaos run (a context manager); see the module docstring."""
 
     def __init__(
@@ -295,20 +366,7 @@ class Rig:
         self.topic = f"chaos-{uuid.uuid4().hex[:6]}"
         self.kill_window_s = (0.5, 4.0)
         """How long a trainer kill waits first (uniform): a random point of the stream."""
-        self.started = time.monotonic()
-        self._stack = contextlib.ExitStack()
-
-    def clock(self) -> float:
-        """Seconds since the rig started."""
-        return round(time.monotonic() - self.started, 2)
-
-    def __enter__(self) -> Rig:
-        try:
-            self._start()
-        except BaseException:
-            self._stack.close()
-            raise
-        return self
+        super().__init__()
 
     def _start(self) -> None:
         self.broker = self._stack.enter_context(self._durable_broker())
@@ -346,7 +404,7 @@ class Rig:
         if self.trainer.wait_ready(120) is None:
             raise RuntimeError(f"kelp train never became ready:\n{self.trainer.log_tail()}")
         self.watcher.start()
-        self._wait_snapshot()
+        wait_first_snapshot(self.trainer)
         progress("starting kelp serve")
         self.serve.start()
         if self.serve.wait_ready(120) is None:
@@ -364,19 +422,3 @@ class Rig:
         progress("starting moto S3, tansu on s3://, redis-server (appendonly yes, appendfsync always)")
         self.s3 = self._stack.enter_context(S3Server())
         return TansuBroker(storage=self.s3.storage_url, env=self.s3.tansu_env())
-
-    def _wait_snapshot(self, timeout_s: float = 60.0) -> None:
-        """The replica refuses to be ready without a model: wait for the trainer's first snapshot."""
-        from kelp.bench.chaos_procs import total
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if total(self.trainer.metrics(), "kelp_publisher_snapshots_total", result="ok") > 0:
-                return
-            time.sleep(0.3)
-        progress("no snapshot counter seen from the trainer; starting serve anyway")
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._stack.close()

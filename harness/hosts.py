@@ -14,7 +14,12 @@ loss; :meth:`HostRig.partition` takes the host's link down (nothing in or out,
 open connections hang as across a real partition) and :meth:`HostRig.heal`
 brings it back. Kernels built without ``sch_netem`` refuse netem:
 :meth:`HostRig.netem_available` says so and :meth:`HostRig.link` raises
-:class:`NetemUnavailableError` naming it; partitions need no qdisc and always work.
+:class:`NetemUnavailableError` naming it for delay and jitter; partitions need no
+qdisc and always work. Loss alone does not need netem: without it,
+:meth:`HostRig.link` drops ``loss_pct`` of the packets in and out of the host's
+interface with an nftables rule (``numgen random``) in the host's namespace,
+which goes with the namespace if the rig dies before removing it
+(:meth:`HostRig.loss_available`; the ``nft`` command is Debian's ``nftables``).
 
 Everything a rig makes (processes, namespaces, veths, the bridge and its
 qdiscs) is removed on exit, after a failed test too, and by an ``atexit`` and
@@ -55,10 +60,15 @@ _STALE = re.compile(r"^kr([0-9a-f]{6})[0-9a-f]{2}")
 """Names made by the default prefix scheme: ``kr`` + creating pid (6 hex) + 2 random hex."""
 _LOCK_PATH = Path(tempfile.gettempdir()) / "kelp-hostrig.lock"
 _IP = "ip"
+_NFT = "nft"
+_LOSS_TABLE = "kelp_loss"
+"""The nftables table (family ``inet``) a host's namespace holds while it has a loss fault."""
+_LOSS_SCALE = 10_000
+"""``numgen random mod`` this: loss in steps of 0.01 %."""
 
 
 class NetemUnavailableError(RuntimeError):
-    """This kernel has no ``sch_netem``: delay, jitter and loss cannot be put on a link."""
+    """No ``sch_netem`` in this kernel: no delay or jitter on a link (nor loss, without ``nft``)."""
 
 
 def _run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -346,9 +356,17 @@ class HostRig:
             return True, ""
         return False, "this kernel has no sch_netem (tc qdisc netem: unknown qdisc kind)"
 
+    def loss_available(self) -> tuple[bool, str]:
+        """Whether :meth:`link` can drop packets here: netem, or else ``nft`` (nftables)."""
+        if self.netem_available()[0]:
+            return True, ""
+        if shutil.which(_NFT) is None:
+            return False, "no sch_netem in this kernel and no `nft` command (Debian package nftables)"
+        return True, ""
+
     def link(self, host: Host, *, delay_ms: float = 0, jitter_ms: float = 0, loss_pct: float = 0) -> None:
         """netem on both ends of ``host``'s link: each direction gets ``delay_ms`` (± ``jitter_ms``)
-        and ``loss_pct``; all zeros removes it."""
+        and ``loss_pct``; all zeros removes it. Loss alone without netem: an nftables rule instead."""
         if min(delay_ms, jitter_ms, loss_pct) < 0 or loss_pct > 100:
             raise ValueError("delay_ms and jitter_ms must be >= 0, loss_pct in [0, 100]")
         ends = [["tc"], [_IP, "netns", "exec", host.netns, "tc"]]
@@ -356,16 +374,59 @@ class HostRig:
         if not (delay_ms or jitter_ms or loss_pct):
             for tc, dev in zip(ends, devs, strict=True):
                 _run([*tc, "qdisc", "del", "dev", dev, "root"], check=False)
+            self._drop_loss_rule(host)
             return
         ok, why = self.netem_available()
+        if not ok and not (delay_ms or jitter_ms):
+            self._loss_rule(host, loss_pct)
+            return
         if not ok:
-            raise NetemUnavailableError(f"cannot put delay/loss on {host.name}'s link: {why}")
+            raise NetemUnavailableError(f"cannot put delay or jitter on {host.name}'s link: {why}")
         spec = ["delay", f"{delay_ms}ms"]
         if jitter_ms:
             spec.append(f"{jitter_ms}ms")
         spec += ["loss", f"{loss_pct}%"]
         for tc, dev in zip(ends, devs, strict=True):
             _run([*tc, "qdisc", "replace", "dev", dev, "root", "netem", *spec])
+
+    def _loss_rule(self, host: Host, loss_pct: float) -> None:
+        """Drop ``loss_pct`` of the packets in and out of ``host``'s interface (nftables, in its
+        namespace): the same loss on both directions as netem's on both ends of the link."""
+        ok, why = self.loss_available()
+        if not ok:
+            raise NetemUnavailableError(f"cannot put loss on {host.name}'s link: {why}")
+        below = round(loss_pct / 100 * _LOSS_SCALE)
+        drop = f"numgen random mod {_LOSS_SCALE} < {below} drop"
+        ruleset = (
+            f"table inet {_LOSS_TABLE} {{\n"
+            f"  chain input {{ type filter hook input priority 0; policy accept; "
+            f'iifname "{host.peer}" {drop}; }}\n'
+            f"  chain output {{ type filter hook output priority 0; policy accept; "
+            f'oifname "{host.peer}" {drop}; }}\n'
+            "}\n"
+        )
+        self._drop_loss_rule(host)  # a second call replaces the rate rather than adding a rule
+        argv = host.wrap([_NFT, "-f", "-"])
+        done = subprocess.run(argv, input=ruleset, capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"nft -f (loss on {host.name}) failed: {done.stderr.strip()}")
+
+    def _drop_loss_rule(self, host: Host) -> None:
+        if shutil.which(_NFT) is not None:
+            _run(host.wrap([_NFT, "delete", "table", "inet", _LOSS_TABLE]), check=False)
+
+    def loss_rules(self, host: Host) -> str:
+        """The nftables ruleset of ``host``'s namespace (empty when it has no loss rule)."""
+        if shutil.which(_NFT) is None:
+            return ""
+        return _run(host.wrap([_NFT, "list", "ruleset"]), check=False).stdout
+
+    def tcp_retransmits(self, host: Host) -> int:
+        """TCP segments retransmitted in ``host``'s namespace so far (``RetransSegs`` of its
+        /proc/net/snmp): the evidence that packets were lost on its link."""
+        text = _run(host.wrap(["cat", "/proc/net/snmp"])).stdout
+        header, values = [line.split() for line in text.splitlines() if line.startswith("Tcp:")][:2]
+        return int(values[header.index("RetransSegs")])
 
     @contextlib.contextmanager
     def fault(
@@ -377,8 +438,8 @@ class HostRig:
         loss_pct: float = 0,
         duration_s: float | None = None,
     ) -> Iterator[None]:
-        """netem on ``host``'s link for the block (and, with ``duration_s``, at most that long: a
-        timer clears it early); always cleared after."""
+        """:meth:`link`'s fault on ``host`` (netem, or loss alone as an nftables rule) for the block
+        (and, with ``duration_s``, at most that long: a timer clears it early); always cleared after."""
         self.link(host, delay_ms=delay_ms, jitter_ms=jitter_ms, loss_pct=loss_pct)
         with _undone_after(lambda: self.link(host), duration_s):
             yield

@@ -30,6 +30,7 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 if [ "$with_test_tools" -eq 1 ]; then
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+  command -v nft >/dev/null 2>&1 || missing+=(nftables)  # the host rig's packet loss where the kernel has no netem
 fi
 
 # The Kafka test broker's needs: wanted, not required (the tests fall back to Tansu without them).

@@ -53,10 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--hosts",
+        nargs="?",
+        const="",
         default=None,
         metavar="MS,MS",
         help="scale: the ranks on separate network-namespace hosts (root), one run per one-way delay "
-        "in ms between them, e.g. 0,1,10",
+        "in ms between them, e.g. 0,1,10; chaos (no value): the host mode, a Redis Cluster with "
+        "replicas, a 3-broker Kafka and the trainer and replica on their own hosts (root)",
     )
     parser.set_defaults(handler=_bench)
 
