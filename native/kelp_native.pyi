@@ -1,6 +1,7 @@
 """Kelp's native batch work: per-batch passes that release the GIL.
 
-native/src/lib.rs (row replies), sketch.rs, index.rs, hashing.rs, dedup.rs.
+native/src/lib.rs (row replies), rows_io.rs (replies into buffers, packed commands), sketch.rs,
+index.rs, hashing.rs, dedup.rs.
 """
 
 from collections.abc import Sequence
@@ -15,6 +16,35 @@ def take_rows(
     Returns ``(nil, value_at, cursor, count, foreign)``: one 0/1 byte per record taken (1: nil),
     a little-endian i64 per value (where its ``width`` bytes start in ``buf``), the new cursor,
     how many records were taken, and whether the scan stopped at a reply that is no such record.
+    """
+
+def take_rows_into(
+    buf: Buffer,
+    cursor: int,
+    got: int,
+    limit: int,
+    width: int,
+    present: Buffer,
+    values: Buffer,
+    taken: int,
+    stored: int,
+) -> tuple[int, int, int, bool]:
+    """Take row replies from ``buf[:got]`` at ``cursor``, at most ``limit``, copying as it goes.
+
+    Each record's flag goes to ``present[taken]`` onwards (writable uint8: 1 a value, 0 nil) and
+    each value's ``width`` bytes to row ``stored`` onwards of ``values`` (writable uint8). Returns
+    ``(cursor, taken, stored, foreign)``: the new cursor, the records and values taken, and whether
+    the scan stopped at a reply that is no such record. The GIL is released while it runs; buffers
+    without room for ``limit`` more records, or sharing memory, raise ValueError.
+    """
+
+def pack_rows(
+    head: bytes, columns: list[Buffer], widths: Sequence[int], n: int, rows: Buffer | None = None
+) -> bytes:
+    """One RESP command per row: ``head``, then per column a bulk string of the row's ``widths[i]``
+    bytes. ``columns``: C-contiguous uint8 buffers of ``n * widths[i]`` bytes; ``rows``: int64
+    positions to take, in that order (None: all ``n``). The GIL is released while it packs; a
+    column or row that does not fit raises ValueError.
     """
 
 def sketch_add(counts: Buffer, ids: Buffer, inc: int | Buffer, seeds: Sequence[int], mask: int) -> None:

@@ -7,11 +7,8 @@ use pyo3::prelude::*;
 mod dedup;
 mod hashing;
 mod index;
+mod rows_io;
 mod sketch;
-
-const NIL2: &[u8] = b"$-1\r\n";
-const NIL3: &[u8] = b"_\r\n";
-const CRLF: &[u8] = b"\r\n";
 
 /// The records found by one scan: where each value starts and whether each record is nil.
 struct Walked {
@@ -25,62 +22,30 @@ struct Walked {
     foreign: bool,
 }
 
-/// Takes whole records chaining from `cursor` in `received`, at most `limit`: each one
-/// `$-1\r\n`, `_\r\n` or `header` followed by `width` bytes and CRLF.
-///
-/// Stops without calling it foreign at a record not all received yet, including a head
-/// that may still become a record once more bytes arrive: `_` alone, `$` with fewer
-/// bytes than the longer of a nil's and a value's head.
-fn walk(received: &[u8], mut cursor: usize, limit: usize, header: &[u8], width: usize) -> Walked {
-    let record = header
-        .len()
-        .saturating_add(width)
-        .saturating_add(CRLF.len());
-    let head = NIL2.len().max(header.len());
+/// Takes whole records chaining from `cursor` in `received`, at most `limit`
+/// ([`rows_io::walk_records`]), as nil flags and value offsets.
+fn walk(received: &[u8], cursor: usize, limit: usize, header: &[u8], width: usize) -> Walked {
     let mut nil = Vec::new();
     let mut value_at = Vec::new();
-    let mut foreign = false;
-    while nil.len() < limit && cursor < received.len() {
-        let room = &received[cursor..];
-        if room[0] == b'_' {
-            if room.len() < NIL3.len() {
-                break;
-            }
-            if !room.starts_with(NIL3) {
-                foreign = true;
-                break;
-            }
-            nil.push(1);
-            cursor += NIL3.len();
-        } else if room[0] == b'$' {
-            if room.starts_with(NIL2) {
-                nil.push(1);
-                cursor += NIL2.len();
-            } else if room.starts_with(header) {
-                if room.len() < record {
-                    break;
-                }
-                if &room[record - CRLF.len()..record] != CRLF {
-                    foreign = true;
-                    break;
-                }
+    let stop = rows_io::walk_records(
+        received,
+        cursor,
+        limit,
+        header,
+        width,
+        |value| match value {
+            None => nil.push(1),
+            Some(start) => {
                 nil.push(0);
-                value_at.extend_from_slice(&((cursor + header.len()) as i64).to_le_bytes());
-                cursor += record;
-            } else {
-                foreign = room.len() >= head;
-                break;
+                value_at.extend_from_slice(&(start as i64).to_le_bytes());
             }
-        } else {
-            foreign = true;
-            break;
-        }
-    }
+        },
+    );
     Walked {
         nil,
         value_at,
-        cursor,
-        foreign,
+        cursor: stop.cursor,
+        foreign: stop.foreign,
     }
 }
 
@@ -150,6 +115,8 @@ fn kelp_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hashing::bindings::splitmix64, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::bindings::rendezvous, m)?)?;
     m.add_function(wrap_pyfunction!(dedup::bindings::dedup_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(rows_io::bindings::take_rows_into, m)?)?;
+    m.add_function(wrap_pyfunction!(rows_io::bindings::pack_rows, m)?)?;
     m.add_class::<index::bindings::IdMap>()?;
     m.add("ID_MAP_MAX_TAG", index::MAX_TAG)?;
     Ok(())

@@ -169,17 +169,18 @@ class HotRows:
         dirty = t["dirty"][:high]
         return np.flatnonzero(dirty & ((t["since"][:high] <= cutoff) | t["fresh"][:high]))
 
-    def by_table(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """``slots`` grouped by their table (sorted by tag once)."""
+    def by_table(self, slots: np.ndarray) -> tuple[np.ndarray, dict[str, tuple[int, int]]]:
+        """``slots`` sorted by their table (one stable sort of the tags), and each table's range in
+        them: a write-back gathers all its rows with one read and hands each table a slice, instead of
+        one read per table (26 on criteo-synth, each a round of small calls)."""
         if not len(slots):
-            return {}
+            return slots, {}
         tags = self.table.tags[slots]
         order = np.argsort(tags, kind="stable")
         slots, tags = slots[order], tags[order]
-        cuts = np.searchsorted(tags, np.arange(len(self.names) + 1))
-        return {
-            name: slots[cuts[i] : cuts[i + 1]] for i, name in enumerate(self.names) if cuts[i + 1] > cuts[i]
-        }
+        cuts = np.searchsorted(tags, np.arange(len(self.names) + 1)).tolist()
+        parts = {name: (cuts[i], cuts[i + 1]) for i, name in enumerate(self.names) if cuts[i + 1] > cuts[i]}
+        return slots, parts
 
 
 def _distinct(slots: np.ndarray, high: int) -> np.ndarray:

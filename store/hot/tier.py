@@ -278,8 +278,12 @@ class HotRowCache(EmbeddingStore):
                     t = g.table
                     slots = g.due(cutoff) if cutoff else fresh_slots  # a period's scan takes fresh rows too
                     due.append((slots, t["last"][slots], t["since"][slots]))
-                    for name, mine in g.by_table(slots).items():
-                        updates[name] = (t.ids[mine], *t.read(mine, "rows", "state"))
+                    ordered, parts = g.by_table(slots)
+                    if parts:
+                        ids = t.ids[ordered]
+                        rows, state = t.read(ordered, "rows", "state")
+                        for name, (lo, hi) in parts.items():
+                            updates[name] = (ids[lo:hi], rows[lo:hi], state[lo:hi])
         if updates:
             self.inner.push_many(updates)
         with self._lock:

@@ -77,6 +77,13 @@ _SWEEP_KEYS_PER_CALL = 64
 _GROUP_AT_ROWS_PER_BUCKET = 1.0  # rows per bucket from which a write groups them (~37% fewer commands)
 
 
+def _joined(writes: list[RowWrite]) -> tuple[np.ndarray, np.ndarray]:
+    """Several tables' rows and state, one array each (no copy for one table)."""
+    if len(writes) == 1:
+        return writes[0].rows, writes[0].state
+    return np.concatenate([w.rows for w in writes]), np.concatenate([w.state for w in writes])
+
+
 def _unlink_hashes(client: Any, keys: list[bytes]) -> int:
     """``UNLINK`` bucket hashes in one round trip; returns the rows (fields) they held."""
     pipe = client.pipeline(transaction=False)
@@ -260,8 +267,9 @@ class RedisBucketStore(RedisStore):
         """(shard, positions, payload) per shard: one ``command bucket-key field [value]`` per id."""
         out = []
         for shard, pos in fused.per_shard():
-            columns = (fused.keys[pos], fused.fields[pos], *(v[pos] for v in values))
-            out.append((shard, pos, pack_commands((command,), *columns)))
+            some = len(pos) < len(fused.shard)  # one shard: all rows in order, no positions
+            payload = pack_commands((command,), fused.keys, fused.fields, *values, rows=pos if some else None)
+            out.append((shard, pos, payload))
         return out
 
     # -- the flow's primitives ------------------------------------------------------------------
@@ -391,9 +399,10 @@ class RedisBucketStore(RedisStore):
             got[0] = len(w.ids)
         for fused in self._fuse(plain):
             codec = self.tables[fused.names[0]].codec
-            packed = np.concatenate(
-                [codec.pack(writes[n].rows, writes[n].state, 0, int(now)) for n in fused.names]
-            ).view(f"V{codec.nbytes}")
+            # One pack of the group's rows joined, not one per table: a write-back writes ~26
+            # tables, and each pack is a round of column assignments whatever its size.
+            rows, state = _joined([writes[n] for n in fused.names])
+            packed = codec.pack(rows, state, 0, int(now)).view(f"V{codec.nbytes}")
             self._plan_hsets(plan, fused, packed)
         swept = self._plan_sweeps(plan, now)
         self._runner.run(plan, "push")
@@ -407,15 +416,17 @@ class RedisBucketStore(RedisStore):
         bucket where rows share buckets, packed per shard."""
         group = self._rows_share_buckets(fused)
         for shard, pos in fused.per_shard():
-            mine = pos if len(pos) < len(fused.shard) else slice(None)  # one shard: no copies
-            keys, fields, values = fused.keys[mine], fused.fields[mine], packed[mine]
+            some = len(pos) < len(fused.shard)  # one shard: all rows in order, no positions
             if group:
+                mine = pos if some else slice(None)
+                keys, fields, values = fused.keys[mine], fused.fields[mine], packed[mine]
                 grouped = pack_grouped(("HSET",), fused.bucket[mine], keys, fields, values)
                 plan.add_packed(shard, grouped, grouped.count, integers=True)
             else:
-                plan.add_packed(
-                    shard, pack_commands(("HSET",), keys, fields, values), len(keys), integers=True
+                payload = pack_commands(
+                    ("HSET",), fused.keys, fused.fields, packed, rows=pos if some else None
                 )
+                plan.add_packed(shard, payload, len(pos), integers=True)
 
     def _rows_share_buckets(self, fused: _Fused) -> bool:
         """Whether writing ``fused`` one command per bucket saves enough commands to pay for grouping.

@@ -6,7 +6,8 @@ Packed one by one (``hiredis.pack_command``) that is ~45,000 argument tuples
 and a Python ``bytes`` per key, field and value. But every argument of such a
 command has a fixed width per table (bucket key, 8-byte id, row value), so
 the wire form of one command is a fixed-width record, and a whole batch is
-one numpy structured array written with ``tobytes()``::
+one fixed-width record per row, laid out in one pass by ``kelp_native.pack_rows``
+(with the GIL released, so a write-back's packing runs beside the step)::
 
     *3\\r\\n$4\\r\\nHGET\\r\\n$17\\r\\n<bucket key>\\r\\n$8\\r\\n<id>\\r\\n      (one record per row)
 
@@ -27,6 +28,14 @@ from typing import Any
 import numpy as np
 
 from kelp.store.redis.client_internals import hiredis_reader, not_enough_data, read_more, reads_from_socket
+
+try:
+    from kelp_native import pack_rows
+except ModuleNotFoundError as exc:
+    if exc.name != "kelp_native":
+        raise
+    # Not a PyPI dependency (pip would look for it there): make builds it from native/.
+    raise ImportError("kelp_native is not built: run make setup") from None
 
 __all__ = [
     "GroupedCommands",
@@ -51,14 +60,16 @@ def _head(words: tuple[str, ...], arguments: int) -> bytes:
     return f"*{len(words) + arguments}\r\n".encode() + constant
 
 
-def pack_commands(words: tuple[str, ...], *columns: np.ndarray) -> bytes:
+def pack_commands(words: tuple[str, ...], *columns: np.ndarray, rows: np.ndarray | None = None) -> bytes:
     """One command per row: the constant ``words`` (e.g. ``("HSET",)``), then one argument per column.
 
     Each column is a 1-d array of a fixed-width void (``V<w>``) or bytes
     dtype: row ``i``'s argument is its ``w`` raw bytes (no trailing-NUL
-    stripping: a numpy ``S`` column is read as ``V``).
+    stripping: a numpy ``S`` column is read as ``V``). ``rows``: the rows to
+    take, in that order (int64 positions), instead of all: the commands are
+    packed straight from the columns, with no gathered copy of each first.
     """
-    return _records(_head(words, len(columns)), columns).tobytes()
+    return _records(_head(words, len(columns)), columns, rows)
 
 
 def pack_runs(words: tuple[str, ...], lengths: np.ndarray, *columns: np.ndarray) -> bytes:
@@ -76,8 +87,8 @@ def pack_runs(words: tuple[str, ...], lengths: np.ndarray, *columns: np.ndarray)
     n = len(columns[0]) if columns else 0
     if int(np.sum(lengths)) != n:
         raise ValueError(f"runs of {int(np.sum(lengths))} rows for {n} rows")
-    rows = _records(b"", columns)
-    blob, size = rows.tobytes(), rows.dtype.itemsize
+    blob = _records(b"", columns)
+    size = len(blob) // n if n else 0
     parts: list[bytes] = []
     at = 0
     for k in lengths.tolist():
@@ -87,29 +98,23 @@ def pack_runs(words: tuple[str, ...], lengths: np.ndarray, *columns: np.ndarray)
     return b"".join(parts)
 
 
-def _records(head: bytes, columns: tuple[np.ndarray, ...]) -> np.ndarray:
-    """A structured array of one fixed-width record per row: ``head``, then each column's value as a
+def _records(head: bytes, columns: tuple[np.ndarray, ...], rows: np.ndarray | None = None) -> bytes:
+    """One fixed-width record per row (of ``rows``, or all): ``head``, then each column's value as a
     RESP bulk string."""
     n = len(columns[0]) if columns else 0
     if any(len(c) != n for c in columns):
         raise ValueError("every column needs one value per command")
-    fields: list[tuple[str, Any]] = []
-    values: list[tuple[str, Any]] = []
-    prefix = head
-    for i, col in enumerate(columns):
-        width = col.dtype.itemsize
-        prefix += f"${width}\r\n".encode()
-        fields.append((f"s{i}", f"V{len(prefix)}"))
-        values.append((f"s{i}", prefix))
-        fields.append((f"c{i}", f"V{width}"))
-        values.append((f"c{i}", col.view(f"V{width}") if width else col))
-        prefix = b"\r\n"
-    fields.append(("end", "V2"))
-    values.append(("end", prefix))
-    rec = np.empty(n, dtype=np.dtype(fields))
-    for name, value in values:
-        rec[name] = np.void(value) if isinstance(value, bytes) else value
-    return rec
+    raw = [_raw(c) for c in columns]
+    widths = [c.dtype.itemsize for c in columns]
+    picked = None if rows is None else np.ascontiguousarray(rows, dtype=np.int64)
+    return pack_rows(head, raw, widths, n, picked)
+
+
+def _raw(column: np.ndarray) -> np.ndarray:
+    """A column's bytes, row after row, as the flat uint8 array the native packer reads."""
+    if column.dtype.itemsize == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return np.ascontiguousarray(column).view(np.uint8).reshape(-1)
 
 
 def cut_runs(sorted_groups: np.ndarray, max_rows: int) -> np.ndarray:

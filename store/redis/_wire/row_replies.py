@@ -8,10 +8,11 @@ codec joins them again: a large share of a pull's client CPU
     $-1\\r\\n  or  _\\r\\n               nil (RESP2) or null (RESP3)
     $<width>\\r\\n<width bytes>\\r\\n    a row value
 
-so :func:`read_rows` receives the raw bytes into one buffer, finds the records
-with one linear scan in Rust (``kelp_native.take_rows``, built from native/ by
-``make``) that releases the GIL meanwhile, and hands back ``present`` and the
-values as one array, with no Python object per row.
+so :func:`read_rows` receives the raw bytes into one buffer and walks the records
+with one linear scan in Rust (``kelp_native.take_rows_into``, built from native/
+by ``make``) that releases the GIL meanwhile and copies each value straight into
+its row of one preallocated array as it finds it: ``present`` and the values
+come back with no Python object per row and no gather afterwards.
 
 It never guesses. A record must start exactly where the previous one ended: the
 scan jumps from record to record, so a ``$`` inside a value is never looked at.
@@ -37,7 +38,7 @@ from kelp.store.redis._wire.stream import ReplyStream
 from kelp.store.redis.client_internals import connection_socket
 
 try:
-    from kelp_native import take_rows
+    from kelp_native import take_rows_into
 except ModuleNotFoundError as exc:
     if exc.name != "kelp_native":
         raise
@@ -77,27 +78,40 @@ class RowReplies:
 
 
 class _Walk:
-    """The records found so far in a reply buffer: where the next starts, each one's kind and value."""
+    """The records taken so far from a reply buffer, copied into preallocated arrays as they are found:
+    where the next record starts, each record's flag and the values in order."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, n: int, width: int) -> None:
         self.width = width
         self.value_record = len(b"$%d\r\n" % width) + width + 2
         self.cursor = 0
         self.count = 0
-        self.nil: list[np.ndarray] = []
-        self.value_at: list[np.ndarray] = []
+        self.stored = 0
+        self.present = np.empty(n, dtype=np.uint8)
+        self.values = np.empty(n * width, dtype=np.uint8)
 
     def advance(self, buf: bytearray, got: int, limit: int) -> bool:
         """Take whole records received (``buf[:got]``) from ``cursor`` on, up to ``limit`` in all;
         False if the bytes at ``cursor`` are no record of this kind (a foreign reply)."""
-        nil, value_at, self.cursor, taken, foreign = take_rows(
-            buf, self.cursor, got, max(0, limit - self.count), self.width
+        self.cursor, taken, stored, foreign = take_rows_into(
+            buf,
+            self.cursor,
+            got,
+            max(0, limit - self.count),
+            self.width,
+            self.present,
+            self.values,
+            self.count,
+            self.stored,
         )
-        if taken:
-            self.nil.append(np.frombuffer(nil, dtype=np.bool_))
-            self.value_at.append(np.frombuffer(value_at, dtype="<i8"))
-            self.count += taken
+        self.count += taken
+        self.stored += stored
         return not foreign
+
+    def rows(self) -> RowReplies:
+        present = self.present[: self.count].view(np.bool_)
+        values = self.values[: self.stored * self.width].view(f"V{self.width}")
+        return RowReplies(present, values)
 
 
 def read_rows(source: Any, n: int, width: int) -> RowReplies | list[Any]:
@@ -119,12 +133,11 @@ def read_rows(source: Any, n: int, width: int) -> RowReplies | list[Any]:
     sock = connection_socket(stream.conn)
     if head is None or sock is None:
         return stream.replies(n)
-    walk = _Walk(width)
+    walk = _Walk(n, width)
     # This run's replies take at most n * value_record bytes, after the bytes the previous read
     # received past its own (they start this run): a full buffer short of n records holds a foreign one.
-    buf = bytearray(head)
-    buf.extend(bytes(n * walk.value_record))
-    data = np.frombuffer(buf, dtype=np.uint8)
+    buf = bytearray(len(head) + n * walk.value_record)
+    buf[: len(head)] = head
     view = memoryview(buf)
     got = len(head)
     foreign = bool(got) and not walk.advance(buf, got, n)
@@ -135,9 +148,9 @@ def read_rows(source: Any, n: int, width: int) -> RowReplies | list[Any]:
         foreign = not walk.advance(buf, got, n) or (got == len(view) and walk.count < n)
     if foreign:
         stream.hand_to_hiredis(bytes(buf[walk.cursor : got]))  # from the first foreign reply on
-        return _rows(walk, data).tolist() + stream.replies(n - walk.count)
+        return walk.rows().tolist() + stream.replies(n - walk.count)
     stream.keep(bytes(buf[walk.cursor : got]))  # the next command's replies
-    return _rows(walk, data)
+    return walk.rows()
 
 
 def _parse_now(sock: socket.socket, unparsed: int, replies_left: int) -> bool:
@@ -159,14 +172,6 @@ def _parse_now(sock: socket.socket, unparsed: int, replies_left: int) -> bool:
     if pending is not None and pending():
         return False
     return not select.select([sock], [], [], _QUIET_S)[0]
-
-
-def _rows(walk: _Walk, data: np.ndarray) -> RowReplies:
-    nil = np.concatenate(walk.nil) if walk.nil else np.zeros(0, bool)
-    at = np.concatenate(walk.value_at) if walk.value_at else np.zeros(0, np.int64)
-    values = np.lib.stride_tricks.sliding_window_view(data, walk.width)[at]
-    values = values.view(f"V{walk.width}").reshape(-1)
-    return RowReplies(~nil, values)
 
 
 def receive(sock: socket.socket, into: memoryview) -> int:
