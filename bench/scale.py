@@ -70,11 +70,14 @@ rig's link. Reported under ``hosts_<label>``:
 * ``bare_allreduce_ms``: dlrm-small's dense all-reduce alone (median of 10);
 * ``samples_per_s``, ``records_committed``, ``dense_max_abs_diff`` (0.0).
 
-``python -m kelp.bench.scale --cut S`` (:func:`run_cut`): ``kelp train`` on
-the two rank hosts with ``--max-restarts 3``, rank 1's host cut off for
-``S`` seconds mid-run: when each rank stopped, whether the group came back
-and committed every record. Both need root (network namespaces); where the
-rig cannot be made they say why instead of measuring something else.
+``python -m kelp.bench.scale --cut S [--nnodes 1:2]`` (:func:`run_cut`):
+``kelp train --nnodes 1:2`` (elastic; ``--nnodes 2`` fixed-size) on the two
+rank hosts with ``--max-restarts 3``, rank 1's host cut off for ``S``
+seconds mid-run: when each rank stopped, when the group committed again (an
+elastic group: rank 0 alone, before the heal), whether every record was
+committed and no committed offset went backwards. Both need root (network
+namespaces); where the rig cannot be made they say why instead of measuring
+something else.
 """
 
 from __future__ import annotations
@@ -86,9 +89,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +117,17 @@ from kelp.harness.delay_line import DelayLine
 from kelp.store import build_store
 from kelp.trainer.evaluation import exact_auc
 
-__all__ = ["lost_update_fraction", "main", "parse_delays", "run", "run_cut", "run_hosts"]
+__all__ = [
+    "OffsetWatch",
+    "WorkerWatch",
+    "kelp_train_on_hosts",
+    "lost_update_fraction",
+    "main",
+    "parse_delays",
+    "run",
+    "run_cut",
+    "run_hosts",
+]
 
 PARTITIONS = 2
 
@@ -443,7 +457,8 @@ def run_hosts(quick: bool, hosts: str) -> dict[str, Any]:
 
 class _Setup:
     """A rig with a services host (Kafka, one KRaft node; redis-server) and two rank hosts, and
-    ``samples`` criteo-synth samples produced to a topic of its own; all removed on exit."""
+    ``samples`` criteo-synth samples produced to a topic of its own (none with 0: :meth:`produce`
+    then); all removed on exit."""
 
     def __init__(self, samples: int) -> None:
         from kelp.harness.hosts import HostRig, available
@@ -469,13 +484,9 @@ class _Setup:
             self.redis_url = stack.enter_context(_redis_on(services, Path(self.tmp)))
             self.topic = f"scale-hosts-{uuid.uuid4().hex[:6]}"
             self.kafka.create_topic(self.topic, PARTITIONS)
-            progress(f"producing {self.samples:,} criteo-synth samples to {self.topic}")
-            self.summary = produce(
-                {"bootstrap_servers": self.kafka.bootstrap_servers},
-                self.topic,
-                synth_messages(self.samples, PER_MESSAGE, seed=SEED),
-                quiet=True,
-            )
+            if self.samples:
+                progress(f"producing {self.samples:,} criteo-synth samples to {self.topic}")
+                self.summary = self.produce(synth_messages(self.samples, PER_MESSAGE, seed=SEED))
         except BaseException:
             stack.close()
             raise
@@ -492,6 +503,10 @@ class _Setup:
         path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
         return path, cfg
 
+    def produce(self, messages: Iterable[tuple[bytes, int]]) -> Any:
+        """``messages`` (each with its sample count) to the setup's topic; the producer's summary."""
+        return produce({"bootstrap_servers": self.kafka.bootstrap_servers}, self.topic, messages, quiet=True)
+
     def committed(self, cfg: Any) -> int:
         return _committed(self.kafka.bootstrap, cfg.source.group_id, self.topic)
 
@@ -499,58 +514,165 @@ class _Setup:
         self._stack.close()
 
 
-def run_cut(quick: bool, cut_s: float, timeout_s: float = 20.0) -> dict[str, Any]:
-    """``kelp train`` on 2 rank hosts (``--max-restarts 3``); rank 1's host cut off for ``cut_s``.
+def run_cut(quick: bool, cut_s: float, timeout_s: float = 20.0, nnodes: str = "1:2") -> dict[str, Any]:
+    """``kelp train --nnodes NNODES`` on 2 rank hosts; rank 1's host cut off for ``cut_s``.
 
-    Reports when each rank's worker stopped after the cut (the bound is
-    ``trainer.distributed.timeout_s``, here ``timeout_s``), how many times the
-    group (re)joined, and whether every record was committed in the end.
+    Reports when each rank's worker stopped after the cut (the bound for the
+    rank that can still talk is ``trainer.distributed.timeout_s``, here
+    ``timeout_s``); when the group committed again after rank 0 stopped, and
+    whether that was before the heal (only an elastic ``nnodes``, ``1:2``, lets
+    rank 0 go on alone; ``last_call_timeout=5``); when every record was
+    committed after the heal; and whether committed offsets ever went backwards.
     """
     samples = (100 if quick else 200) * BATCH
     out: dict[str, Any] = {"mode": "cut", "cut_s": cut_s, "distributed_timeout_s": timeout_s}
+    out["nnodes"] = nnodes
     with _Setup(samples) as setup:
         ranks, records = setup.ranks, setup.summary.messages
         config, cfg = setup.config(Path(setup.tmp) / "cut", "scale-cut", timeout_s)
-        link = _Link(ranks[0].address, [h.peer for h in ranks], ranks[1].address)
-        module = ["--max-restarts=3", "-m", "kelp.cli", "train", "--config", str(config)]
-        procs = _agents(ranks, link, module, _MASTER_PORT, log_dir=config.parent, tag="cut")
+        # The survivor waits last_call_timeout for more machines once enough are there (torch: 30 s).
+        procs = kelp_train_on_hosts(
+            ranks, config, nnodes=nnodes, port=_MASTER_PORT, tag="cut", rdzv_conf="last_call_timeout=5"
+        )
+        offsets = OffsetWatch(setup.kafka.bootstrap, cfg.source.group_id, setup.topic)
         try:
-            _wait(lambda: setup.committed(cfg) >= records // 10, 300, procs)
-            workers = [_children(p.pid) for p in procs]
-            started = time.monotonic()
+            _wait(lambda: offsets.total() >= records // 10, 300, procs)
+            stops = WorkerWatch(procs)
             setup.rig.partition(ranks[1])
             progress(f"rank 1's host cut off for {cut_s:g} s")
-            stopped: dict[int, float] = {}
-
-            def note_stops() -> None:
-                """When each rank's first worker process ended (torchrun starts a new one to restart)."""
-                for i, proc in enumerate(procs):
-                    if i not in stopped and not set(workers[i]) & set(_children(proc.pid)):
-                        stopped[i] = time.monotonic() - started
-
-            while time.monotonic() - started < cut_s:
-                note_stops()
+            while stops.elapsed() < cut_s:
+                stops.note()
                 time.sleep(0.2)
             setup.rig.heal(ranks[1])
-            _wait(lambda: note_stops() or setup.committed(cfg) >= records, 600, procs)
-            out["finished_after_heal_s"] = round(time.monotonic() - started - cut_s, 1)
+            healed = time.monotonic()
+            _wait(lambda: stops.note() or offsets.total() >= records, 600, procs)
+            out["finished_after_heal_s"] = round(time.monotonic() - healed, 1)
+            stopped = stops.stopped.get(0)
+            again = offsets.first_increase_after(stops.started + stopped) if stopped is not None else None
+            logs = [(config.parent / f"cut-{h.name}.log").read_text(errors="replace") for h in ranks]
             _stop(procs)
         finally:
             setup.rig.heal(ranks[1])
+            offsets.close()
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait(10)
-        logs = [(config.parent / f"cut-{h.name}.log").read_text(errors="replace") for h in ranks]
         out.update(
             records=records,
             records_committed=setup.committed(cfg),
             # Rank 0's bound is the collective timeout; the cut-off rank learns only once the link is back.
-            rank_stopped_after_cut_s={str(i): round(t, 1) for i, t in sorted(stopped.items())},
+            rank_stopped_after_cut_s={str(i): round(t, 1) for i, t in sorted(stops.stopped.items())},
+            # After rank 0 stopped, the group committed again this long after the cut: before the heal
+            # only an elastic group can (rank 0 alone).
+            committed_again_after_cut_s=None if again is None else round(again - stops.started, 1),
+            committed_again_before_heal=again is not None and again < healed,
             group_joins=logs[0].count("joined the trainer group"),
+            offset_regressions=len(offsets.regressions),
         )
     progress(f"cut: {out}")
     return out
+
+
+class OffsetWatch:
+    """The group's committed offsets per partition, polled on a thread: when the total rose, and
+    every time a partition's committed offset went backwards (which must never happen)."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, interval_s: float = 0.5) -> None:
+        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        self._parts = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        self.latest = [0] * PARTITIONS
+        self.history: list[tuple[float, int]] = []
+        """(monotonic time, total committed) at each poll."""
+        self.regressions: list[tuple[int, int, int]] = []
+        """(partition, before, after) for each committed offset seen to go backwards."""
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.poll()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), name="offsets", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> None:
+        now = [self._consumer.committed(tp) or 0 for tp in self._parts]
+        with self._lock:
+            for p, (before, after) in enumerate(zip(self.latest, now, strict=True)):
+                if after < before:
+                    self.regressions.append((p, before, after))
+            self.latest = now
+            self.history.append((time.monotonic(), sum(now)))
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            with contextlib.suppress(Exception):  # a slow broker answer is only a missed poll
+                self.poll()
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.latest)
+
+    def first_increase_after(self, since: float) -> float | None:
+        """When the total first rose above what it was at ``since`` (monotonic), or None."""
+        with self._lock:
+            base = max((total for t, total in self.history if t <= since), default=0)
+            return next((t for t, total in self.history if t > since and total > base), None)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+
+class WorkerWatch:
+    """When each agent's worker processes, as they are now, ended (torchrun starts new ones to
+    restart), in seconds from the watch's start."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        self.procs = procs
+        self.workers = [set(_children(p.pid)) for p in procs]
+        self.started = time.monotonic()
+        self.stopped: dict[int, float] = {}
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def note(self) -> None:
+        for i, proc in enumerate(self.procs):
+            if i not in self.stopped and not self.workers[i] & set(_children(proc.pid)):
+                self.stopped[i] = self.elapsed()
+
+
+def kelp_train_on_hosts(
+    ranks: list[Any],
+    config: Path,
+    *,
+    nnodes: str,
+    port: int,
+    tag: str,
+    rdzv_conf: str = "",
+    max_restarts: int = 3,
+    nodes: list[int] | None = None,
+) -> list[subprocess.Popen[bytes]]:
+    """``kelp train --nnodes NNODES`` on each rank host, meeting at a c10d rendezvous that the agent on
+    the first host serves; output in ``<tag>-<host>.log`` beside ``config``.
+
+    ``--local-addr`` is each host's rig address: the host name names the machine, which the other
+    namespaces cannot reach. ``is_host`` says who serves the rendezvous (the addresses of a
+    namespace are not the machine's, so torch cannot tell by itself). ``nodes``: start only these
+    hosts (by index; a host that comes back joins the running group).
+    """
+    procs = []
+    endpoint = f"{ranks[0].address}:{port}"
+    for node, host in enumerate(ranks):
+        if nodes is not None and node not in nodes:
+            continue
+        conf = ",".join(part for part in (f"is_host={int(node == 0)}", rdzv_conf) if part)
+        argv = [sys.executable, "-m", "kelp.cli", "train", "--config", str(config), f"--nnodes={nnodes}"]
+        argv += [f"--rdzv-endpoint={endpoint}", f"--local-addr={host.address}", f"--rdzv-conf={conf}"]
+        argv += [f"--max-restarts={max_restarts}"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": host.peer}
+        with (config.parent / f"{tag}-{host.name}.log").open("wb") as log:
+            procs.append(host.popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+    return procs
 
 
 def _children(pid: int) -> list[int]:
@@ -719,8 +841,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cut", type=float, default=None, metavar="S", help="instead: cut rank 1's host off for S seconds"
     )
+    parser.add_argument(
+        "--nnodes", default="1:2", help="with --cut: kelp train's --nnodes (1:2 elastic, 2 fixed)"
+    )
     args = parser.parse_args(argv)
-    result = run_cut(args.quick, args.cut) if args.cut is not None else run_hosts(args.quick, args.hosts)
+    if args.cut is not None:
+        result = run_cut(args.quick, args.cut, nnodes=args.nnodes)
+    else:
+        result = run_hosts(args.quick, args.hosts)
     print(json.dumps(result, sort_keys=True))
     return 0
 

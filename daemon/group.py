@@ -31,8 +31,9 @@ another's data; a rank blocks only in the all-reduce, and only until every
 live rank has reached it. When nobody has data the ranks meet every
 ``trainer.distributed.idle_wait_s`` to agree on stopping. A dead or stuck peer
 makes the collective fail after ``trainer.distributed.timeout_s`` (gloo
-usually notices a closed socket at once), the rank exits non-zero, and
-torchrun's elastic agent restarts the group.
+usually notices a closed socket at once), the rank exits 1 at once, writing
+nothing more (:func:`leave_now`), and torchrun's elastic agent restarts the
+group.
 
 Only rank 0 (the leader) loads and writes dense checkpoints and publishes
 snapshots. At start it broadcasts its dense state, so every rank begins equal
@@ -44,9 +45,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -57,7 +59,7 @@ from kelp.errors import KelpError
 from kelp.trainer.checkpoint import dense_digest
 from kelp.trainer.metrics import TrainerMetrics
 
-__all__ = ["GroupError", "Round", "TrainingGroup", "launched_world"]
+__all__ = ["GroupError", "Round", "TrainingGroup", "launched_world", "leave_now"]
 
 log = logging.getLogger("kelp.train")
 
@@ -108,10 +110,23 @@ def _attempt_store(timeout: dt.timedelta) -> dist.Store | None:
     default group through the agent's store read the *previous* attempt's gloo
     addresses and fail with "connectFullMesh ... Connection refused" until a
     later attempt happens to win the race. A per-attempt prefix makes every
-    attempt meet only its own members.
+    attempt meet only its own members, as long as every agent counts the same
+    attempts: true on one machine, not across machines (warned below).
+    ``kelp train --nnodes`` has no shared store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``):
+    each round's rank 0 serves a fresh one, and this returns None.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None  # a plain env:// launch: init_process_group builds its store from MASTER_ADDR/PORT
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+        # Across machines the restart counts part: an agent restarts its worker for a failure
+        # (counted) or for a machine that joins (not counted), so two machines can name one round
+        # differently and never meet (until a later failure happens to align them). And a machine
+        # that joins a later round waits for a store address that only the first round published.
+        log.warning(
+            "the trainer group meets in torchrun's shared store, where machines that restarted for "
+            "different reasons miss each other and a machine that comes back cannot join: set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for every torchrun agent (kelp train --nnodes does)"
+        )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     agent = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
@@ -301,10 +316,30 @@ class TrainingGroup:
         try:
             call()
         except (RuntimeError, dist.DistBackendError) as exc:
-            raise GroupError(
-                f"rank {self.rank}: the trainer group's {what} failed ({str(exc).splitlines()[0]}); "
-                "a peer died or hung, exiting so torchrun restarts the group"
-            ) from exc
+            leave_now(
+                GroupError(
+                    f"rank {self.rank}: the trainer group's {what} failed ({str(exc).splitlines()[0]}); "
+                    "a peer died or hung, exiting so torchrun restarts the group"
+                )
+            )
+
+
+def leave_now(error: GroupError) -> NoReturn:
+    """Exit this rank at once with status 1, running no cleanup: a rank whose group broke writes
+    nothing more.
+
+    The others may already go on without it (an elastic group restarts without a machine it cannot
+    reach), owning its rows. A late write of this rank (the hot tier's final write-back, a push
+    retried until the store answers again, e.g. once a partition heals) would put its older rows
+    over theirs. Nothing it leaves unwritten is needed: its offsets past the last durable step were
+    never committed, so those records are trained again.
+    """
+    log.error("%s", error)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.write(f"kelp: error: {error}\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _union_offsets(ranks: list[dict[str, Any]]) -> dict[tuple[str, int], int]:

@@ -12,9 +12,17 @@ from a point in time, see :class:`~kelp.config.KafkaSourceConfig`).
 ``--nproc K`` (K > 1) starts a trainer group of K ranks on this machine with
 torchrun's own launcher (``torch.distributed.run --standalone``): the same as
 ``torchrun --standalone --nproc-per-node K --max-restarts R -m kelp.cli train
---config FILE``. Across machines, run torchrun directly with a c10d rendezvous
-endpoint (the Helm chart does). A rank that dies makes torchrun restart the
-whole group, up to ``--max-restarts`` times.
+--config FILE``. A rank that dies makes torchrun restart the whole group, up
+to ``--max-restarts`` times.
+
+Across machines, ``--nnodes MIN:MAX --rdzv-endpoint HOST:PORT`` runs one
+torchrun agent on each machine, all meeting at one c10d rendezvous (hosted by
+the agent on HOST): ``torchrun --nnodes MIN:MAX --nproc-per-node K
+--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID ...``, as the Helm
+chart does. With MIN below MAX the group is elastic: when a machine is lost
+(dead or cut off), the others restart without it once its rendezvous
+heartbeat lapses, and a machine that comes back joins at the next restart.
+The machine that hosts the rendezvous is never optional.
 """
 
 from __future__ import annotations
@@ -59,7 +67,37 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-restarts",
         type=int,
         default=3,
-        help="with --nproc: group restarts after a rank dies (default 3)",
+        help="with --nproc or --nnodes: group restarts after a rank dies (default 3)",
+    )
+    group = parser.add_argument_group("a trainer group across machines (torchrun's c10d rendezvous)")
+    group.add_argument(
+        "--nnodes",
+        default=None,
+        metavar="MIN:MAX",
+        help="machines in the group, each running this command: N, or MIN:MAX to go on without a lost "
+        "machine while at least MIN remain (needs --rdzv-endpoint)",
+    )
+    group.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="the rendezvous, hosted by the agent on HOST (that machine is never optional)",
+    )
+    group.add_argument(
+        "--rdzv-id", default=None, metavar="ID", help="the group's rendezvous id (default: source.group_id)"
+    )
+    group.add_argument(
+        "--local-addr",
+        default=None,
+        metavar="ADDR",
+        help="this machine's address as the other machines reach it (default: its host name)",
+    )
+    group.add_argument(
+        "--rdzv-conf",
+        default=None,
+        metavar="K=V,...",
+        help="torchrun's rendezvous settings, e.g. join_timeout=600,last_call_timeout=30 (how long the "
+        "group waits for more machines once MIN are there), is_host=1",
     )
     parser.set_defaults(handler=_train)
 
@@ -77,21 +115,57 @@ def _override_start(cfg: KelpConfig, value: str | None) -> None:
         raise UserError(f"--start-from: got {value!r}: {reason}") from None
 
 
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """``--nnodes``: ``"N"`` -> (N, N), ``"MIN:MAX"`` -> (MIN, MAX), with 1 <= MIN <= MAX."""
+    parts = value.split(":")
+    try:
+        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        low, high = 0, -1
+    if len(parts) > 2 or not 1 <= low <= high:
+        raise UserError(f"--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
+    return low, high
+
+
+def _rendezvous_args(args: argparse.Namespace, cfg: KelpConfig) -> list[str]:
+    """torchrun's launch options: standalone on this machine, or a c10d rendezvous across machines."""
+    if args.nnodes is None:
+        return ["--standalone"]
+    low, high = parse_nnodes(args.nnodes)
+    endpoint = args.rdzv_endpoint
+    if not endpoint or ":" not in endpoint or not endpoint.rsplit(":", 1)[1].isdigit():
+        raise UserError(f"--nnodes needs --rdzv-endpoint HOST:PORT (the rendezvous), got {endpoint!r}")
+    assert isinstance(cfg.source, KafkaSourceConfig)
+    out = [
+        f"--nnodes={low}:{high}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={args.rdzv_id or cfg.source.group_id}",
+    ]
+    if args.local_addr:
+        out.append(f"--local-addr={args.local_addr}")
+    if args.rdzv_conf:
+        out.append(f"--rdzv-conf={args.rdzv_conf}")
+    return out
+
+
 def _launch_group(args: argparse.Namespace) -> int:
-    """Run K ranks of this same command under torchrun's elastic agent; its exit status is ours."""
+    """Run this same command's ranks under torchrun's elastic agent; its exit status is ours."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     cfg = load_config(args.config)  # a bad config fails here, once, not in K ranks
     _override_start(cfg, args.start_from)
     if cfg.source.kind != "kafka":
+        how = f"--nproc {args.nproc}" if args.nnodes is None else f"--nnodes {args.nnodes}"
         raise UserError(
-            f"{args.config}: --nproc {args.nproc} needs source.kind: kafka (a consumer group splits "
+            f"{args.config}: {how} needs source.kind: kafka (a consumer group splits "
             f"its partitions between ranks); with {cfg.source.kind} every rank would train every record"
         )
     argv = [
-        "--standalone",
+        *_rendezvous_args(args, cfg),
         f"--nproc-per-node={args.nproc}",
         f"--max-restarts={args.max_restarts}",
         "--monitor-interval=0.5",
@@ -107,6 +181,11 @@ def _launch_group(args: argparse.Namespace) -> int:
         argv += ["--max-steps", str(args.max_steps)]
     if args.start_from is not None:
         argv += ["--start-from", args.start_from]
+    if args.nnodes is not None:
+        # Each rendezvous round's rank 0 then serves a store of its own, so a round's ranks meet only
+        # each other; in the agents' shared store they meet under TORCHELASTIC_RESTART_COUNT, which
+        # differs between machines once one restarted for a failure and another for a newcomer.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     try:
         run(get_args_parser().parse_args(argv))
     except SignalException as exc:
@@ -118,6 +197,12 @@ def _launch_group(args: argparse.Namespace) -> int:
             f"kelp: error: trainer group failed after {args.max_restarts} restarts: {exc.name}",
             file=sys.stderr,
         )
+        return 1
+    except RendezvousError as exc:
+        # This machine could not (re)join the group: the rendezvous host is gone or cut off, or the
+        # group did not form within join_timeout.
+        where = args.rdzv_endpoint or "this machine"
+        print(f"kelp: error: trainer group rendezvous at {where} failed: {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -133,7 +218,13 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     if args.max_steps is not None and args.max_steps < 1:
         raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
-    if args.nproc > 1:
+    if args.nnodes is None:
+        for flag in ("rdzv_endpoint", "rdzv_id", "local_addr", "rdzv_conf"):
+            if getattr(args, flag) is not None:
+                raise UserError(f"--{flag.replace('_', '-')} needs --nnodes (a group across machines)")
+    else:
+        parse_nnodes(args.nnodes)  # refused before anything starts
+    if args.nproc > 1 or args.nnodes is not None:
         return _launch_group(args)
 
     cfg = load_config(args.config)

@@ -431,7 +431,7 @@ def test_one_trainer_runs_kelp_train_without_torchrun(render: Render, name: str)
     assert "command" not in container
     assert container["args"] == ["train", "--config", "/etc/kelp/kelp.yaml"]
     assert [p["name"] for p in container["ports"]] == ["metrics"]
-    assert "POD_NAME" not in {var["name"] for var in container["env"]}
+    assert not {"POD_NAME", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"} & {var["name"] for var in container["env"]}
     assert [p["name"] for p in find(manifests, "Service", "-trainer")["spec"]["ports"]] == ["metrics"]
     assert [
         d for d in manifests if d["kind"] == "PodDisruptionBudget" and "trainer" in d["metadata"]["name"]
@@ -473,6 +473,8 @@ def test_trainer_group_runs_torchrun_with_a_c10d_rendezvous_on_pod_0(render: Ren
     assert launch.local_addr == f"{trainer['metadata']['name']}-1.{domain}"
     pod_name = next(v for v in container["env"] if v["name"] == "POD_NAME")
     assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # A pod restarted alone must find the others' next round (kelp train --nnodes does the same).
+    assert {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"} in container["env"]
 
     # Every rank still reads the one config and joins the one consumer group.
     data = yaml.safe_load(find(docs, "ConfigMap", "-config")["data"]["kelp.yaml"])
