@@ -60,6 +60,9 @@ LIVE_WINDOW_S = 2.0
 CLICK_DELAY_S = 1.5
 REPS = 3
 T0 = 1_700_000_000.0
+RAW_FETCH_MAX_BYTES = 52_428_800
+RAW_PARTITION_FETCH_BYTES = 8_388_608
+"""The fetch sizes of both the raw consume and the joiner's consumer, so both read alike."""
 
 
 class _Requests:
@@ -110,7 +113,15 @@ def _config(bootstrap: str, redis_url: str, topics: dict[str, str], **join: Any)
                 "dense": [{"name": n} for n in DENSE_NAMES],
                 "sparse": [{"name": n} for n in SPARSE_NAMES],
             },
-            "source": {"kind": "kafka", "bootstrap_servers": [bootstrap], "topics": [topics["out"]]},
+            "source": {
+                "kind": "kafka",
+                "bootstrap_servers": [bootstrap],
+                "topics": [topics["out"]],
+                # The raw consume's fetch sizes: a request-log record is tens of KB, so the default
+                # 1 MB per partition would cut the joiner's steps to a few dozen requests each.
+                "fetch_max_bytes": RAW_FETCH_MAX_BYTES,
+                "max_partition_fetch_bytes": RAW_PARTITION_FETCH_BYTES,
+            },
             "store": {"backend": "redis", "urls": [redis_url]},
             "publisher": {"enabled": False},
             "join": {
@@ -152,8 +163,8 @@ def _raw_consume(bootstrap: str, topics: list[str], records: int) -> float:
         group_id=f"raw-{uuid.uuid4().hex[:8]}",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        fetch_max_bytes=52_428_800,
-        max_partition_fetch_bytes=8_388_608,
+        fetch_max_bytes=RAW_FETCH_MAX_BYTES,
+        max_partition_fetch_bytes=RAW_PARTITION_FETCH_BYTES,
     )
     got, start = 0, None
     try:

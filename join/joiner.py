@@ -178,7 +178,8 @@ class Joiner:
             step.changes.watermark = wm
         for (rid, late), (parts, knowable_at) in work.to_emit.items():
             w = work.waiting[rid]
-            rows = np.unique(np.concatenate(parts))
+            # One part is already ascending and distinct (every row set is cut from an ascending one).
+            rows = parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
             self._emit(w, work.impression(w), rows, step, late=late, knowable_at=knowable_at)
         self._stage(now, work)
         return step
@@ -225,8 +226,9 @@ class Joiner:
             # at worst, and rewriting it (same state, same deadline) puts that back.
             work.touched.setdefault(imp.request_id, work.waiting[imp.request_id])
             return
-        w = Waiting.new(imp.request_id, imp.ts, imp.raw, imp.n, self.tasks)
+        w = Waiting.new(imp.request_id, imp.ts, imp.raw, imp.n, self.tasks, msg=imp.msg)
         work.waiting[imp.request_id] = work.touched[imp.request_id] = w
+        work.decoded[imp.request_id] = imp  # read once: its rows are cut from this same message
         work.step.impressions["new"] += 1
         for action in work.early.pop(imp.request_id, []):
             work.early_changed.add(imp.request_id)

@@ -66,7 +66,7 @@ class PendingState:
             if not hit:
                 rest.append(rid)
             elif waiting is not None:
-                found[rid] = Waiting.unpack(rid, waiting.pack(), tasks)
+                found[rid] = waiting.copy()
         found.update(self.store.load(rest, tasks))
         return found
 

@@ -44,6 +44,7 @@ __all__ = [
     "load_action_decoders",
     "read_action",
     "sample_id",
+    "sample_ids",
 ]
 
 MAX_EVENT_TS_S = 253_402_300_799.0
@@ -64,6 +65,12 @@ class InputError(ValueError):
 def sample_id(request_id: str, row: int) -> str:
     """The stable id of candidate ``row`` of a request: the same in every replay of the same input."""
     return f"{request_id}/{row}"
+
+
+def sample_ids(request_id: str, rows: np.ndarray) -> list[str]:
+    """:func:`sample_id` of each of ``rows``."""
+    prefix = request_id + "/"
+    return [prefix + str(r) for r in rows.tolist()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +221,7 @@ class Impression:
     out of it or matched against an item.
     """
 
-    __slots__ = ("_msg", "n", "raw", "request_id", "ts")
+    __slots__ = ("_msg", "_one_id", "n", "raw", "request_id", "ts")
 
     def __init__(self, raw: bytes, msg: dict[str, Any], request_id: str, ts: float, n: int) -> None:
         self.raw = raw
@@ -222,6 +229,7 @@ class Impression:
         self.request_id = request_id
         self.ts = ts
         self.n = n
+        self._one_id: list[str] | None = None
 
     @classmethod
     def from_raw(cls, raw: bytes, record_ts_ms: int | None = None) -> Impression:
@@ -276,6 +284,19 @@ class Impression:
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             raise InputError("bad_shape", f"a column does not fit the batch ({type(exc).__name__})") from None
 
+    @property
+    def msg(self) -> dict[str, Any]:
+        """The message decoded (shared, never changed: a cut builds a message of its own)."""
+        return self._msg
+
+    def _one_id_columns(self) -> list[str]:
+        """The sparse columns of one packed id per row, found once per impression."""
+        if self._one_id is None:
+            sparse = self._msg.get("sparse")
+            items = sparse.items() if isinstance(sparse, dict) else ()
+            self._one_id = [name for name, col in items if _one_id_per_row(col, self.n)]
+        return self._one_id
+
     def rows_of_item(self, feature: str, item: int) -> np.ndarray:
         """The candidate rows whose ``feature`` ids include ``item`` (int64, ascending)."""
         col = (self._msg.get("sparse") or {}).get(feature)
@@ -304,14 +325,19 @@ class Impression:
         for key, value in msg.items():
             if key in ("v", "batch", "label", "labels", "weight", "join"):
                 continue
-            out[key] = value if single else _take_field(key, value, self.n, rows)
+            if single:
+                out[key] = value
+            elif key == "sparse":
+                out[key] = _take_sparse(value or {}, self.n, rows, self._one_id_columns())
+            else:
+                out[key] = _take_field(key, value, self.n, rows)
         out["labels"] = {
             task: float(col[0]) if single else np.ascontiguousarray(col, "<f4").tobytes()
             for task, col in labels.items()
         }
         if weight is not None:
             out["weight"] = float(weight[0]) if single else np.ascontiguousarray(weight, "<f4").tobytes()
-        out["join"] = {"sample_ids": [sample_id(self.request_id, int(r)) for r in rows], "late": late}
+        out["join"] = {"sample_ids": sample_ids(self.request_id, rows), "late": late}
         return msgpack.packb(out, use_bin_type=True)
 
 
@@ -336,8 +362,6 @@ def _take_field(key: str, value: Any, n: int, rows: np.ndarray) -> Any:
         if isinstance(value, dict):
             return {name: _take_column(col, n, rows, "<f4") for name, col in value.items()}
         return _take_column(value, n, rows, "<f4")
-    if key == "sparse":
-        return {name: _take_ids(col, n, rows, name) for name, col in (value or {}).items()}
     if key == "request" and isinstance(value, dict):
         scores = value.get("scores")
         out = dict(value)
@@ -363,6 +387,34 @@ def _take_column(col: Any, n: int, rows: np.ndarray, dtype: str) -> Any:
             raise InputError("bad_shape", f"a column of {len(col)} values for a batch of {n}")
         return [col[int(r)] for r in rows]
     raise InputError("bad_type", f"a column is {type(col).__name__}")
+
+
+def _take_sparse(sparse: dict[str, Any], n: int, rows: np.ndarray, single: list[str]) -> dict[str, Any]:
+    """Every sparse column cut down to ``rows``, in the order given.
+
+    The ``single`` columns, of one packed id per row (the request log's shape), are cut together,
+    by one index over their values side by side: cut one by one, each column's few array calls
+    cost more than the bytes they move, and a request holds a few dozen such columns.
+    """
+    cut: dict[str, Any] = {}
+    if len(single) > 1 and len(rows) > 1:
+        k = len(rows)
+        joined = b"".join(sparse[name]["values"] for name in single)
+        taken = np.frombuffer(joined, "<u8").reshape(len(single), n)[:, rows].tobytes()
+        ones = _ones_i4(k)
+        for i, name in enumerate(single):
+            cut[name] = {"values": taken[8 * k * i : 8 * k * (i + 1)], "lengths": ones}
+    return {name: cut[name] if name in cut else _take_ids(col, n, rows, name) for name, col in sparse.items()}
+
+
+def _one_id_per_row(col: Any, n: int) -> bool:
+    """A packed sparse column of exactly one ``<u8`` id per row (``<i4`` lengths all 1)."""
+    if not isinstance(col, dict) or len(col) != 2:
+        return False
+    values, lengths = col.get("values"), col.get("lengths")
+    return (
+        type(values) is bytes and len(values) == 8 * n and type(lengths) is bytes and lengths == _ones_i4(n)
+    )
 
 
 def _take_ids(col: Any, n: int, rows: np.ndarray, name: str) -> Any:

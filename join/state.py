@@ -100,7 +100,16 @@ class Waiting:
     msg: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def new(cls, request_id: str, ts: float, raw: bytes, n: int, tasks: list[str]) -> Waiting:
+    def new(
+        cls,
+        request_id: str,
+        ts: float,
+        raw: bytes,
+        n: int,
+        tasks: list[str],
+        *,
+        msg: dict[str, Any] | None = None,
+    ) -> Waiting:
         return cls(
             request_id,
             ts,
@@ -108,6 +117,23 @@ class Waiting:
             n,
             {t: np.zeros(n, dtype=np.uint8) for t in tasks},
             np.zeros(n, dtype=np.uint8),
+            msg=msg,
+        )
+
+    def copy(self) -> Waiting:
+        """A copy as the store will read it back once this one is written: what a step decides
+        (labels, rows emitted, tasks closed) is its own, so the staged step this came from still
+        writes what it decided. The decoded message is shared, not decoded again: nothing changes it."""
+        return Waiting(
+            self.request_id,
+            self.ts,
+            self.raw,
+            self.n,
+            {t: v.copy() for t, v in self.labels.items()},
+            self.emitted.copy(),
+            set(self.closed),
+            len(self.pack()),
+            self.msg,
         )
 
     def pack(self) -> bytes:

@@ -521,6 +521,44 @@ def test_a_one_row_event_holds_the_same_row_as_the_general_cut() -> None:
         assert one["request"]["scores"]["click"] == two["request"]["scores"]["click"][:4]
 
 
+def test_a_cut_of_several_rows_keeps_each_sparse_columns_own_ids() -> None:
+    """Columns of one packed id per row are cut together; a ragged column, a one-id column in list
+    form and one whose lengths are not all 1 are cut on their own. Each keeps its own rows, in the
+    order the impression lists them."""
+    from kelp.join.records import Impression
+
+    n, rows = 7, [0, 2, 3, 6]
+    ones = np.ones(n, "<i4").tobytes()
+    packed = {name: np.arange(n, dtype="<u8") + base for name, base in (("a", 100), ("b", 200), ("c", 300))}
+    ragged = np.array([1, 0, 2, 1, 1, 0, 3], "<i4")
+    sparse: dict[str, Any] = {name: {"values": v.tobytes(), "lengths": ones} for name, v in packed.items()}
+    sparse["tags"] = {"values": np.arange(ragged.sum(), dtype="<u8").tobytes(), "lengths": ragged.tobytes()}
+    sparse["listed"] = {"values": list(range(10, 10 + n)), "lengths": [1] * n}
+    sparse = {
+        "b": sparse["b"],
+        "tags": sparse["tags"],
+        "a": sparse["a"],
+        "listed": sparse["listed"],
+        "c": sparse["c"],
+    }
+    raw = msgpack.packb(
+        {"v": 1, "batch": n, "ts": T0, "request": {"id": "r"}, "sparse": sparse}, use_bin_type=True
+    )
+    imp = Impression.from_raw(raw)
+    out = msgpack.unpackb(
+        imp.labelled(np.array(rows), {"click": np.ones(len(rows), np.float32)}, None, False)
+    )
+    assert list(out["sparse"]) == ["b", "tags", "a", "listed", "c"]
+    for name, values in packed.items():
+        assert np.frombuffer(out["sparse"][name]["values"], "<u8").tolist() == values[rows].tolist()
+        assert np.frombuffer(out["sparse"][name]["lengths"], "<i4").tolist() == [1] * len(rows)
+    starts = np.concatenate(([0], np.cumsum(ragged)[:-1]))
+    tags = [int(starts[r]) + k for r in rows for k in range(int(ragged[r]))]
+    assert np.frombuffer(out["sparse"]["tags"]["values"], "<u8").tolist() == tags
+    assert out["sparse"]["listed"] == {"values": [10 + r for r in rows], "lengths": [1] * len(rows)}
+    assert out["join"]["sample_ids"] == [f"r/{r}" for r in rows]
+
+
 def test_rows_of_an_item_with_one_or_several_ids_per_candidate() -> None:
     """An item column with one id per candidate and one with several (a candidate naming an item
     twice counts once) give the same ascending rows."""

@@ -126,6 +126,31 @@ def test_a_staged_impression_is_handed_out_as_a_copy() -> None:
     assert not store.load(["r1"], ["click"])["r1"].emitted.any()
 
 
+def test_a_staged_impression_reads_as_the_store_will_hold_it_and_apart_from_it() -> None:
+    """The copy a staged impression is handed out as equals what the store reads back once it is
+    written (byte count included), and changing its labels or closed tasks leaves the staged one."""
+    pending = PendingState(MemoryWaitingStore())
+    w = Waiting.new("r1", T0, impression("r1", T0), 3, ["click"])
+    w.labels["click"][1] = 1
+    w.emitted[1] = 1
+    w.closed.add("click")
+    pending.stage(Changes(put={"r1": (w, T0 + 60, 120.0)}))
+    loaded = pending.load(["r1"], ["click"])["r1"]
+    stored = Waiting.unpack("r1", w.pack(), ["click"])
+    assert (loaded.ts, loaded.raw, loaded.n, loaded.closed) == (
+        stored.ts,
+        stored.raw,
+        stored.n,
+        stored.closed,
+    )
+    assert loaded.labels["click"].tolist() == stored.labels["click"].tolist()
+    assert loaded.emitted.tolist() == stored.emitted.tolist()
+    assert loaded.stored_bytes == stored.stored_bytes == len(w.pack())
+    loaded.labels["click"][:] = 2
+    loaded.closed.clear()
+    assert w.labels["click"].tolist() == [0, 1, 0] and w.closed == {"click"}
+
+
 def test_deadlines_merge_staged_moves_deletes_and_forgets_within_the_limit() -> None:
     store = MemoryWaitingStore()
     ws = {r: Waiting.new(r, T0, impression(r, T0), 1, ["click"]) for r in "abcdef"}
