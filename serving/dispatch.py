@@ -24,17 +24,22 @@ client that trickles its body holds one idle connection and nothing else.
 Neither costs the fast path more than a header comparison and one timer handle.
 
 The work itself (decode, check, fetch, forward, encode) runs on a thread of
-its own (:data:`SCORE_THREADS`), not on the event loop: a store that hangs
+its own (:class:`ScoringLane`), not on the event loop: a store that hangs
 (up to ``store.socket_timeout_s`` per attempt) must not stall ``/healthz``,
-and a large request must not hold up the loop. ``run_in_executor`` costs less
-per request than anyio's ``to_thread``.
+and a large request must not hold up the loop. The lane is one thread and a
+queue: the outcome comes back as one ``call_soon_threadsafe`` that settles the
+loop's own future, about half the CPU of ``run_in_executor`` (which chains a
+second future to the first, with callbacks on both sides).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from functools import partial
 from typing import Any, TypeVar
 
@@ -63,7 +68,7 @@ from kelp.serving.request_log import (
 )
 from kelp.serving.scorer import Scorer, ScoreResult
 
-__all__ = ["SCORE_THREADS", "VERSION_HEADER", "Parse", "ScoreRoutes", "body_timeout"]
+__all__ = ["SCORE_THREADS", "VERSION_HEADER", "Parse", "ScoreRoutes", "ScoringLane", "body_timeout"]
 
 Parse = Callable[[Any], MicroBatch]
 _T = TypeVar("_T")
@@ -74,6 +79,94 @@ _T = TypeVar("_T")
 # (docs/performance.md). Waiting requests queue first come first served, and the event loop stays
 # free for /healthz and /metrics even if the store hangs.
 SCORE_THREADS = 1
+
+Settle = Callable[[bool, Any], None]
+"""How the lane hands back a call's outcome: ``(True, its result)`` or ``(False, what it raised)``."""
+_STOP = object()
+
+
+class ScoringLane:
+    """The scoring thread (:data:`SCORE_THREADS` of them): calls run one at a time, in arrival order.
+
+    The thread starts with the first call and stops at :meth:`close` once the calls queued before
+    it have run; a call after :meth:`close` starts a new one.
+    """
+
+    def __init__(self, name: str = "kelp-score_0") -> None:
+        self.name = name
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    async def run(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(*args)`` on the lane, awaited on the running event loop."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[_T] = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: no one waits, and the lane goes on
+                loop.call_soon_threadsafe(_settle, done, ok, value)
+
+        self._submit(work, args, settle)
+        return await done
+
+    def run_blocking(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(*args)`` on the lane, for a caller on a thread of its own: it waits for the outcome."""
+        done: Future[_T] = Future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if ok:
+                done.set_result(value)
+            else:
+                done.set_exception(value)
+
+        self._submit(work, args, settle)
+        return done.result()
+
+    def close(self) -> None:
+        """Let the thread finish what is queued, then stop; does not wait for it."""
+        with self._lock:
+            if self._thread is not None:
+                self._calls.put(_STOP)
+                self._thread = None
+                self._calls = queue.SimpleQueue()
+
+    def _submit(self, work: Callable[..., Any], args: tuple[Any, ...], settle: Settle) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=_serve, args=(self._calls,), name=self.name, daemon=True
+                )
+                self._thread.start()
+            self._calls.put((work, args, settle))
+
+
+def _serve(calls: queue.SimpleQueue[Any]) -> None:
+    """The lane's thread: run each call and hand back its outcome, until the stop mark."""
+    while True:
+        call = calls.get()
+        if call is _STOP:
+            return
+        work, args, settle = call
+        del call  # the last request's objects are not kept alive while the lane waits
+        try:
+            result = work(*args)
+        except BaseException as exc:  # handed to the caller, as an executor's future does
+            settle(False, exc)
+        else:
+            settle(True, result)
+            del result
+        del work, args, settle
+
+
+def _settle(done: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    """Settle the awaiting request's future on the loop, unless its task was cancelled meanwhile."""
+    if done.done():
+        return
+    if ok:
+        done.set_result(value)
+    else:
+        done.set_exception(value)
 
 
 VERSION_HEADER = "kelp-model-version"
@@ -113,7 +206,7 @@ class ScoreRoutes:
         self.limit = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.auth = auth
-        self._pool: ThreadPoolExecutor | None = None
+        self._lane = ScoringLane()
 
     def match(self, scope: Scope) -> Parse | None:
         """The parser of a score route when ``scope`` is a POST to one, else None."""
@@ -259,19 +352,12 @@ class ScoreRoutes:
 
     async def run(self, work: Callable[..., _T], *args: Any) -> _T:
         """``work(*args)`` on the scoring thread: every route that scores queues there, in arrival order."""
-        return await asyncio.get_running_loop().run_in_executor(self._scoring(), work, *args)
+        return await self._lane.run(work, *args)
 
     def run_blocking(self, work: Callable[..., _T], *args: Any) -> _T:
         """:meth:`run` for a caller on a thread of its own (a gRPC handler): it waits for the result."""
-        return self._scoring().submit(work, *args).result()
-
-    def _scoring(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(SCORE_THREADS, thread_name_prefix="kelp-score")
-        return self._pool
+        return self._lane.run_blocking(work, *args)
 
     def close(self) -> None:
-        """Stop the scoring threads (once the server has finished its requests)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        """Stop the scoring thread (once the server has finished its requests)."""
+        self._lane.close()

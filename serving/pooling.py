@@ -8,9 +8,10 @@ rows per table and 26 tables, so numpy's and torch's fixed cost per call,
 paid ~300 times, would be most of the work (docs/performance.md, "Serving").
 Serving computes the same pooled inputs with a handful of calls:
 
-* **dedup**: every feature's ids in one array, tagged with their table's index;
-  one ``lexsort`` by (table, id) gives each table's sorted unique ids (slices
-  of one array) and every id's row in one index space over all tables;
+* **dedup**: each table's ids (its features' ids side by side) go through one
+  native call for the whole request (``kelp_native.dedup_columns``, the GIL
+  released), which gives each table's sorted unique ids (slices of one array)
+  and every id's row in one index space over all tables;
 * **pool**: the tables' rows are concatenated (one array per embedding width);
   all one-hot features of a width are pooled by one ``take`` (a one-id bag's
   sum or mean is the row itself); a multi-hot feature, or one with empty bags,
@@ -33,6 +34,7 @@ from itertools import accumulate
 
 import numpy as np
 import torch
+from kelp_native import dedup_columns
 from torch.nn.functional import embedding_bag
 
 from kelp.config import FeatureSpec
@@ -78,9 +80,13 @@ class PoolPlan:
         index = {t: i for i, t in enumerate(self.tables)}
         self.features = [f.name for f in spec.sparse]
         self.modes = [f.pooling for f in spec.sparse]
-        # The smallest tag type: lexsort compares uint8 keys faster than int32 ones.
-        tag_type = np.min_scalar_type(max(len(used) - 1, 0))
-        self.feature_table = np.array([index[f.table_name] for f in spec.sparse], dtype=tag_type)
+        # Each table's features, in plan order: their ids side by side are the table's column.
+        self.table_features = [
+            [k for k, f in enumerate(spec.sparse) if index[f.table_name] == i] for i in range(len(used))
+        ]
+        # Whether the features laid out table by table are already in config order (every table one
+        # feature, tables of one width, as in most specs): then the inverse needs no reordering.
+        self.in_order = [k for ks in self.table_features for k in ks] == list(range(len(spec.sparse)))
         self.widths = sorted({dims[t] for t in used})
         self.width_tables = {w: [t for t in self.tables if dims[t] == w] for w in self.widths}
         self.feature_width = [dims[f.table_name] for f in spec.sparse]
@@ -94,7 +100,7 @@ class PoolPlan:
         """``(index, name, table)`` of each sequence feature (``pooling: none``), config order."""
 
     def dedup(self, batch: MicroBatch) -> RequestIds:
-        """Unique ids per table and every id's row index, with one sort for the whole request."""
+        """Unique ids per table and every id's row index, with one native call for the whole request."""
         columns = [batch.sparse[name] for name in self.features]
         b = batch.size
         lengths = [len(c.values) for c in columns]
@@ -105,21 +111,31 @@ class PoolPlan:
             same = (offsets == np.arange(b + 1)).all(axis=1)
             for k, yes in zip(maybe, same.tolist(), strict=True):
                 one_hot[k] = yes
-        ids = np.concatenate([c.values for c in columns]) if columns else np.zeros(0, np.uint64)
-        tags = np.repeat(self.feature_table, lengths)
-        order = np.lexsort((ids, tags))
-        sorted_ids, sorted_tags = ids[order], tags[order]
-        first = np.empty(ids.size, dtype=bool)
-        if ids.size:
-            first[0] = True
-            np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=first[1:])
-            first[1:] |= sorted_tags[1:] != sorted_tags[:-1]
-        inverse = np.empty(ids.size, dtype=np.int64)
-        inverse[order] = np.cumsum(first) - 1
-        unique_ids, unique_tags = sorted_ids[first], sorted_tags[first]
-        bounds = np.searchsorted(unique_tags, np.arange(len(self.tables) + 1)).tolist()
-        unique = {t: unique_ids[bounds[i] : bounds[i + 1]] for i, t in enumerate(self.tables)}
+        by_table = [
+            columns[ks[0]].values if len(ks) == 1 else np.concatenate([columns[k].values for k in ks])
+            for ks in self.table_features
+        ]
+        total = sum(lengths)
+        uniques = np.empty(total, np.uint64)
+        local = np.empty(total, np.int64)
+        counts = dedup_columns([np.ascontiguousarray(c, dtype=np.uint64) for c in by_table], uniques, local)
+        bounds = [0, *accumulate(counts)]
+        unique = {t: uniques[bounds[i] : bounds[i + 1]] for i, t in enumerate(self.tables)}
+        # Positions among a table's own distinct ids, plus where that table's rows start.
+        local += np.repeat(np.array(bounds[:-1], np.int64), [len(c) for c in by_table])
+        inverse = local if self.in_order else self._feature_order(local, lengths)
         return RequestIds(unique, inverse, [0, *accumulate(lengths)], one_hot, b)
+
+    def _feature_order(self, inverse: np.ndarray, lengths: list[int]) -> np.ndarray:
+        """``inverse`` laid out table by table (plan order, each table's features in config order),
+        rearranged into config order of the features."""
+        starts: list[int] = [0] * len(lengths)
+        at = 0
+        for ks in self.table_features:
+            for k in ks:
+                starts[k] = at
+                at += lengths[k]
+        return np.concatenate([inverse[starts[k] : starts[k] + lengths[k]] for k in range(len(lengths))])
 
     def pool(self, batch: MicroBatch, ids: RequestIds, rows: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
         """Pooled f32[B, dim_f] per pooled sparse feature (config order), as the trainer pools them."""

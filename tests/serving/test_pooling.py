@@ -9,6 +9,8 @@ features, tables of different widths, ids repeated across and within features.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -42,11 +44,30 @@ def _spec() -> FeatureSpec:
     )
 
 
+def _one_table_each_spec() -> FeatureSpec:
+    """One table per feature, one width: the features laid out table by table are in config order."""
+    return FeatureSpec.model_validate(
+        {
+            "dense": [{"name": "I1"}],
+            "sparse": [
+                {"name": "A", "table": "a"},
+                {"name": "B", "table": "b", "max_ids": 4, "pooling": "mean"},
+                {"name": "C", "table": "c"},
+            ],
+            "tables": [{"name": t, "dim": 8} for t in ("a", "b", "c")],
+        }
+    )
+
+
+@pytest.mark.parametrize(("make_spec", "in_order"), [(_spec, False), (_one_table_each_spec, True)])
 @pytest.mark.parametrize("one_hot_only", [True, False])
 @pytest.mark.parametrize("b", [1, 7, 50])
-def test_pooled_inputs_equal_the_trainers(b: int, one_hot_only: bool) -> None:
-    spec = _spec()
+def test_pooled_inputs_equal_the_trainers(
+    b: int, one_hot_only: bool, make_spec: Callable[[], FeatureSpec], in_order: bool
+) -> None:
+    spec = make_spec()
     plan = PoolPlan(spec)
+    assert plan.in_order is in_order  # both layouts of the dedup's inverse are checked
     rng = np.random.default_rng(b)
     batch = random_batch(spec, rng, b, one_hot_only=one_hot_only)
 
