@@ -87,6 +87,7 @@ SCHEMA_HEADER = ("schema", b"kelp-request-v1")
 DROP_REASONS = ("queue_requests", "queue_bytes")
 """The ``reason`` of ``kelp_serving_request_log_dropped_total``: the bound that was full."""
 _MAX_BLOCK_MS = 1_000
+_BATCH_BYTES = 1 << 20
 _RETRY_S = (0.5, 1.0, 2.0, 5.0)
 _CLOSE_FLUSH_S = 5.0
 _CLOSE_UNCONNECTED_S = 0.5
@@ -209,6 +210,9 @@ class RequestLog:
             # (with the topic's min.insync.replicas at 2, see docs/deploy.md).
             "acks": "all",
             "linger_ms": cfg.linger_ms,
+            # A record holds every candidate's features (tens of KB): with the client's 16 KB default
+            # each one would be a batch, and a produce request, of its own.
+            "batch_size": _BATCH_BYTES,
             "max_block_ms": _MAX_BLOCK_MS,
             "retries": 3,
             # Not idempotent: an idempotent producer takes a refusal that is not retriable as fatal and
