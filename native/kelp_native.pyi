@@ -1,22 +1,12 @@
 """Kelp's native batch work: per-batch passes that release the GIL.
 
-native/src/lib.rs (row replies), rows_io.rs (replies into buffers, packed commands), sketch.rs,
+rows_io.rs (row and integer replies into buffers, packed commands), sketch.rs,
 index.rs, hashing.rs, dedup.rs.
 """
 
 from collections.abc import Sequence
 
 from typing_extensions import Buffer
-
-def take_rows(
-    buf: Buffer, cursor: int, got: int, limit: int, width: int
-) -> tuple[bytes, bytes, int, int, bool]:
-    """Take row replies from ``buf[:got]`` at ``cursor``, at most ``limit``.
-
-    Returns ``(nil, value_at, cursor, count, foreign)``: one 0/1 byte per record taken (1: nil),
-    a little-endian i64 per value (where its ``width`` bytes start in ``buf``), the new cursor,
-    how many records were taken, and whether the scan stopped at a reply that is no such record.
-    """
 
 def take_rows_into(
     buf: Buffer,
@@ -45,6 +35,16 @@ def pack_rows(
     bytes. ``columns``: C-contiguous uint8 buffers of ``n * widths[i]`` bytes; ``rows``: int64
     positions to take, in that order (None: all ``n``). The GIL is released while it packs; a
     column or row that does not fit raises ValueError.
+    """
+
+def take_ints_into(buf: Buffer, cursor: int, got: int, limit: int, out: Buffer) -> tuple[int, int, bool]:
+    """Take integer replies (``:<digits>\\r\\n``, 1 to 18 digits) from ``buf[:got]`` at ``cursor``,
+    at most ``limit``, writing each value into ``out`` (writable int64) from position 0.
+
+    Returns ``(cursor, taken, foreign)``: the new cursor, the replies taken, and whether the scan
+    stopped at a line that is no such reply (an error, another type, a longer number). A line not
+    all received yet stops it without being foreign. The GIL is released while it runs; an ``out``
+    without room for ``limit``, or sharing memory with ``buf``, raises ValueError.
     """
 
 def sketch_add(counts: Buffer, ids: Buffer, inc: int | Buffer, seeds: Sequence[int], mask: int) -> None:

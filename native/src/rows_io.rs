@@ -187,10 +187,53 @@ pub fn record_len(head: &[u8], columns: &[Column<'_>], heads: &[Vec<u8>]) -> usi
             .sum::<usize>()
 }
 
-// pyo3 0.22's #[pyfunction] expands to an `.into()` that newer clippy flags (see lib.rs).
+/// The most digits an integer reply taken by [`take_ints`] may have: longer ones (never an `HSET`
+/// count) are left to the caller's general reader, and 18 digits always fit an i64.
+pub const MAX_INT_DIGITS: usize = 18;
+
+/// Integer replies `:<digits>\r\n` (1 to [`MAX_INT_DIGITS`] digits) chaining from `cursor` in
+/// `received`, at most `limit` and at most `out.len()`, each value written to `out` in turn.
+///
+/// Stops at the first line that is no such reply (`foreign`: an error, another type, a sign or a
+/// longer number, handed on as a whole) and, without calling it foreign, at a line not all
+/// received yet.
+pub fn take_ints(received: &[u8], mut cursor: usize, limit: usize, out: &mut [i64]) -> Stop {
+    let mut taken = 0usize;
+    let mut foreign = false;
+    while taken < limit && taken < out.len() && cursor < received.len() {
+        let room = &received[cursor..];
+        let lf = match room.iter().position(|&b| b == b'\n') {
+            Some(at) => at,
+            None => break,
+        };
+        let line = &room[..=lf];
+        let valid = line.len() >= 4
+            && line.len() - 3 <= MAX_INT_DIGITS
+            && line[0] == b':'
+            && line[lf - 1] == b'\r'
+            && line[1..lf - 1].iter().all(u8::is_ascii_digit);
+        if !valid {
+            foreign = true;
+            break;
+        }
+        out[taken] = line[1..lf - 1]
+            .iter()
+            .fold(0i64, |v, &d| v * 10 + i64::from(d - b'0'));
+        taken += 1;
+        cursor += lf + 1;
+    }
+    Stop {
+        cursor,
+        taken,
+        foreign,
+    }
+}
+
+// pyo3 0.22's #[pyfunction] expands to an `.into()` on the error type that newer clippy flags;
+// the crate stays on 0.22 for rustc 1.63 (Debian 12), so the lint is silenced for the bindings.
 #[allow(clippy::useless_conversion)]
 pub mod bindings {
-    use super::{bulk_head, pack_into, record_len, take_into, Column, Rows};
+    use super::{bulk_head, pack_into, record_len, take_into, take_ints, Column, Rows};
     use crate::hashing::buffers::{bad, disjoint, input, slice, slice_mut, span};
     use pyo3::buffer::PyBuffer;
     use pyo3::ffi;
@@ -272,6 +315,55 @@ pub mod bindings {
         let (stop, copied) =
             py.allow_threads(|| take_into(received, cursor, limit, width, flags, rows));
         Ok((stop.cursor, stop.taken, copied, stop.foreign))
+    }
+
+    const INTS: &str = "take_ints_into";
+
+    /// Walks the integer replies (``:<digits>\r\n``, as ``HSET`` answers) in ``buf[:got]`` from
+    /// ``cursor`` on, at most ``limit``, writing each value into ``out`` (int64, room for
+    /// ``limit``). Returns the new cursor, how many were taken, and whether the scan stopped at a
+    /// line that is no such reply. The GIL is released while it runs.
+    #[pyfunction]
+    #[pyo3(signature = (buf, cursor, got, limit, out))]
+    pub fn take_ints_into(
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        cursor: usize,
+        got: usize,
+        limit: usize,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<(usize, usize, bool)> {
+        let received = input::<u8>(buf, INTS, "buf", "uint8")?;
+        if got > received.item_count() || cursor > got {
+            return Err(bad(format!(
+                "{}: need cursor <= got <= len(buf), got cursor={} got={} len={}",
+                INTS,
+                cursor,
+                got,
+                received.item_count()
+            )));
+        }
+        let values = input::<i64>(out, INTS, "out", "int64")?;
+        if values.readonly() {
+            return Err(bad(format!("{}: out must be writable", INTS)));
+        }
+        if limit > values.item_count() {
+            return Err(bad(format!(
+                "{}: out has room for {} values; limit {} does not fit",
+                INTS,
+                values.item_count(),
+                limit
+            )));
+        }
+        disjoint(INTS, "out", span(&values), &[span(&received)])?;
+        // SAFETY: both buffers were checked C-contiguous of their element type, `out` writable
+        // and sharing no memory with `buf`; each PyBuffer keeps its exporter's memory alive and
+        // unresized until dropped at the end of this function. The caller owns `out` and does not
+        // touch it from another thread meanwhile.
+        let (received, values) = unsafe { (slice(&received), slice_mut(&values)) };
+        let received = &received[..got];
+        let stop = py.allow_threads(|| take_ints(received, cursor, limit, values));
+        Ok((stop.cursor, stop.taken, stop.foreign))
     }
 
     fn writable(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PyBuffer<u8>> {
@@ -423,6 +515,45 @@ mod tests {
         assert!(!stop.foreign);
         assert_eq!(&present[..4], &[1, 0, 0, 1]);
         assert_eq!(&values[..4], b"abcd");
+    }
+
+    #[test]
+    fn a_short_dollar_head_waits_and_a_full_one_is_foreign() {
+        let header = bulk_head(100);
+        assert!(!walk_records(b"$10", 0, 1, &header, 100, |_| {}).foreign);
+        assert!(walk_records(b"$10\r\nx", 0, 1, &header, 100, |_| {}).foreign);
+    }
+
+    #[test]
+    fn integer_replies_chain_until_a_foreign_or_partial_line() {
+        let mut out = [0i64; 4];
+        let stop = take_ints(b":1\r\n:0\r\n:42\r\n-ERR x\r\n", 0, 4, &mut out);
+        assert_eq!(
+            stop,
+            Stop {
+                cursor: 13,
+                taken: 3,
+                foreign: true
+            }
+        );
+        assert_eq!(&out[..3], &[1, 0, 42]);
+        let stop = take_ints(b":7\r\n:12", 0, 4, &mut out);
+        assert_eq!(
+            stop,
+            Stop {
+                cursor: 4,
+                taken: 1,
+                foreign: false
+            }
+        );
+        for bad in [
+            &b":\r\n"[..],
+            b":-1\r\n",
+            b":1\n",
+            b":1234567890123456789\r\n",
+        ] {
+            assert!(take_ints(bad, 0, 4, &mut out).foreign);
+        }
     }
 
     #[test]

@@ -60,6 +60,7 @@ from kelp.config import HotCacheConfig
 from kelp.store.base import EmbeddingStore, PullResult
 from kelp.store.hot.rows import HotRows, RowBatch
 from kelp.store.hot.tier import HotRowCache, _add_misses, _weights
+from kelp.store.rows.slots import host_view
 
 __all__ = ["Reservation", "WorkingCopy"]
 
@@ -208,8 +209,7 @@ class WorkingCopy(HotRowCache):
                 at = h.slots[inside]
                 self.overlapped_rows += int((t["last"][at] > reservation.pushes).sum())
                 if len(inside) == len(h.slots):  # the common case: one gather, no scatter
-                    index = self._index(at)
-                    rows, state = t["rows"].index_select(0, index), t["state"].index_select(0, index)
+                    rows, state = _take(t["rows"], at), _take(t["state"], at)
                 else:
                     rows, state = self._assemble(h, inside, at)
                 updated_s = np.zeros(len(h.slots), dtype=np.uint32)
@@ -227,13 +227,12 @@ class WorkingCopy(HotRowCache):
         n = len(h.slots)
         rows = torch.empty((n, h.group.dim), dtype=torch.float32, device=self.device)
         state = torch.empty(n, dtype=torch.float32, device=self.device)
-        to, slots = self._index(inside), self._index(at)
-        rows[to], state[to] = t["rows"].index_select(0, slots), t["state"].index_select(0, slots)
+        _put(rows, inside, _take(t["rows"], at))
+        _put(state, inside, _take(t["state"], at))
         if len(h.outside):
-            out = self._index(h.outside)
             assert h.outside_rows is not None and h.outside_state is not None
-            rows[out] = torch.from_numpy(h.outside_rows).to(self.device)
-            state[out] = torch.from_numpy(h.outside_state).to(self.device)
+            _put(rows, h.outside, torch.from_numpy(h.outside_rows).to(self.device))
+            _put(state, h.outside, torch.from_numpy(h.outside_state).to(self.device))
         return rows, state
 
     def _index(self, positions: np.ndarray) -> Tensor:
@@ -252,8 +251,8 @@ class WorkingCopy(HotRowCache):
         for g in self._groups:
             batch = g.batch({name: c[0] for name, c in checked.items()})
             if batch is not None:
-                rows = torch.cat([checked[n][1] for n in batch.names])
-                state = torch.cat([checked[n][2] for n in batch.names])
+                rows = _cat([checked[n][1] for n in batch.names])
+                state = _cat([checked[n][2] for n in batch.names])
                 groups.append((g, *self._finite_only_rows(batch, rows, state)))
         # A released reservation's rows may have left: look those up (and refuse the missing ones).
         held = {} if reservation.done else {id(h.group): h for h in reservation.held}
@@ -277,9 +276,8 @@ class WorkingCopy(HotRowCache):
                 newly = slots[~t["dirty"][slots]]
                 t["since"][newly] = push
                 self._schedule.dirtied(push, len(newly))
-                index = self._index(slots)
-                t["rows"].index_copy_(0, index, rows)
-                t["state"].index_copy_(0, index, state)
+                _put(t["rows"], slots, rows)
+                _put(t["state"], slots, state)
                 t.write(slots, updated_s=stamp, dirty=True, last=push)
                 g.wrote_fresh(slots)
             self._unpin(reservation)
@@ -305,7 +303,7 @@ class WorkingCopy(HotRowCache):
     ) -> tuple[np.ndarray, np.ndarray, Tensor, Tensor]:
         """``batch``'s ids, tags, rows and state, less the rows holding a NaN or an infinity (counted
         and logged per table, as the store does): one check for all its tables."""
-        if not len(batch.ids) or bool(torch.isfinite(rows.sum() + state.sum())):
+        if not len(batch.ids) or _finite_sum(rows, state):
             # A NaN or an infinity anywhere makes the sum one: a finite sum is the common case's proof,
             # one reduction where the row-wise check below costs several passes.
             return batch.ids, batch.tags, rows, state
@@ -336,6 +334,46 @@ class WorkingCopy(HotRowCache):
         for h in reservation.held:
             pinned = h.slots[h.slots >= 0]
             h.group.table["pins"][pinned] -= 1
+
+
+def _take(column: Tensor, slots: np.ndarray) -> Tensor:
+    """``column``'s values at ``slots``, on its device: a numpy gather where the column is in host
+    memory (:func:`~kelp.store.rows.slots.host_view`), one ``index_select`` on a device."""
+    view = host_view(column)
+    if view is not None:
+        return torch.from_numpy(view[slots])
+    return column.index_select(0, _device_index(slots, column.device))
+
+
+def _put(column: Tensor, slots: np.ndarray, values: Tensor) -> None:
+    """``column[slots] = values`` (``values`` on ``column``'s device), as :func:`_take` reads."""
+    view = host_view(column)
+    if view is not None:
+        view[slots] = values.numpy()
+        return
+    column.index_copy_(0, _device_index(slots, column.device), values)
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    """``torch.cat(parts)``, joined by numpy where every part is in host memory (as :func:`_take`)."""
+    views = [host_view(p) for p in parts]
+    if all(v is not None for v in views):
+        return torch.from_numpy(np.concatenate(views))
+    return torch.cat(parts)
+
+
+def _finite_sum(rows: Tensor, state: Tensor) -> bool:
+    """Whether ``rows.sum() + state.sum()`` is finite: a NaN or an infinity anywhere makes it not
+    (a finite sum that overflows does too; the caller checks row by row then)."""
+    r, s = host_view(rows), host_view(state)
+    if r is not None and s is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return bool(np.isfinite(r.sum() + s.sum()))
+    return bool(torch.isfinite(rows.sum() + state.sum()))
+
+
+def _device_index(slots: np.ndarray, device: torch.device) -> Tensor:
+    return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(device)
 
 
 def _tensor(values: Any, device: torch.device) -> Tensor:

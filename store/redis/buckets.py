@@ -78,10 +78,39 @@ _GROUP_AT_ROWS_PER_BUCKET = 1.0  # rows per bucket from which a write groups the
 
 
 def _joined(writes: list[RowWrite]) -> tuple[np.ndarray, np.ndarray]:
-    """Several tables' rows and state, one array each (no copy for one table)."""
-    if len(writes) == 1:
-        return writes[0].rows, writes[0].state
-    return np.concatenate([w.rows for w in writes]), np.concatenate([w.state for w in writes])
+    """Several tables' rows and state, one array each: no copy for one table, nor for tables whose
+    rows are consecutive slices of one array (a hot-tier write-back hands each table a slice of the
+    rows it read once per width), which are packed where they lie."""
+    return _spanned([w.rows for w in writes]), _spanned([w.state for w in writes])
+
+
+def _spanned(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` end to end: a view over them where they already lie so in one array, else a copy."""
+    if len(parts) == 1:
+        return parts[0]
+    filled = [part for part in parts if len(part)]  # an empty slice's address says nothing
+    if len(filled) < 2:
+        return filled[0] if filled else np.concatenate(parts)
+    parts = filled
+    rows = sum(len(part) for part in parts)
+    first = parts[0]
+    base = first.base
+    at = first.__array_interface__["data"][0]
+    for part in parts:
+        consecutive = (
+            base is not None
+            and part.base is base
+            and part.flags.c_contiguous
+            and part.dtype == first.dtype
+            and part.shape[1:] == first.shape[1:]
+            and part.__array_interface__["data"][0] == at
+        )
+        if not consecutive:
+            return np.concatenate(parts)
+        at += part.nbytes
+    # Every part is a slice of ``base`` and each starts where the one before ends, so the span
+    # lies inside ``base``'s memory: a read-only view over it reads nothing outside.
+    return np.lib.stride_tricks.as_strided(first, (rows, *first.shape[1:]), first.strides, writeable=False)
 
 
 def _unlink_hashes(client: Any, keys: list[bytes]) -> int:

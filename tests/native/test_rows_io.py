@@ -1,19 +1,24 @@
-"""kelp_native.take_rows_into / pack_rows: bit for bit what the numpy code they replace computed.
+"""kelp_native.take_rows_into / pack_rows / take_ints_into: bit for bit what the code they replace
+computed.
 
-``take_rows_into`` is checked against ``take_rows`` (the offsets scan read_rows ran before) followed
-by the numpy gather of the values out of the buffer; ``pack_rows`` against the structured-array
-records ``pack_commands`` filled column by column and copied with ``tobytes()``. Random replies
-(values, both nils, partial records, foreign replies) and random columns, then bad buffers.
+``take_rows_into`` is checked against ``_reference``, the pure-Python RESP walk of
+tests/store/redis/test_native_rows.py (where each record's value starts), followed by a numpy
+gather of the values; ``pack_rows`` against the structured-array records ``pack_commands`` filled
+column by column and copied with ``tobytes()``; ``take_ints_into`` against the numpy parse of
+integer replies it replaced. Random replies (values, both nils, partial records, foreign replies)
+and random columns, then bad buffers.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from kelp_native import pack_rows, take_rows, take_rows_into
+from kelp_native import pack_rows, take_ints_into, take_rows_into
 
 from kelp.store.redis._wire.packing import pack_commands, pack_runs
 
@@ -33,14 +38,26 @@ def _replies(rng: random.Random, n: int, width: int) -> bytes:
     return b"".join(out)
 
 
+def _load_reference() -> Any:
+    """``_reference`` of the RESP walk's own tests (one pure-Python statement of the rules, not two)."""
+    path = Path(__file__).parents[1] / "store" / "redis" / "test_native_rows.py"
+    spec = importlib.util.spec_from_file_location("_kelp_resp_reference", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._reference
+
+
+_reference = _load_reference()
+
+
 def _numpy_take(buf: bytes, cursor: int, got: int, limit: int, width: int) -> tuple[Any, ...]:
-    """What read_rows did before: take_rows' offsets, then a numpy gather of the values."""
-    nil, value_at, end, count, foreign = take_rows(buf, cursor, got, limit, width)
-    at = np.frombuffer(value_at, dtype="<i8")
+    """The reference walk's value offsets, then a numpy gather of the values out of the buffer."""
+    nil, value_at, end, count, foreign = _reference(buf, cursor, got, limit, width)
+    at = np.asarray(value_at, dtype=np.int64)
     data = np.frombuffer(buf, dtype=np.uint8)
     values = np.lib.stride_tricks.sliding_window_view(data, width)[at] if len(at) else data[:0]
-    present = ~np.frombuffer(nil, dtype=np.bool_)
-    return present.tolist(), values.tobytes(), end, count, foreign
+    return [not n for n in nil], values.tobytes(), end, count, foreign
 
 
 def _native_take(buf: bytes, cursor: int, got: int, limit: int, width: int) -> tuple[Any, ...]:
@@ -153,3 +170,53 @@ def test_pack_rows_refuses_columns_and_rows_that_do_not_fit() -> None:
         pack_rows(b"", [col], [2], 3, np.array([0, 3], np.int64))
     with pytest.raises(ValueError, match="every column needs one value"):
         pack_commands(("HSET",), np.zeros(2, "V1"), np.zeros(3, "V1"))
+
+
+_COLON, _CR, _LF, _ZERO, _NINE = ord(":"), ord("\r"), ord("\n"), ord("0"), ord("9")
+
+
+def _numpy_ints(data: np.ndarray, n: int) -> tuple[int, list[int], int]:
+    """The numpy parse of integer replies that take_ints_into replaced: how many of the first ``n``
+    lines are ``:<1-18 digits>\\r\\n`` in a row, their values, and the offset past the last."""
+    ends = np.flatnonzero(data == _LF)[:n]
+    if not len(ends):
+        return 0, [], 0
+    starts = np.r_[0, ends[:-1] + 1]
+    digits = ends - starts - 2
+    nondigit = np.r_[0, np.cumsum((data < _ZERO) | (data > _NINE))]
+    valid = (
+        (data[starts] == _COLON)
+        & (data[ends - 1] == _CR)
+        & (digits >= 1)
+        & (digits <= 18)
+        & (nondigit[ends + 1] - nondigit[starts] == 3)
+    )
+    good = len(valid) if valid.all() else int(np.argmin(valid))
+    if not good:
+        return 0, [], 0
+    values = [int(bytes(data[s + 1 : e - 1])) for s, e in zip(starts[:good], ends[:good], strict=True)]
+    return good, values, int(ends[good - 1]) + 1
+
+
+def test_take_ints_into_matches_the_numpy_parse() -> None:
+    rng = random.Random(11)
+    lines = [b":0\r\n", b":1\r\n", b":64\r\n", b":%d\r\n" % (10**18 - 1), b":%d\r\n" % 10**18, b":\r\n"]
+    lines += [b":-1\r\n", b"-ERR x\r\n", b"+OK\r\n", b":1\n", b":1\r\r\n", b":1x\r\n", b"$1\r\na\r\n"]
+    for _ in range(2000):
+        buf = b"".join(rng.choice(lines[:4]) if rng.random() < 0.85 else rng.choice(lines) for _ in range(8))
+        n = rng.randrange(0, 10)
+        out = np.full(max(n, 1), -7, dtype=np.int64)
+        end, good, _ = take_ints_into(buf, 0, len(buf), n, out)
+        assert (good, out[:good].tolist(), end) == _numpy_ints(np.frombuffer(buf, np.uint8), n), buf
+
+
+def test_take_ints_into_waits_for_a_partial_line_and_refuses_buffers_that_do_not_fit() -> None:
+    out = np.zeros(3, np.int64)
+    assert take_ints_into(b":5\r\n:6", 0, 6, 3, out) == (4, 1, False)
+    assert take_ints_into(b":5\r\n:6\r\n", 4, 8, 3, out) == (8, 1, False) and out[0] == 6
+    with pytest.raises(ValueError, match="limit 4 does not fit"):
+        take_ints_into(b":1\r\n", 0, 4, 4, out)
+    with pytest.raises(ValueError, match="cursor <= got"):
+        take_ints_into(b":1\r\n", 0, 5, 1, out)
+    with pytest.raises(ValueError, match="writable"):
+        take_ints_into(b":1\r\n", 0, 4, 1, np.frombuffer(bytes(8), np.int64))

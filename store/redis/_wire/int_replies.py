@@ -1,9 +1,9 @@
-"""Integer replies (``HSET``'s count of new fields) parsed by numpy straight off the socket.
+"""Integer replies (``HSET``'s count of new fields) parsed natively straight off the socket.
 
 A step's write-through push sends ~30,000 ``HSET`` commands (the buckets layout),
 and each answers ``:0\\r\\n`` or ``:1\\r\\n``. Through hiredis each reply becomes
 a Python ``int`` in a list that nobody reads, which costs the push thread far
-more CPU than a few numpy passes over the raw bytes (docs/performance.md).
+more CPU than one pass over the raw bytes (``kelp_native.take_ints_into``, without the GIL).
 
 Every RESP reply ends with at least one CRLF, and an integer reply holds exactly
 one, so :func:`read_ints` receives until the buffer holds ``n`` line ends, then
@@ -22,15 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from kelp_native import take_ints_into
 
 from kelp.store.redis._wire.row_replies import receive
 from kelp.store.redis._wire.stream import ReplyStream
 from kelp.store.redis.client_internals import connection_socket
 
 __all__ = ["read_ints"]
-
-_COLON, _CR, _LF, _ZERO, _NINE = ord(":"), ord("\r"), ord("\n"), ord("0"), ord("9")
-_MAX_DIGITS = 18  # longer integers (never an HSET count) go to hiredis
 
 
 def read_ints(source: Any, n: int) -> np.ndarray | list[Any]:
@@ -42,9 +40,9 @@ def read_ints(source: Any, n: int) -> np.ndarray | list[Any]:
     something else (an error, say) or hiredis already holds bytes. Socket errors become
     redis-py's ``ConnectionError`` / ``TimeoutError``, as redis-py's own read does.
 
-    >>> _parse(np.frombuffer(b":1\\r\\n:0\\r\\n:64\\r\\n", np.uint8), 3)[1].tolist()
+    >>> _parse(b":1\\r\\n:0\\r\\n:64\\r\\n", 13, 3)[1].tolist()
     [1, 0, 64]
-    >>> _parse(np.frombuffer(b":1\\r\\n-ERR no\\r\\n:3\\r\\n", np.uint8), 3)[1].tolist()
+    >>> _parse(b":1\\r\\n-ERR no\\r\\n:3\\r\\n", 17, 3)[1].tolist()
     [1]
     """
     if not isinstance(source, ReplyStream):
@@ -68,8 +66,7 @@ def read_ints(source: Any, n: int) -> np.ndarray | list[Any]:
             before = got
             got += receive(sock, free)
         lines += buf.count(b"\n", before, got)
-    data = np.frombuffer(buf, dtype=np.uint8, count=got)
-    good, values, end = _parse(data, n)
+    good, values, end = _parse(buf, got, n)
     if good < n:
         stream.hand_to_hiredis(bytes(buf[end:got]))  # hiredis reads on from the first foreign reply
         return values.tolist() + stream.replies(n - good)
@@ -77,28 +74,9 @@ def read_ints(source: Any, n: int) -> np.ndarray | list[Any]:
     return values
 
 
-def _parse(data: np.ndarray, n: int) -> tuple[int, np.ndarray, int]:
-    """How many of the first ``n`` lines of ``data`` are integer replies in a row, their values, and
-    the offset just past the last of them."""
-    ends = np.flatnonzero(data == _LF)[:n]
-    if not len(ends):
-        return 0, np.zeros(0, dtype=np.int64), 0
-    starts = np.r_[0, ends[:-1] + 1]
-    digits = ends - starts - 2  # between ":" and "\r"
-    nondigit = np.r_[0, np.cumsum((data < _ZERO) | (data > _NINE))]
-    valid = (
-        (data[starts] == _COLON)
-        & (data[ends - 1] == _CR)
-        & (digits >= 1)
-        & (digits <= _MAX_DIGITS)
-        & (nondigit[ends + 1] - nondigit[starts] == 3)  # ":", "\r", "\n" and nothing else
-    )
-    good = len(valid) if valid.all() else int(np.argmin(valid))
-    if not good:
-        return 0, np.zeros(0, dtype=np.int64), 0
-    starts, digits = starts[:good], digits[:good]
-    values = np.zeros(good, dtype=np.int64)
-    for place in range(int(digits.max())):
-        more = digits > place
-        values[more] = values[more] * 10 + (data[starts[more] + 1 + place].astype(np.int64) - _ZERO)
-    return good, values, int(ends[good - 1]) + 1
+def _parse(buf: bytes | bytearray, got: int, n: int) -> tuple[int, np.ndarray, int]:
+    """How many of the first ``n`` lines of ``buf[:got]`` are integer replies in a row, their values,
+    and the offset just past the last of them (:func:`kelp_native.take_ints_into`, off the GIL)."""
+    values = np.empty(n, dtype=np.int64)
+    end, good, _ = take_ints_into(buf, 0, got, n, values)
+    return good, values[:good], end

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from kelp.config import HotCacheConfig, StoreConfig, TableSpec
+from kelp.config import AdmissionSpec, HotCacheConfig, StoreConfig, TableSpec
 from kelp.store import MemoryStore, build_store
 from kelp.store.base import EmbeddingStore
+from kelp.store.hot import working_copy as working_copy_module
 from kelp.store.hot.working_copy import WorkingCopy
+from kelp.store.rows import slots as slots_module
 
 TABLES = [TableSpec(name="t", dim=2), TableSpec(name="u", dim=3)]
 
@@ -63,6 +65,21 @@ def _stored(inner: EmbeddingStore, table: str, ids: np.ndarray) -> np.ndarray:
     return inner.pull(table, ids, count=False).rows
 
 
+@pytest.fixture(params=["host-view", "device-path"])
+def index_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the tier's rows are gathered and written: through numpy views of tensors in host memory
+    (the CPU), or through the torch indexing a CUDA device's tensors take, run here on the CPU."""
+    if request.param == "device-path":
+
+        def arrays_only(column: object) -> object:
+            return column if isinstance(column, np.ndarray) else None
+
+        monkeypatch.setattr(slots_module, "host_view", arrays_only)
+        monkeypatch.setattr(working_copy_module, "host_view", arrays_only)
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("index_path")
 def test_steps_train_in_place_and_the_store_gets_each_row_once_per_period() -> None:
     inner, wc, _ = _copy(every=3)
     ids = {"t": _ids(0, 10), "u": _ids(0, 4)}
@@ -282,6 +299,7 @@ def test_on_cuda_the_rows_stay_on_the_device_and_reach_the_store() -> None:
     )
 
 
+@pytest.mark.usefixtures("index_path")
 def test_an_update_in_another_order_or_a_part_of_the_batch_lands_on_each_ids_own_row() -> None:
     """The reservation's slots serve an update that holds its resident rows in order; any other
     update (reordered, or fewer rows) finds its slots by id, and every row gets its own values."""
@@ -305,3 +323,24 @@ def test_distinct_slots_match_numpy_unique() -> None:
     for n, high in ((0, 10), (5, 10), (1000, 50), (20_000, 1_000_000)):
         slots = rng.integers(0, high, size=n)
         np.testing.assert_array_equal(_distinct(slots, high), np.unique(slots))
+
+
+@pytest.mark.usefixtures("index_path")
+def test_ids_not_admitted_are_gathered_as_the_store_answered_beside_resident_rows() -> None:
+    """A batch mixing resident rows with ids the admission policy turned away: the gather puts each
+    resident row and each default row at its own id's position; only the admitted ones train."""
+    inner = MemoryStore([TableSpec(name="t", dim=2, admission=AdmissionSpec(min_count=2))])
+    cfg = HotCacheConfig(enabled=True, capacity_rows=100, writeback_every_steps=1)
+    wc = WorkingCopy(inner, cfg)
+    seen = {"t": _ids(0, 4)}
+    _step(wc, seen)  # first sightings: turned away
+    _step(wc, seen)  # second: admitted, resident, trained once
+    mixed = {"t": np.array([0, 100, 1, 101, 2, 3], np.uint64)}
+    res = wc.reserve(mixed)
+    got = wc.gather(res)["t"]
+    assert got.admitted.tolist() == [True, False, True, False, True, True]
+    t = inner.tables["t"]
+    np.testing.assert_allclose(got.rows[got.admitted], t.init_rows(_ids(0, 4)) + 1, rtol=1e-6)
+    np.testing.assert_array_equal(got.rows[~got.admitted], t.default_rows(np.array([100, 101], np.uint64)))
+    wc.release(res)
+    assert wc.pinned_rows() == 0

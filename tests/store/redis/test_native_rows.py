@@ -1,4 +1,4 @@
-"""kelp_native.take_rows: the row-reply scan read_rows runs, on crafted reply buffers.
+"""kelp_native.take_rows_into: the row-reply scan read_rows runs, on crafted reply buffers.
 
 Each buffer is checked against what the RESP rules say, written out by hand, and against
 :func:`_reference`, a small pure-Python walk written here from the same rules: from the
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
-from kelp_native import take_rows
+from kelp_native import take_rows_into
 
 
 class Taken(NamedTuple):
@@ -28,18 +28,20 @@ class Taken(NamedTuple):
     foreign: bool
 
 
-def _take(buf: bytes | bytearray, limit: int, width: int, cursor: int = 0, got: int | None = None) -> Taken:
-    got = len(buf) if got is None else got
-    nil, value_at, end, count, foreign = take_rows(buf, cursor, got, limit, width)
-    taken = Taken(
-        np.frombuffer(nil, dtype=np.bool_).tolist(),
-        np.frombuffer(value_at, dtype="<i8").tolist(),
-        end,
-        count,
-        foreign,
-    )
-    assert taken == _reference(bytes(buf), cursor, got, limit, width)
-    return taken
+def _take(buf: Any, limit: int, width: int, cursor: int = 0, got: int | None = None) -> Taken:
+    """The native scan of ``buf``, checked against :func:`_reference`: the same flags, cursor, count
+    and foreign stop, and each value's bytes copied from where the reference found it."""
+    got = len(memoryview(buf).cast("B")) if got is None else got
+    present = np.zeros(limit, dtype=np.uint8)
+    values = np.zeros(limit * width, dtype=np.uint8)
+    end, count, stored, foreign = take_rows_into(buf, cursor, got, limit, width, present, values, 0, 0)
+    expected = _reference(bytes(memoryview(buf).cast("B")), cursor, got, limit, width)
+    raw = bytes(memoryview(buf).cast("B"))
+    copied = [values[i * width : (i + 1) * width].tobytes() for i in range(stored)]
+    assert copied == [raw[at : at + width] for at in expected.value_at]
+    nil = (present[:count] == 0).tolist()
+    assert Taken(nil, expected.value_at, end, count, foreign) == expected
+    return expected
 
 
 def _reference(buf: bytes, cursor: int, got: int, limit: int, width: int) -> Taken:
@@ -182,22 +184,25 @@ def test_any_contiguous_buffer_is_read_and_bounds_are_checked() -> None:
     assert _take(bytearray(buf), 5, 2) == expected
     assert _take(memoryview(bytearray(buf + b"spare")), 5, 2, got=len(buf)) == expected
     assert _take(np.frombuffer(buf, np.uint8), 5, 2) == expected
+    present, values = np.zeros(5, np.uint8), np.zeros(10, np.uint8)
     with pytest.raises(ValueError, match="got <= len"):
-        take_rows(buf, 0, len(buf) + 1, 5, 2)
+        take_rows_into(buf, 0, len(buf) + 1, 5, 2, present, values, 0, 0)
     with pytest.raises(ValueError, match="cursor <= got"):
-        take_rows(buf, 5, 4, 5, 2)
+        take_rows_into(buf, 5, 4, 5, 2, present, values, 0, 0)
 
 
 def test_threads_scan_their_own_buffers_at_once() -> None:
     """The scan runs without the GIL: threads walking big buffers together each get their own records."""
     values = [bytes([i]) * 80 for i in range(4)]
     bufs = [(_value(v) + b"_\r\n") * 20_000 for v in values]
-    results: list[Taken | None] = [None] * 4
+    results: list[tuple[list[bool], set[bytes], int, int, bool] | None] = [None] * 4
 
     def scan(i: int) -> None:
-        nil, value_at, end, count, foreign = take_rows(bufs[i], 0, len(bufs[i]), 40_000, 80)
-        nils, starts = np.frombuffer(nil, np.bool_).tolist(), np.frombuffer(value_at, "<i8").tolist()
-        results[i] = Taken(nils, starts, end, count, foreign)
+        present, copied = np.zeros(40_000, np.uint8), np.zeros(40_000 * 80, np.uint8)
+        buf = bufs[i]
+        end, count, stored, foreign = take_rows_into(buf, 0, len(buf), 40_000, 80, present, copied, 0, 0)
+        rows = {copied[k * 80 : (k + 1) * 80].tobytes() for k in range(stored)}
+        results[i] = ((present[:count] == 0).tolist(), rows, end, count, foreign)
 
     threads = [threading.Thread(target=scan, args=(i,)) for i in range(4)]
     for t in threads:
@@ -205,6 +210,8 @@ def test_threads_scan_their_own_buffers_at_once() -> None:
     for t in threads:
         t.join()
     for i, got in enumerate(results):
-        assert got is not None and got.count == 40_000 and not got.foreign and got.cursor == len(bufs[i])
-        assert got.nil == [False, True] * 20_000
-        assert {bufs[i][at : at + 80] for at in got.value_at} == {values[i]}
+        assert got is not None
+        nil, rows, end, count, foreign = got
+        assert count == 40_000 and not foreign and end == len(bufs[i])
+        assert nil == [False, True] * 20_000
+        assert rows == {values[i]}

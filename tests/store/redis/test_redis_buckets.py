@@ -16,7 +16,7 @@ from kelp.errors import ConfigError
 from kelp.harness import RedisServer
 from kelp.retry import RetryPolicy
 from kelp.store import build_store
-from kelp.store.redis.buckets import BucketSweeper, RedisBucketStore
+from kelp.store.redis.buckets import BucketSweeper, RedisBucketStore, _spanned
 from kelp.store.redis.layout_marker import marker_key
 
 NO_SLEEP = RetryPolicy(attempts=3, base_delay_s=0.0, max_delay_s=0.0, sleep=lambda _s: None)
@@ -242,3 +242,17 @@ def test_a_push_writes_each_bucket_with_grouped_commands_and_every_row_reads_bac
             np.testing.assert_array_equal(got[n].rows, rows[n])
             np.testing.assert_array_equal(got[n].state, np.full(1000, i + 1, np.float32))
         assert _bucket_fields(redis_server, store, "a") == 1000
+
+
+def test_consecutive_slices_of_one_array_are_packed_where_they_lie() -> None:
+    """A write-back's per-table slices of one read are joined without a copy; anything else (slices
+    out of order, apart, or of different arrays) is copied end to end, with the same values."""
+    rows = np.arange(40, dtype=np.float32).reshape(10, 4)
+    parts = [rows[0:3], rows[3:3], rows[3:7], rows[7:10]]
+    joined = _spanned(parts)
+    assert np.shares_memory(joined, rows) and not joined.flags.writeable
+    np.testing.assert_array_equal(joined, rows)
+    for other in ([rows[3:7], rows[0:3]], [rows[0:3], rows[4:7]], [rows[0:3], rows.copy()[3:7]]):
+        copied = _spanned(other)
+        assert not np.shares_memory(copied, rows)
+        np.testing.assert_array_equal(copied, np.concatenate(other))

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kelp.store.rows import slots as slots_module
 from kelp.store.rows.slots import Column, SlotTable
 
 
@@ -64,7 +65,12 @@ def test_unknown_column_is_refused_before_anything_changes() -> None:
     assert len(t) == 0 and t.high == 0
 
 
-def test_torch_columns_on_a_device() -> None:
+@pytest.mark.parametrize("host", [True, False], ids=["host-view", "device-path"])
+def test_torch_columns_on_a_device(host: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU tensor column is written and read through a numpy view of its storage; ``device-path``
+    takes the branch a CUDA column takes (torch indexing with an index tensor on its device)."""
+    if not host:
+        monkeypatch.setattr(slots_module, "host_view", lambda c: c if isinstance(c, np.ndarray) else None)
     t = SlotTable(
         {
             "w": Column(torch.float32, width=2, device="cpu"),
@@ -78,6 +84,8 @@ def test_torch_columns_on_a_device() -> None:
     w, s = t.read(slots, "w", "s")
     np.testing.assert_array_equal(w, [[3, 3], [1, 1], [1, 1]])
     np.testing.assert_allclose(s, [0.2, 0.1, 0.1])
+    in_tensor = t["w"].index_select(0, torch.from_numpy(slots)).tolist()  # the tensor's own storage
+    assert in_tensor == [[3, 3], [1, 1], [1, 1]]
     t.reserve(10)
     assert t.capacity == 16 and t["w"].shape == (16, 2)
     assert t.nbytes() == 16 * 2 * 4 + 16 * 4 + 16 * 8 + 16
