@@ -68,9 +68,18 @@ def sample_id(request_id: str, row: int) -> str:
 
 
 def sample_ids(request_id: str, rows: np.ndarray) -> list[str]:
-    """:func:`sample_id` of each of ``rows``."""
+    """:func:`sample_id` of each of ``rows``: the rows' numbers as text come from a table, since a
+    labelled event names every candidate it holds and ``str`` of each is most of the cost."""
     prefix = request_id + "/"
-    return [prefix + str(r) for r in rows.tolist()]
+    picked = rows.tolist()
+    names = _row_names((max(picked) if picked else 0).bit_length())
+    return [prefix + names[r] for r in picked]
+
+
+@functools.lru_cache(maxsize=8)
+def _row_names(bits: int) -> list[str]:
+    """``str(r)`` for rows ``0..2**bits - 1``: one table per power of two, so few are cached."""
+    return [str(r) for r in range(1 << bits)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +285,7 @@ class Impression:
         """Cut one row out and match an item now: a malformed column is then a dead letter when the
         impression is read (``bad_shape``), not a failure each time its window closes after a restart."""
         try:
-            self.labelled(np.zeros(1, dtype=np.int64), {}, None, late=False)
+            self._cut(np.zeros(1, dtype=np.int64))
             if item_feature is not None:
                 self.rows_of_item(item_feature, 0)
         except InputError:
@@ -302,6 +311,8 @@ class Impression:
         col = (self._msg.get("sparse") or {}).get(feature)
         if col is None:
             return np.empty(0, dtype=np.int64)
+        if feature in self._one_id_columns():  # the request log's shape: the hits are the rows
+            return np.flatnonzero(np.frombuffer(col["values"], "<u8") == np.uint64(item))
         values, lengths = _jagged(col, self.n, feature)
         hits = values == np.uint64(item)
         if len(values) == self.n and bool((lengths == 1).all()):  # one id per candidate: hits are rows
@@ -317,6 +328,20 @@ class Impression:
         late: bool,
     ) -> bytes:
         """The event of candidates ``rows`` with their ``labels`` (task -> f32 per row), ready to train on."""
+        out = self._cut(rows)
+        single = "batch" not in self._msg
+        out["labels"] = {
+            task: float(col[0]) if single else np.ascontiguousarray(col, "<f4").tobytes()
+            for task, col in labels.items()
+        }
+        if weight is not None:
+            out["weight"] = float(weight[0]) if single else np.ascontiguousarray(weight, "<f4").tobytes()
+        out["join"] = {"sample_ids": sample_ids(self.request_id, rows), "late": late}
+        return msgpack.packb(out, use_bin_type=True)
+
+    def _cut(self, rows: np.ndarray) -> dict[str, Any]:
+        """The message's fields cut down to ``rows``, before the labels: what :meth:`check_columns`
+        tries on one row (no event is packed for it)."""
         msg = self._msg
         out: dict[str, Any] = {"v": SCHEMA_VERSION}
         single = "batch" not in msg
@@ -331,14 +356,7 @@ class Impression:
                 out[key] = _take_sparse(value or {}, self.n, rows, self._one_id_columns())
             else:
                 out[key] = _take_field(key, value, self.n, rows)
-        out["labels"] = {
-            task: float(col[0]) if single else np.ascontiguousarray(col, "<f4").tobytes()
-            for task, col in labels.items()
-        }
-        if weight is not None:
-            out["weight"] = float(weight[0]) if single else np.ascontiguousarray(weight, "<f4").tobytes()
-        out["join"] = {"sample_ids": sample_ids(self.request_id, rows), "late": late}
-        return msgpack.packb(out, use_bin_type=True)
+        return out
 
 
 def _first_ts(t: Any, n: int) -> float | None:
@@ -397,7 +415,12 @@ def _take_sparse(sparse: dict[str, Any], n: int, rows: np.ndarray, single: list[
     cost more than the bytes they move, and a request holds a few dozen such columns.
     """
     cut: dict[str, Any] = {}
-    if len(single) > 1 and len(rows) > 1:
+    if len(rows) == 1:  # a positive's event: slices of each one-id column's bytes, no array
+        r = int(rows[0])
+        one = _ones_i4(1)
+        for name in single:
+            cut[name] = {"values": sparse[name]["values"][8 * r : 8 * r + 8], "lengths": one}
+    elif len(single) > 1:
         k = len(rows)
         joined = b"".join(sparse[name]["values"] for name in single)
         taken = np.frombuffer(joined, "<u8").reshape(len(single), n)[:, rows].tobytes()

@@ -578,3 +578,13 @@ def test_rows_of_an_item_with_one_or_several_ids_per_candidate() -> None:
     several = Impression.from_raw(raw([5, 5, 7, 9, 5, 1], [2, 0, 1, 3]), 0)
     assert several.rows_of_item("item", 5).tolist() == [0, 3]
     assert several.rows_of_item("item", 4).tolist() == []
+
+
+def test_sample_ids_name_every_row_whatever_the_sizes_cut_before() -> None:
+    """The rows' names come from a table sized by the largest row asked for: a cut of a larger
+    request after smaller ones, one row, and no rows still name each row as :func:`sample_id` does."""
+    from kelp.join.records import sample_id, sample_ids
+
+    for rows in ([0], [1, 2], [3, 63, 64], list(range(100)), [999, 5], []):
+        picked = np.array(rows, dtype=np.int64)
+        assert sample_ids("q-7", picked) == [sample_id("q-7", r) for r in rows]
