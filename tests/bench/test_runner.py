@@ -16,7 +16,20 @@ NOT_SUITES = {"runner", "synth", "baseline", "scale_rank", "allreduce_probe", "r
 NOT_SUITES |= {"accuracy_kelp", "accuracy_tasks", "accuracy_admission", "accuracy_first_order", "two_heads"}
 NOT_SUITES |= {"cost", "longtail"}
 NOT_SUITES |= {
-    f"chaos_{part}" for part in ("checks", "durability", "faults", "load", "poison", "procs", "rig", "soak")
+    f"chaos_{part}"
+    for part in (
+        "checks",
+        "durability",
+        "faults",
+        "load",
+        "poison",
+        "procs",
+        "rig",
+        "soak",
+        "hosts",
+        "host_faults",
+        "host_rig",
+    )
 }
 
 
