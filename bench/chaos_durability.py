@@ -18,6 +18,7 @@ second may be (docs/store.md, "Durability").
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -32,9 +33,59 @@ from kelp.store import build_store
 from kelp.store.base import EmbeddingStore
 from kelp.store.redis.durability import Durability, durability_of
 
-__all__ = ["DurabilityProbe", "probe_acked_updates"]
+__all__ = ["DurabilityProbe", "VersionedRows", "probe_acked_updates"]
 
 TABLE = TableSpec(name="probe", dim=8)
+
+
+class VersionedRows:
+    """Versions of the same rows pushed through a store: push ``v`` writes ``v`` in every element
+    of the rows it picks, and once the store acknowledges it ``v`` is each row's acknowledged
+    version. A read afterwards counts the acknowledged versions the store lost: rows older than
+    their last acknowledged version (a push in flight at a fault may or may not land: newer is fine).
+    """
+
+    def __init__(self, rows: int, per_push: int, seed: int = 0) -> None:
+        self.ids = np.arange(1, rows + 1, dtype=np.uint64)
+        self.acked = np.zeros(rows, dtype=np.int64)
+        """Each row's last acknowledged version; 0: never acknowledged."""
+        self.per_push = per_push
+        self.version = 0
+        self.pushes_acked = 0
+        self._gen = np.random.default_rng(seed)
+
+    def push(self, store: EmbeddingStore) -> bool:
+        """One push of the next version to ``per_push`` random rows; True when it was acknowledged
+        (a failed push was never acknowledged, and leaves nothing to count)."""
+        self.version += 1
+        pick = np.sort(self._gen.choice(len(self.ids), size=self.per_push, replace=False))
+        values = np.full((self.per_push, TABLE.dim), float(self.version), dtype=np.float32)
+        try:
+            store.push(TABLE.name, self.ids[pick], values, np.zeros(self.per_push, np.float32))
+        except KelpError:
+            return False
+        self.acked[pick] = self.version
+        self.pushes_acked += 1
+        return True
+
+    @property
+    def acked_rows(self) -> int:
+        return int(np.count_nonzero(self.acked > 0))
+
+    def lost(self, store: EmbeddingStore, *, retry_s: float = 0.0, pause_s: float = 0.1) -> int:
+        """Acknowledged versions ``store`` no longer has; its reads are retried for ``retry_s``
+        (a store that is failing over answers again within a bound)."""
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                got = store.pull(TABLE.name, self.ids, count=False)
+                break
+            except KelpError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(pause_s)
+        stored = np.where(got.updated_s > 0, got.rows[:, 0], 0.0).astype(np.int64)
+        return int(np.count_nonzero((self.acked > 0) & (stored < self.acked)))
 
 
 @dataclass
@@ -62,43 +113,29 @@ def probe_acked_updates(
     directory) when this returns.
     """
     deployment = f"durability-{uuid.uuid4().hex[:8]}"
-    ids = np.arange(1, rows + 1, dtype=np.uint64)
-    acked = np.zeros(rows, dtype=np.int64)  # last acknowledged version per row; 0 = never written
+    versions = VersionedRows(rows, per_push, seed)
     enough = threading.Event()
     stop = threading.Event()
-    count = [0]
-    gen = np.random.default_rng(seed)
 
     with _store(server.url, deployment) as store:
 
         def write() -> None:
-            version = 0
             while not stop.is_set():
-                version += 1
-                pick = np.sort(gen.choice(rows, size=per_push, replace=False))
-                values = np.full((per_push, TABLE.dim), float(version), dtype=np.float32)
-                try:
-                    store.push(TABLE.name, ids[pick], values, np.zeros(per_push, np.float32))
-                except KelpError:
+                if not versions.push(store):
                     return  # the kill: this push is not acknowledged
-                acked[pick] = version
-                count[0] += 1
-                if count[0] >= min_pushes:
+                if versions.pushes_acked >= min_pushes:
                     enough.set()
 
         writer = threading.Thread(target=write, name="durability-writer", daemon=True)
         writer.start()
         if not enough.wait(60):
             stop.set()
-            raise RuntimeError(f"only {count[0]} pushes acknowledged in 60 s")
+            raise RuntimeError(f"only {versions.pushes_acked} pushes acknowledged in 60 s")
         server.kill()  # SIGKILL while the writer is mid-stream
         stop.set()
         writer.join(30)
         durability = durability_of(store)
     server.start()  # the same port and data directory: Redis replays its append-only file
     with _store(server.url, deployment) as store:
-        got = store.pull(TABLE.name, ids, count=False)
-    stored = np.where(got.updated_s > 0, got.rows[:, 0], 0.0).astype(np.int64)
-    written = acked > 0
-    lost = int(np.count_nonzero(written & (stored < acked)))
-    return DurabilityProbe(count[0], int(np.count_nonzero(written)), lost, durability)
+        lost = versions.lost(store)
+    return DurabilityProbe(versions.pushes_acked, versions.acked_rows, lost, durability)

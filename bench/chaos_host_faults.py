@@ -30,15 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry
 
+from kelp.bench.chaos_durability import TABLE, VersionedRows
 from kelp.bench.chaos_faults import Health, with_evidence
 from kelp.bench.chaos_host_rig import HostChaosRig
 from kelp.bench.chaos_rig import PARTITIONS, STORE_SOCKET_TIMEOUT_S
-from kelp.config import TableSpec
 from kelp.config.store import StoreConfig
-from kelp.errors import KelpError
 from kelp.harness.redis_hosts import RedisHostCluster
 from kelp.retry import RetryPolicy
 from kelp.store import build_store
@@ -50,7 +48,6 @@ FAILOVER_TIMEOUT_S = 90.0
 """Poll deadline for a promotion, a broker's return, a push acknowledged again (a loaded machine)."""
 LOSS_PCT = 5.0
 LOSS_S = 10.0
-TABLE = TableSpec(name="probe", dim=8)
 PROBE_KEY = b"{chaos-failover}"
 """Names the primary the faults pick: whichever serves this key's slot."""
 
@@ -70,55 +67,31 @@ class FailoverProbe:
 
 
 class _Writer:
-    """Pushes versioned rows (push ``v`` writes ``v`` everywhere) and keeps each row's last
-    acknowledged version; a failed push was never acknowledged and is simply tried again."""
+    """Pushes :class:`~kelp.bench.chaos_durability.VersionedRows` until stopped (a failed push was
+    never acknowledged and is simply tried again), timing the first acknowledgement of a push begun
+    after :attr:`since`."""
 
     def __init__(self, store: EmbeddingStore, rows: int, per_push: int, seed: int) -> None:
         self.store = store
-        self.ids = np.arange(1, rows + 1, dtype=np.uint64)
-        self.acked = np.zeros(rows, dtype=np.int64)
-        self.per_push = per_push
-        self.pushes_acked = 0
+        self.versions = VersionedRows(rows, per_push, seed)
         self.since: float | None = None
         self.first_ack_since_s: float | None = None
         """Seconds from :attr:`since` until a push begun after it was acknowledged (a push begun
         before a kill may still be acknowledged after it: it says nothing about the failover)."""
-        self.gen = np.random.default_rng(seed)
         self.stop = threading.Event()
 
     def run(self) -> None:
-        version = 0
         while not self.stop.is_set():
-            version += 1
-            pick = np.sort(self.gen.choice(len(self.ids), size=self.per_push, replace=False))
-            values = np.full((self.per_push, TABLE.dim), float(version), dtype=np.float32)
             begun = time.monotonic()
-            try:
-                self.store.push(TABLE.name, self.ids[pick], values, np.zeros(self.per_push, np.float32))
-            except KelpError:
+            if not self.versions.push(self.store):
                 time.sleep(0.05)
                 continue
-            self.acked[pick] = version
-            self.pushes_acked += 1
             since = self.since
             if since is not None and begun > since and self.first_ack_since_s is None:
                 self.first_ack_since_s = round(time.monotonic() - since, 2)
 
     def acked_since(self) -> bool:
         return self.first_ack_since_s is not None
-
-    def lost(self) -> int:
-        deadline = time.monotonic() + FAILOVER_TIMEOUT_S
-        while True:
-            try:
-                got = self.store.pull(TABLE.name, self.ids, count=False)
-                break
-            except KelpError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        stored = np.where(got.updated_s > 0, got.rows[:, 0], 0.0).astype(np.int64)
-        return int(np.count_nonzero((self.acked > 0) & (stored < self.acked)))
 
 
 def _probe_store(cluster: RedisHostCluster, replicas_ack: int) -> EmbeddingStore:
@@ -159,7 +132,9 @@ def probe_failover(
         thread = threading.Thread(target=writer.run, name="failover-writer", daemon=True)
         thread.start()
         try:
-            _wait(lambda: writer.pushes_acked >= min_pushes, FAILOVER_TIMEOUT_S, f"{min_pushes} pushes")
+            _wait(
+                lambda: writer.versions.pushes_acked >= min_pushes, FAILOVER_TIMEOUT_S, f"{min_pushes} pushes"
+            )
             victim = cluster.primary_of(PROBE_KEY)
             killed_at = time.monotonic()
             writer.since = killed_at
@@ -172,10 +147,10 @@ def probe_failover(
             writer.stop.set()
             thread.join(30)
         cluster.wait_healthy(FAILOVER_TIMEOUT_S)
-        lost = writer.lost()
+        lost = writer.versions.lost(store, retry_s=FAILOVER_TIMEOUT_S, pause_s=0.2)
     return FailoverProbe(
-        writer.pushes_acked,
-        int(np.count_nonzero(writer.acked > 0)),
+        writer.versions.pushes_acked,
+        writer.versions.acked_rows,
         lost,
         victim.name,
         promoted.name,

@@ -18,12 +18,19 @@ from kelp.config import KafkaSourceConfig
 from kelp.errors import ConfigError, KelpError
 
 __all__ = [
+    "RECORD_BATCH_BYTES",
     "BootstrapTimeoutError",
     "assignor_class",
     "bootstrap_probe",
     "client_settings",
     "consumer_settings",
 ]
+
+
+RECORD_BATCH_BYTES = 1 << 20
+"""Batch size of Kelp's producers: their records (columnar messages, labelled and logged requests
+holding every candidate's features) run to tens of KB, so with kafka-python's 16 KB default each
+record would be a batch, and at ``acks=all`` a produce request, of its own."""
 
 
 class BootstrapTimeoutError(KelpError):

@@ -15,6 +15,7 @@ import numpy as np
 from kelp import progress
 from kelp.consumers.bootstrap_check import watch_bootstrap
 from kelp.consumers.errors import SourceUserError, translate_kafka_error
+from kelp.consumers.kafka_client import RECORD_BATCH_BYTES
 from kelp.errors import KelpError
 
 __all__ = ["ProduceSummary", "file_messages", "produce"]
@@ -124,7 +125,11 @@ def produce(
     try:
         with watch_bootstrap(producer_cfg):  # a refused login or certificate: a user error, not a timeout
             producer = KafkaProducer(
-                linger_ms=20, batch_size=1_048_576, max_request_size=8_388_608, acks="all", **producer_cfg
+                linger_ms=20,
+                batch_size=RECORD_BATCH_BYTES,
+                max_request_size=8_388_608,
+                acks="all",
+                **producer_cfg,
             )
     except KelpError:
         raise

@@ -32,7 +32,7 @@ from typing import Any
 
 from kelp.config import KafkaSourceConfig, KelpConfig
 from kelp.consumers.deadletter import RejectLog
-from kelp.consumers.kafka_client import client_settings, consumer_settings
+from kelp.consumers.kafka_client import RECORD_BATCH_BYTES, client_settings, consumer_settings
 from kelp.errors import StoreUnavailableError
 from kelp.join.joiner import InputRecord, Joiner, Output, Rejected, Step
 from kelp.join.metrics import JoinMetrics
@@ -48,8 +48,6 @@ log = logging.getLogger("kelp.join")
 _POLL_MS = 200
 _RETRY_S = 1.0
 _STATS_EVERY_S = 2.0
-JOIN_BATCH_BYTES = 1 << 20
-"""The output producer's batch size: several labelled requests per produce request."""
 
 
 _SIZE_ERRORS = frozenset({"MessageSizeTooLargeError", "RecordListTooLargeError"})
@@ -153,14 +151,12 @@ class JoinProcess:
 
             # Not idempotent: an idempotent producer takes any refusal that is not retriable (one event
             # over the topic's max.message.bytes) as fatal and fails every later send, stopping the join
-            # for good; the joiner's repeats already carry stable sample ids. Batches of up to 1 MiB:
-            # a labelled request carries every candidate's features (tens of KB), so with the client's
-            # 16 KB default each event is a batch, and a produce request, of its own.
+            # for good; the joiner's repeats already carry stable sample ids.
             self._producer = KafkaProducer(
                 **client_settings(source),
                 acks="all",
                 linger_ms=5,
-                batch_size=JOIN_BATCH_BYTES,
+                batch_size=RECORD_BATCH_BYTES,
                 retries=5,
                 max_request_size=16 << 20,
                 enable_idempotence=False,

@@ -68,17 +68,10 @@ from kelp.serving.request_log import (
 )
 from kelp.serving.scorer import Scorer, ScoreResult
 
-__all__ = ["SCORE_THREADS", "VERSION_HEADER", "Parse", "ScoreRoutes", "ScoringLane", "body_timeout"]
+__all__ = ["VERSION_HEADER", "Parse", "ScoreRoutes", "ScoringLane", "body_timeout"]
 
 Parse = Callable[[Any], MicroBatch]
 _T = TypeVar("_T")
-
-# Threads that score requests: one. A request holds the GIL for most of its work; a second thread
-# would overlap only the store round trip, and every GIL release (each torch op, each socket call)
-# between two runnable threads becomes a switch, so more threads cost CPU and tail latency
-# (docs/performance.md). Waiting requests queue first come first served, and the event loop stays
-# free for /healthz and /metrics even if the store hangs.
-SCORE_THREADS = 1
 
 Settle = Callable[[bool, Any], None]
 """How the lane hands back a call's outcome: ``(True, its result)`` or ``(False, what it raised)``."""
@@ -86,7 +79,13 @@ _STOP = object()
 
 
 class ScoringLane:
-    """The scoring thread (:data:`SCORE_THREADS` of them): calls run one at a time, in arrival order.
+    """The scoring thread: calls run one at a time, in arrival order.
+
+    One thread: a request holds the GIL for most of its work; a second thread would overlap only the
+    store round trip, and every GIL release (each torch op, each socket call) between two runnable
+    threads becomes a switch, so more threads cost CPU and tail latency (docs/performance.md).
+    Waiting requests queue first come first served, and the event loop stays free for /healthz and
+    /metrics even if the store hangs.
 
     The thread starts with the first call and stops at :meth:`close` once the calls queued before
     it have run; a call after :meth:`close` starts a new one.

@@ -62,7 +62,7 @@ import numpy as np
 from kelp.config import KafkaSourceConfig, RequestLogConfig
 from kelp.consumers.batch import MicroBatch
 from kelp.consumers.codec import MAX_REQUEST_ID_BYTES, encode_request_record, is_valid_request_id
-from kelp.consumers.kafka_client import client_settings
+from kelp.consumers.kafka_client import RECORD_BATCH_BYTES, client_settings
 from kelp.serving.errors import BadRequestError
 from kelp.serving.features import RequestBatch
 from kelp.serving.metrics import ServingMetrics
@@ -87,7 +87,6 @@ SCHEMA_HEADER = ("schema", b"kelp-request-v1")
 DROP_REASONS = ("queue_requests", "queue_bytes")
 """The ``reason`` of ``kelp_serving_request_log_dropped_total``: the bound that was full."""
 _MAX_BLOCK_MS = 1_000
-_BATCH_BYTES = 1 << 20
 _RETRY_S = (0.5, 1.0, 2.0, 5.0)
 _CLOSE_FLUSH_S = 5.0
 _CLOSE_UNCONNECTED_S = 0.5
@@ -210,9 +209,7 @@ class RequestLog:
             # (with the topic's min.insync.replicas at 2, see docs/deploy.md).
             "acks": "all",
             "linger_ms": cfg.linger_ms,
-            # A record holds every candidate's features (tens of KB): with the client's 16 KB default
-            # each one would be a batch, and a produce request, of its own.
-            "batch_size": _BATCH_BYTES,
+            "batch_size": RECORD_BATCH_BYTES,
             "max_block_ms": _MAX_BLOCK_MS,
             "retries": 3,
             # Not idempotent: an idempotent producer takes a refusal that is not retriable as fatal and

@@ -235,9 +235,6 @@ class WorkingCopy(HotRowCache):
             _put(state, h.outside, torch.from_numpy(h.outside_state).to(self.device))
         return rows, state
 
-    def _index(self, positions: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(self.device)
-
     def apply(self, reservation: Reservation, updates: Mapping[str, tuple[np.ndarray, Rows, Rows]]) -> int:
         """Write a step's updated rows in place (dirty) and unpin its reservation; returns the ticket
         (the tier's push number) that :meth:`durable_through` reaches once they are in the store.
@@ -314,7 +311,7 @@ class WorkingCopy(HotRowCache):
         for name, good in batch.split(ok).items():
             if not good.all():
                 self.quarantine.found(name, "nonfinite_push", ids_by[name][~good])
-        keep = self._index(np.flatnonzero(ok))
+        keep = _device_index(np.flatnonzero(ok), self.device)
         return batch.ids[ok], batch.tags[ok], rows.index_select(0, keep), state.index_select(0, keep)
 
     def release(self, reservation: Reservation) -> None:

@@ -24,9 +24,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kelp.config import TableSpec
+from kelp.bench.chaos_durability import TABLE, VersionedRows
 from kelp.config.store import StoreConfig
-from kelp.errors import KelpError
 from kelp.harness import RedisServer
 from kelp.harness.hosts import HostRig, available
 from kelp.harness.redis_hosts import RedisHostCluster
@@ -37,7 +36,6 @@ from kelp.store.redis.durability import NotDurableError
 
 pytestmark = pytest.mark.integration
 
-TABLE = TableSpec(name="acked", dim=4)
 ROWS = 512
 PER_PUSH = 64
 FAILOVER_BOUND_S = 60.0
@@ -79,24 +77,16 @@ class Writer:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.ids = np.arange(1, ROWS + 1, dtype=np.uint64)
-        self.acked = np.zeros(ROWS, dtype=np.int64)
-        self.version = 0
-        self.pushes_acked = 0
-        self.gen = np.random.default_rng(self.seed)
+        self.versions = VersionedRows(ROWS, PER_PUSH, self.seed)
+        self.ids = self.versions.ids
+
+    @property
+    def pushes_acked(self) -> int:
+        return self.versions.pushes_acked
 
     def push(self) -> bool:
         """One push of fresh versions; True when it was acknowledged."""
-        self.version += 1
-        pick = np.sort(self.gen.choice(ROWS, size=PER_PUSH, replace=False))
-        values = np.full((PER_PUSH, TABLE.dim), float(self.version), dtype=np.float32)
-        try:
-            self.store.push(TABLE.name, self.ids[pick], values, np.zeros(PER_PUSH, np.float32))
-        except KelpError:
-            return False
-        self.acked[pick] = self.version
-        self.pushes_acked += 1
-        return True
+        return self.versions.push(self.store)
 
     def push_until_acked(self, deadline_s: float) -> float:
         """Retry pushes until one is acknowledged; seconds it took."""
@@ -110,17 +100,7 @@ class Writer:
     def lost(self, reader: EmbeddingStore | None = None) -> int:
         """Acknowledged row versions the store no longer has (read back with retries, through
         ``reader`` when given: another client, as a serving replica reads)."""
-        deadline = time.monotonic() + FAILOVER_BOUND_S
-        while True:
-            try:
-                got = (reader or self.store).pull(TABLE.name, self.ids, count=False)
-                break
-            except KelpError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        stored = np.where(got.updated_s > 0, got.rows[:, 0], 0.0).astype(np.int64)
-        return int(np.count_nonzero((self.acked > 0) & (stored < self.acked)))
+        return self.versions.lost(reader or self.store, retry_s=FAILOVER_BOUND_S)
 
 
 @dataclass

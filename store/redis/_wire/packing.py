@@ -26,16 +26,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from kelp_native import pack_rows
 
 from kelp.store.redis.client_internals import hiredis_reader, not_enough_data, read_more, reads_from_socket
-
-try:
-    from kelp_native import pack_rows
-except ModuleNotFoundError as exc:
-    if exc.name != "kelp_native":
-        raise
-    # Not a PyPI dependency (pip would look for it there): make builds it from native/.
-    raise ImportError("kelp_native is not built: run make setup") from None
 
 __all__ = [
     "GroupedCommands",
