@@ -30,7 +30,14 @@ def join_config_dict(bootstrap: str, redis_url: str, topics: dict[str, str], **j
             "dense": [{"name": "price"}],
             "sparse": [{"name": "user"}, {"name": "item"}],
         },
-        "source": {"kind": "kafka", "bootstrap_servers": [bootstrap], "topics": [topics["out"]]},
+        # A joiner whose group forms before the broker serves the just-made topics' metadata gets no
+        # partitions until its next refresh: a short refresh bounds that on a loaded machine.
+        "source": {
+            "kind": "kafka",
+            "bootstrap_servers": [bootstrap],
+            "topics": [topics["out"]],
+            "metadata_max_age_ms": 1000,
+        },
         "store": {"backend": "redis", "urls": [redis_url]},
         "publisher": {"enabled": False},
         "join": {
