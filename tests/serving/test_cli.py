@@ -42,6 +42,7 @@ def test_serve_probe_and_sigterm(redis_url: str, tmp_path: Path) -> None:
         # running but not ready: no model yet, the probe fails with the reason
         wait_until(
             lambda: "readyz answered 503" in _kelp("probe", "--config", str(path), "--url", url).stdout,
+            timeout_s=60.0,  # a start imports torch: slow on a loaded machine
             what="serve to listen",
         )
         pub = publisher_for(cfg)
