@@ -32,10 +32,32 @@ _DROPPED_EXTRAS = frozenset({"color_message"})
 # prefix) -> level. A topic missing from metadata is routine while a topic is being created (Kelp
 # reports a source topic that is really gone in its own words, with kelp_consumer_topic_missing);
 # idempotence is disabled because Kelp's producer settings ask for acks or retries that conflict
-# with it, on purpose.
+# with it, on purpose; a closing client's last read and metadata request end in errors (with a
+# traceback) that only say it closed.
 _LOWERED: dict[tuple[str, str], int] = {
     ("kafka.cluster", "Topic %s not found in cluster metadata"): logging.DEBUG,
     ("kafka.producer.kafka", "%s: Idempotence will be disabled"): logging.INFO,
+    ("kafka.net.transport", "%s: Error receiving network data closing socket"): logging.DEBUG,
+    ("kafka.cluster", "Metadata refresh: failed %s"): logging.DEBUG,
+}
+
+
+def _socket_already_closed(record: logging.LogRecord) -> bool:
+    """A read scheduled before the client closed its socket found none: closing's race, not a fault."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return isinstance(exc, AttributeError) and "'NoneType'" in str(exc)
+
+
+def _cancelled(record: logging.LogRecord) -> bool:
+    """A metadata request cancelled because the client is closing."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return bool(args) and type(args[0]).__name__ in ("Cancelled", "CancelledError")
+
+
+# Lines of :data:`_LOWERED` lowered only when this holds; the same line for any other cause keeps its level.
+_LOWERED_WHEN = {
+    ("kafka.net.transport", "%s: Error receiving network data closing socket"): _socket_already_closed,
+    ("kafka.cluster", "Metadata refresh: failed %s"): _cancelled,
 }
 
 
@@ -94,13 +116,17 @@ class _Lowered(logging.Filter):
 
     def __init__(self, name: str) -> None:
         super().__init__()
-        self.levels = [(prefix, level) for (logger, prefix), level in _LOWERED.items() if logger == name]
+        self.levels = [
+            (prefix, level, _LOWERED_WHEN.get((logger, prefix)))
+            for (logger, prefix), level in _LOWERED.items()
+            if logger == name
+        ]
         self.logger = logging.getLogger(name)
 
     def filter(self, record: logging.LogRecord) -> bool:
         template = record.msg if isinstance(record.msg, str) else ""
-        for prefix, level in self.levels:
-            if template.startswith(prefix) and record.levelno > level:
+        for prefix, level, when in self.levels:
+            if template.startswith(prefix) and record.levelno > level and (when is None or when(record)):
                 record.levelno, record.levelname = level, logging.getLevelName(level)
                 return self.logger.isEnabledFor(level)
         return True

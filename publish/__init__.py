@@ -11,9 +11,18 @@ step; replicas read the same channel (:func:`build_channel`). Modules:
 * :mod:`~kelp.publish.channel_check`: may the channel's Redis evict its keys (``kelp config validate``).
 
 Sparse rows are never published: serving reads the store the trainer writes.
+
+The error tree is imported at once; the other names are resolved on first use
+(:mod:`kelp.lazy`): the snapshot format imports torch, which takes seconds, and
+every ``kelp`` command imports the error tree, including the ones that never
+touch a model.
 """
 
-from kelp.publish.base import SnapshotChannel, Subscription
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kelp.lazy import lazy_exports
 from kelp.publish.errors import (
     REJECT_REASONS,
     ChannelError,
@@ -24,15 +33,35 @@ from kelp.publish.errors import (
     SnapshotNotStoredError,
     SnapshotRejectedError,
 )
-from kelp.publish.metrics import PublisherMetrics
-from kelp.publish.publisher import Publisher, build_channel, build_publisher
-from kelp.publish.snapshot import (
-    SNAPSHOT_FORMAT_VERSION,
-    Snapshot,
-    SnapshotManifest,
-    build_snapshot,
-    load_model,
-    verify_snapshot,
+
+if TYPE_CHECKING:
+    from kelp.publish.base import SnapshotChannel, Subscription
+    from kelp.publish.metrics import PublisherMetrics
+    from kelp.publish.publisher import Publisher, build_channel, build_publisher
+    from kelp.publish.snapshot import (
+        SNAPSHOT_FORMAT_VERSION,
+        Snapshot,
+        SnapshotManifest,
+        build_snapshot,
+        load_model,
+        verify_snapshot,
+    )
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "kelp.publish.base": ("SnapshotChannel", "Subscription"),
+        "kelp.publish.metrics": ("PublisherMetrics",),
+        "kelp.publish.publisher": ("Publisher", "build_channel", "build_publisher"),
+        "kelp.publish.snapshot": (
+            "SNAPSHOT_FORMAT_VERSION",
+            "Snapshot",
+            "SnapshotManifest",
+            "build_snapshot",
+            "load_model",
+            "verify_snapshot",
+        ),
+    },
 )
 
 __all__ = [

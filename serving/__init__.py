@@ -16,13 +16,34 @@ both under uvicorn. Modules, one job each:
 * :mod:`~kelp.serving.protocol`: uvicorn's HTTP/1.1 protocol with bounded request heads;
 * :mod:`~kelp.serving.dispatch`: the score routes' own ASGI handler (the hot path) and scoring thread;
 * :mod:`~kelp.serving.metrics`: ``kelp_serving_*``.
+
+Names are resolved on first use (:mod:`kelp.lazy`): the scorer imports torch,
+and ``kelp probe`` only needs :mod:`~kelp.serving.auth`.
 """
 
-from kelp.serving.app import create_app
-from kelp.serving.metrics import ServingMetrics
-from kelp.serving.model import ModelSlot, ServedModel
-from kelp.serving.replica import ServingReplica
-from kelp.serving.scorer import Scorer, ScoreResult
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kelp.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kelp.serving.app import create_app
+    from kelp.serving.metrics import ServingMetrics
+    from kelp.serving.model import ModelSlot, ServedModel
+    from kelp.serving.replica import ServingReplica
+    from kelp.serving.scorer import Scorer, ScoreResult
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "kelp.serving.app": ("create_app",),
+        "kelp.serving.metrics": ("ServingMetrics",),
+        "kelp.serving.model": ("ModelSlot", "ServedModel"),
+        "kelp.serving.replica": ("ServingReplica",),
+        "kelp.serving.scorer": ("Scorer", "ScoreResult"),
+    },
+)
 
 __all__ = [
     "ModelSlot",

@@ -52,10 +52,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _validate(args: argparse.Namespace) -> int:
     from kelp.daemon.preflight import preflight
     from kelp.publish.channel_check import check_channel_eviction
-    from kelp.trainer.model_check import check_model
 
     cfg = load_config(args.file)
     preflight(cfg, args.file, role=args.role)
+    # Imported here, once the file is valid: the model check needs torch, seconds to import, and a
+    # file with a mistake is answered without it.
+    from kelp.trainer.model_check import check_model
+
     model = check_model(cfg.features, cfg.trainer)
     tables = len(cfg.features.tables)
     print(

@@ -37,12 +37,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kelp.config import load_config
 from kelp.errors import UserError
-from kelp.publish.base import SnapshotChannel
 from kelp.publish.errors import SnapshotMissingError
+
+if TYPE_CHECKING:  # the channel drags in torch; every ``kelp`` command registers this one at start
+    from kelp.publish.base import SnapshotChannel
 
 __all__ = ["age_text", "register"]
 
@@ -93,9 +95,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _channel(path: str) -> SnapshotChannel:
+    cfg = load_config(path)  # before the channel's imports (torch, seconds): a mistake is answered at once
     from kelp.publish.publisher import build_channel
 
-    cfg = load_config(path)
     return build_channel(cfg.publisher, cfg.store, cfg.deployment)
 
 

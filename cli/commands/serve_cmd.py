@@ -57,9 +57,6 @@ def _serve(args: argparse.Namespace) -> int:
     from kelp.daemon.listen import check_listen
     from kelp.daemon.preflight import preflight
     from kelp.daemon.startup import check_endpoints
-    from kelp.serving.app import CONFIG_ENV, create_app
-    from kelp.serving.process import tune_process, uvicorn_options
-    from kelp.serving.replica import ServingReplica
 
     cfg = load_config(args.config)
     apply_config_logging(args, cfg)
@@ -67,6 +64,11 @@ def _serve(args: argparse.Namespace) -> int:
     log_effective_config(cfg, args.config, "serve")
     check_listen(cfg.serving.host, cfg.serving.port, "serving")  # a port in use: one line, exit 2
     check_endpoints(cfg, "serve")  # a wrong address fails within serving.startup_timeout_s
+    # The replica imports torch (seconds): after the checks, so a mistake is answered at once.
+    from kelp.serving.app import CONFIG_ENV, create_app
+    from kelp.serving.process import tune_process, uvicorn_options
+    from kelp.serving.replica import ServingReplica
+
     # uvicorn re-raises the signal it caught once it has shut down; a no-op handler turns SIGTERM's
     # default (death by signal, status 143) into a normal return, so the command exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)

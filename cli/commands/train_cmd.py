@@ -211,7 +211,6 @@ def _train(args: argparse.Namespace) -> int:
     from kelp.cli.startup_config import apply_config_logging, log_effective_config
     from kelp.daemon.preflight import preflight
     from kelp.daemon.startup import check_endpoints
-    from kelp.daemon.train import PEER_STOPPED, TrainDaemon
 
     if args.nproc < 1:
         print("kelp: error: --nproc must be >= 1", file=sys.stderr)
@@ -235,6 +234,9 @@ def _train(args: argparse.Namespace) -> int:
     preflight(cfg, args.config, role="train")  # config mistakes first, then the endpoints
     log_effective_config(cfg, args.config, "train")
     check_endpoints(cfg, "train")  # a wrong address fails within trainer.startup_timeout_s
+    # The daemon imports torch (seconds): after the checks, so a mistake is answered at once.
+    from kelp.daemon.train import PEER_STOPPED, TrainDaemon
+
     daemon = TrainDaemon(cfg, origin=args.config)
     signals_seen: list[int] = []
 

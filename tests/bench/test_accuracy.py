@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kelp.bench import run_suite
+from kelp.bench import accuracy, run_suite
 from kelp.bench.accuracy import default_data_dir
 from kelp.errors import UserError
 
@@ -25,11 +25,18 @@ needs_data = pytest.mark.skipif(
 )
 
 
+SAMPLES = 8_000
+"""Fewer samples than ``--quick``'s: what is asserted is the report's shape, not its figures."""
+
+
 @needs_data
-def test_quick_run_reports_parity_sweep_and_writes_the_png(tmp_path: Path) -> None:
+def test_quick_run_reports_parity_sweep_and_writes_the_png(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(accuracy, "QUICK_SAMPLES", SAMPLES)
     result = run_suite("accuracy", quick=True, out_dir=tmp_path)
     for stream in ("criteo_attribution", "movielens"):
-        assert result[f"{stream}_samples"] == 30_000
+        assert result[f"{stream}_samples"] == SAMPLES
         for key in ("auc", "reference_auc", "log_loss", "reference_log_loss", "binned_auc"):
             value = result[f"{stream}_{key}"]
             assert math.isfinite(value) and value > 0.0, (stream, key, value)
@@ -48,7 +55,7 @@ def test_quick_run_reports_parity_sweep_and_writes_the_png(tmp_path: Path) -> No
                 assert value is not None and math.isfinite(value), (task, key, value)
     # Taobao (engaged, buy) runs where the data folder has it (Kelp does not ship it)
     if (DATA / "taobao-userbehavior" / "UserBehavior.csv").is_file():
-        assert result["taobao_multitask_samples"] == 30_000
+        assert result["taobao_multitask_samples"] == SAMPLES
         for task in ("engaged", "buy"):
             for key in ("auc", "reference_auc", "auc_gap", "log_loss", "reference_log_loss", "binned_auc"):
                 value = result[f"taobao_multitask_{task}_{key}"]

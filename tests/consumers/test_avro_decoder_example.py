@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
 from kelp.config import BatchingConfig, KafkaSourceConfig, load_config
@@ -20,6 +20,7 @@ from kelp.consumers.errors import SourceUserError
 from kelp.consumers.ids import id_of
 from kelp.consumers.kafka_source import KafkaSource
 from kelp.consumers.plugin_decoder import load_decoder
+from kelp.harness.topic_reader import read_topic
 
 pytest.importorskip("fastavro")
 
@@ -49,13 +50,7 @@ def click(i: int) -> dict[str, Any]:
 
 
 def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes, dict[str, str]]]:
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
-    )
-    try:
-        return [(r.value, {k: v.decode() for k, v in r.headers}) for r in consumer]
-    finally:
-        consumer.close()
+    return [(r.value, {k: v.decode() for k, v in r.headers}) for r in read_topic(bootstrap, topic)]
 
 
 @pytest.mark.integration

@@ -16,7 +16,7 @@ import msgpack
 import numpy as np
 import orjson
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
 from kelp.config import BatchingConfig, DenseFeature, FeatureSpec, KafkaSourceConfig, SparseFeature
@@ -26,6 +26,7 @@ from kelp.consumers.codec import encode_sample
 from kelp.consumers.decode import Chunk, Decoder, Rec
 from kelp.consumers.json_events import MappedDecoder
 from kelp.consumers.kafka_source import KafkaSource
+from kelp.harness.topic_reader import read_topic
 
 FLOAT_LABEL = FeatureSpec(
     label={"name": "label", "kind": "float"},
@@ -144,16 +145,10 @@ def test_json_events_with_a_1e39_weight_are_dead_lettered_and_every_other_sample
     np.testing.assert_array_equal(batch.labels, [i % 2 for i in kept])
     np.testing.assert_array_equal(batch.weights(), [1 + i % 3 for i in kept])  # every weight finite
 
-    consumer = KafkaConsumer(
-        cfg.dead_letter_topic,
-        bootstrap_servers=kafka_broker.bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5000,
-    )
-    try:
-        letters = [(r.value, {k: v.decode() for k, v in r.headers}) for r in consumer]
-    finally:
-        consumer.close()
+    letters = [
+        (r.value, {k: v.decode() for k, v in r.headers})
+        for r in read_topic(kafka_broker.bootstrap, cfg.dead_letter_topic)
+    ]
     assert [(value, h["reason"], int(h["source_offset"])) for value, h in letters] == [
         (values[i], "bad_weight", i) for i in sorted(poisoned)
     ]

@@ -8,12 +8,13 @@ from collections.abc import Callable
 
 import orjson
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
 from kelp.config import KafkaSourceConfig
 from kelp.consumers.errors import SourceUserError
 from kelp.consumers.kafka_source import KafkaSource
+from kelp.harness.topic_reader import read_topic
 
 from .test_kafka_source import BATCHING, SPEC, committed, drain, samples
 
@@ -32,13 +33,7 @@ def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
 
 def dead_letters(bootstrap: str, topic: str) -> list[object]:
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
-    )
-    try:
-        return list(consumer)
-    finally:
-        consumer.close()
+    return read_topic(bootstrap, topic)
 
 
 def test_a_record_too_big_for_the_dead_letter_producer_is_sent_truncated_and_the_source_goes_on(

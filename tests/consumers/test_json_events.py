@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
@@ -33,6 +33,7 @@ from kelp.consumers.ids import id_of
 from kelp.consumers.json_events import MappedDecoder
 from kelp.consumers.kafka_source import KafkaSource
 from kelp.consumers.plugin_decoder import load_decoder, parse_with
+from kelp.harness.topic_reader import read_topic
 
 SPEC = FeatureSpec(
     label=LabelSpec(name="label", kind="binary"),
@@ -99,13 +100,7 @@ def rows(batches: list[MicroBatch]) -> list[dict[str, Any]]:
 
 
 def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes, dict[str, str]]]:
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
-    )
-    try:
-        return [(r.value, {k: v.decode() for k, v in r.headers}) for r in consumer]
-    finally:
-        consumer.close()
+    return [(r.value, {k: v.decode() for k, v in r.headers}) for r in read_topic(bootstrap, topic)]
 
 
 def expected(i: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import msgpack
 import numpy as np
 import orjson
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
@@ -23,6 +23,7 @@ from kelp.consumers.decode import Chunk, Decoder, Rec
 from kelp.consumers.errors import SourceUserError
 from kelp.consumers.json_events import MappedDecoder
 from kelp.consumers.kafka_source import KafkaSource
+from kelp.harness.topic_reader import read_topic
 
 SPEC = FeatureSpec(
     labels=[{"name": "click"}, {"name": "buy"}, {"name": "dwell", "kind": "float"}],
@@ -216,16 +217,10 @@ def test_weighted_two_label_events_from_kafka_reach_the_batch_and_bad_weights_ar
     np.testing.assert_array_equal(batch.extra_labels["dwell"], np.arange(30))
     np.testing.assert_allclose(batch.weights(), np.arange(30) / 10, rtol=1e-6)
     np.testing.assert_array_equal(batch.task_labels(SPEC.task_names())[:, 1], batch.extra_labels["buy"])
-    consumer = KafkaConsumer(
-        cfg.dead_letter_topic,
-        bootstrap_servers=kafka_broker.bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=5000,
-    )
-    try:
-        letters = [(r.value, {k: v.decode() for k, v in r.headers}) for r in consumer]
-    finally:
-        consumer.close()
+    letters = [
+        (r.value, {k: v.decode() for k, v in r.headers})
+        for r in read_topic(kafka_broker.bootstrap, cfg.dead_letter_topic)
+    ]
     assert [(value, headers["reason"]) for value, headers in letters] == [(bad, "bad_weight")]
     assert (
         registry.get_sample_value(

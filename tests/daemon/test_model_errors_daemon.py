@@ -26,6 +26,7 @@ from kelp.consumers.metrics import ConsumerMetrics
 from kelp.daemon.model_errors import BrokenModelError, ModelErrors, encode_row
 from kelp.daemon.train import TrainDaemon
 from kelp.harness import KafkaBroker
+from kelp.harness.topic_reader import read_topic
 from kelp.trainer import build_model
 from kelp.trainer.checkpoint import load_latest
 from kelp.trainer.isolate import ModelErrorRows
@@ -169,13 +170,7 @@ def _committed(broker: KafkaBroker, group: str, topic: str) -> int | None:
 
 
 def _letters(broker: KafkaBroker, topic: str) -> list[tuple[bytes, dict[str, str]]]:
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
-    )
-    try:
-        return [(r.value, {k: v.decode() for k, v in r.headers}) for r in consumer]
-    finally:
-        consumer.close()
+    return [(r.value, {k: v.decode() for k, v in r.headers}) for r in read_topic(broker.bootstrap, topic)]
 
 
 def _config(tmp_path: Path, broker: KafkaBroker, topic: str, redis_url: str, model: str) -> KelpConfig:

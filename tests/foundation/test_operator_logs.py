@@ -50,6 +50,28 @@ def test_kafka_python_noise_is_lowered_and_its_other_errors_stay(json_log: io.St
     ]
 
 
+def test_a_closing_clients_last_read_is_lowered_and_a_real_receive_error_stays(json_log: io.StringIO) -> None:
+    import kafka.errors
+    import kafka.net.transport
+
+    assert "Error receiving network data" in inspect.getsource(kafka.net.transport)
+    assert "Metadata refresh: failed %s" in inspect.getsource(kafka.cluster)
+    transport = logging.getLogger("kafka.net.transport")
+    template = "%s: Error receiving network data closing socket"
+    for exc in (AttributeError("'NoneType' object has no attribute 'recv'"), ConnectionResetError("reset")):
+        try:
+            raise exc
+        except Exception:
+            transport.exception(template, "<KafkaTCPTransport [none] (closed)>")
+    logging.getLogger("kafka.cluster").error("Metadata refresh: failed %s", kafka.errors.Cancelled())
+    logging.getLogger("kafka.cluster").error("Metadata refresh: failed %s", TimeoutError("no answer"))
+    got = [(d["level"], d["msg"]) for d in _lines(json_log)]
+    assert got == [
+        ("error", "<KafkaTCPTransport [none] (closed)>: Error receiving network data closing socket"),
+        ("error", "Metadata refresh: failed no answer"),
+    ]
+
+
 def test_a_lowered_line_shows_at_its_new_level_where_that_level_is_on(json_log: io.StringIO) -> None:
     logging.getLogger("kafka").setLevel(logging.DEBUG)  # an operator debugging the client
     logging.getLogger("kafka.cluster").error("Topic %s not found in cluster metadata", "clicks")

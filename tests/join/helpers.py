@@ -10,11 +10,12 @@ import msgpack
 import numpy as np
 import orjson
 import yaml
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
 from kelp.config import KelpConfig, parse_config
 from kelp.consumers.codec import encode_request_record
 from kelp.harness.ports import free_port
+from kelp.harness.topic_reader import read_topic
 
 T0 = 1_700_000_000.0
 ITEMS = [101, 102, 103]
@@ -93,21 +94,9 @@ def produce(bootstrap: str, topic: str, values: list[tuple[str, bytes]]) -> None
         producer.close()
 
 
-def read_output(bootstrap: str, topic: str, quiet_s: float = 3.0) -> list[dict[str, Any]]:
-    """Every sample on ``topic`` (one dict per candidate), read until nothing came for ``quiet_s``."""
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=int(quiet_s * 1000),
-    )
-    out = []
-    try:
-        for message in consumer:
-            out.extend(samples_of(message.value))
-    finally:
-        consumer.close()
-    return out
+def read_output(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """Every sample on ``topic`` when called (one dict per candidate)."""
+    return [sample for record in read_topic(bootstrap, topic) for sample in samples_of(record.value)]
 
 
 def samples_of(value: bytes) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 import pytest
-from kafka import KafkaConsumer
 from pydantic import ValidationError
 
 from kelp.config import ActionStream, FeatureSpec
@@ -18,6 +17,7 @@ from kelp.consumers import DecodeError
 from kelp.consumers.errors import SourceUserError
 from kelp.consumers.ids import id_of
 from kelp.harness import KafkaBroker
+from kelp.harness.topic_reader import read_topic
 from kelp.join import JoinProcess
 from kelp.join.records import InputError, load_action_decoders, read_action
 
@@ -166,7 +166,7 @@ def test_company_actions_join_and_the_unreadable_ones_are_dead_lettered_and_logg
     seen: list[dict[str, Any]] = []
 
     def finished() -> bool:
-        out = read_output(bootstrap, topics["out"], quiet_s=0.5)
+        out = read_output(bootstrap, topics["out"])
         seen[:] = [s for s in out if not s["id"].startswith(HEARTBEAT)]
         return len(seen) >= 9
 
@@ -180,13 +180,7 @@ def test_company_actions_join_and_the_unreadable_ones_are_dead_lettered_and_logg
         thread.join(15)
     positives = sorted(s["id"] for s in seen if s["click"] == 1.0)
     assert positives == ["r0/1", "r1/2"] and len(seen) == 9
-    dead = KafkaConsumer(
-        topics["dlq"], bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
-    )
-    try:
-        letters = {bytes(dict(m.headers)["reason"]): m for m in dead}
-    finally:
-        dead.close()
+    letters = {bytes(dict(m.headers)["reason"]): m for m in read_topic(bootstrap, topics["dlq"])}
     assert sorted(letters) == [b"bad_id", b"bad_payload", b"bad_type"]
     assert letters[b"bad_type"].value == zoneless
     assert b"has no zone" in dict(letters[b"bad_type"].headers)["error"]

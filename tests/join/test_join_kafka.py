@@ -30,6 +30,7 @@ from kafka.structs import TopicPartition
 
 from kelp.errors import StoreUnavailableError
 from kelp.harness import KafkaBroker, RedisServer
+from kelp.harness.topic_reader import read_topic
 from kelp.join import JoinProcess
 from kelp.join.joiner import Output, Step
 
@@ -126,7 +127,7 @@ def test_clicks_become_positives_the_rest_negatives_and_offsets_commit(
     seen: list[dict] = []
 
     def finished() -> bool:
-        seen[:] = _real(read_output(bootstrap, topics["out"], quiet_s=0.5))
+        seen[:] = _real(read_output(bootstrap, topics["out"]))
         return len(seen) >= len(expected)
 
     stop = threading.Event()
@@ -145,11 +146,7 @@ def test_clicks_become_positives_the_rest_negatives_and_offsets_commit(
     assert m.samples.labels(task="click", label="positive")._value.get() == 10
     assert m.samples.labels(task="click", label="negative")._value.get() == 80
     assert m.rejected.labels(input="impressions", reason="bad_msgpack")._value.get() == 1
-    dead = KafkaConsumer(
-        topics["dlq"], bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
-    )
-    letters = list(dead)
-    dead.close()
+    letters = read_topic(bootstrap, topics["dlq"])
     assert [dict(m.headers)["reason"] for m in letters] == [b"bad_msgpack"]
     # Every input record that was read is committed: nothing is read twice on the next start.
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=topics["group"])
@@ -173,13 +170,13 @@ def test_a_late_click_is_emitted_again_as_a_flagged_positive(
     thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) == 3, 60, "three negatives")
+        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"]))) == 3, 60, "three negatives")
         produce(bootstrap, topics["clicks"], [("r1", click("r1", T0 + 30, 103))])
-        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) == 4, 60, "the correction")
+        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"]))) == 4, 60, "the correction")
     finally:
         stop.set()
         thread.join(15)
-    out = _real(read_output(bootstrap, topics["out"], 0.5))
+    out = _real(read_output(bootstrap, topics["out"]))
     assert sorted((s["id"], s["click"], s["late"]) for s in out) == [
         ("r1/0", 0.0, False),
         ("r1/1", 0.0, False),
@@ -237,20 +234,20 @@ def test_kill_9_loses_nothing_and_a_replay_emits_the_same_events(
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(10)
-    before = len(_real(read_output(bootstrap, topics["out"], 0.5)))
+    before = len(_real(read_output(bootstrap, topics["out"])))
     assert feeder.is_alive(), log.read_text()[-3000:]  # killed mid-stream
     second = launch()
     try:
         wait_for(lambda: _status(ready) == 200, 60, "the restarted joiner ready")
         wait_for(
-            lambda: {s["id"] for s in _real(read_output(bootstrap, topics["out"], 0.5))} >= set(expected),
+            lambda: {s["id"] for s in _real(read_output(bootstrap, topics["out"]))} >= set(expected),
             120,
             "every candidate labelled after the restart",
         )
     finally:
         second.send_signal(signal.SIGTERM)
         assert second.wait(30) == 0, log.read_text()[-3000:]
-    live = _real(read_output(bootstrap, topics["out"], 1.0))
+    live = _real(read_output(bootstrap, topics["out"]))
     labels: dict[str, set[float]] = {}
     for s in live:
         labels.setdefault(s["id"], set()).add(s["click"])
@@ -273,14 +270,14 @@ def test_kill_9_loses_nothing_and_a_replay_emits_the_same_events(
     thread.start()
     try:
         wait_for(
-            lambda: len(_real(read_output(bootstrap, replay_topics["out"], 0.5))) >= len(expected),
+            lambda: len(_real(read_output(bootstrap, replay_topics["out"]))) >= len(expected),
             120,
             "the replay",
         )
     finally:
         stop.set()
         thread.join(15)
-    replay = _real(read_output(bootstrap, replay_topics["out"], 1.0))
+    replay = _real(read_output(bootstrap, replay_topics["out"]))
     assert sorted((s["id"], s["click"], s["late"]) for s in replay) == sorted(
         {(s["id"], s["click"], s["late"]) for s in live}
     )
@@ -331,13 +328,11 @@ def test_a_click_read_before_its_impression_waits_for_it(kafka_broker: KafkaBrok
         waiting = process.metrics.actions.labels(task="click", result="waiting")
         wait_for(lambda: waiting._value.get() == 1, 60, "the click waiting")
         produce(bootstrap, topics["imp"], [("r1", impression("r1", T0))])
-        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) == 1, 60, "the positive")
+        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"]))) == 1, 60, "the positive")
     finally:
         stop.set()
         thread.join(15)
-    assert [(s["id"], s["click"]) for s in _real(read_output(bootstrap, topics["out"], 0.5))] == [
-        ("r1/1", 1.0)
-    ]
+    assert [(s["id"], s["click"]) for s in _real(read_output(bootstrap, topics["out"]))] == [("r1/1", 1.0)]
     assert process.metrics.actions.labels(task="click", result="early")._value.get() == 1
 
 
@@ -347,13 +342,7 @@ FAR_FUTURE = 4_102_444_800.0  # 2100-01-01
 
 
 def _letters(bootstrap: str, topic: str) -> list[Any]:
-    dead = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000
-    )
-    try:
-        return list(dead)
-    finally:
-        dead.close()
+    return read_topic(bootstrap, topic)
 
 
 def _count(metric: Any) -> float:
@@ -398,12 +387,12 @@ def test_far_future_and_non_finite_times_are_dead_lettered_and_real_clicks_still
         now = time.time()  # windows close a minute of wall clock from now: after the test
         produce(bootstrap, topics["imp"], [("r1", impression("r1", now))])
         produce(bootstrap, topics["clicks"], [("r1", click("r1", now + 1, 102))])
-        wait_for(lambda: len(read_output(bootstrap, topics["out"], 0.5)) >= 1, 60, "the positive")
+        wait_for(lambda: len(read_output(bootstrap, topics["out"])) >= 1, 60, "the positive")
         assert thread.is_alive()
     finally:
         stop.set()
         thread.join(15)
-    assert [(s["id"], s["click"]) for s in read_output(bootstrap, topics["out"], 0.5)] == [("r1/1", 1.0)]
+    assert [(s["id"], s["click"]) for s in read_output(bootstrap, topics["out"])] == [("r1/1", 1.0)]
     matched = process.metrics.actions.labels(task="click", result="matched")
     assert _count(matched) == 1
     stored = redis.Redis.from_url(redis_url).get("{kelp:jt:join}:wm")
@@ -446,7 +435,7 @@ def test_an_output_the_topic_refuses_for_good_is_dead_lettered_and_the_join_goes
     thread.start()
     rejected = process.metrics.rejected
     try:
-        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) >= 3, 90, "r2 labelled")
+        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"]))) >= 3, 90, "r2 labelled")
         wait_for(
             lambda: _count(rejected.labels(input="impressions", reason="output_too_large")) == 1,
             30,
@@ -455,7 +444,7 @@ def test_an_output_the_topic_refuses_for_good_is_dead_lettered_and_the_join_goes
     finally:
         stop.set()
         thread.join(15)
-    assert sorted((s["id"], s["click"]) for s in _real(read_output(bootstrap, topics["out"], 0.5))) == [
+    assert sorted((s["id"], s["click"]) for s in _real(read_output(bootstrap, topics["out"]))) == [
         ("r2/0", 0.0),
         ("r2/1", 1.0),
         ("r2/2", 0.0),
@@ -500,14 +489,12 @@ def test_corrupt_join_state_is_dropped_counted_and_the_join_goes_on(
     thread = threading.Thread(target=process.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        wait_for(
-            lambda: len(_real(read_output(bootstrap, topics["out"], 0.5))) >= 6, 90, "r1 and r3 labelled"
-        )
+        wait_for(lambda: len(_real(read_output(bootstrap, topics["out"]))) >= 6, 90, "r1 and r3 labelled")
     finally:
         stop.set()
         thread.join(15)
     assert not thread.is_alive()
-    out = sorted((s["id"], s["click"]) for s in _real(read_output(bootstrap, topics["out"], 0.5)))
+    out = sorted((s["id"], s["click"]) for s in _real(read_output(bootstrap, topics["out"])))
     assert out == [("r1/0", 0.0), ("r1/1", 0.0), ("r1/2", 0.0), ("r3/0", 1.0), ("r3/1", 0.0), ("r3/2", 0.0)]
     corrupt = process.metrics.state_corrupt
     assert (
