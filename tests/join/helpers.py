@@ -31,14 +31,7 @@ def join_config_dict(bootstrap: str, redis_url: str, topics: dict[str, str], **j
             "dense": [{"name": "price"}],
             "sparse": [{"name": "user"}, {"name": "item"}],
         },
-        # A joiner whose group forms before the broker serves the just-made topics' metadata gets no
-        # partitions until its next refresh: a short refresh bounds that on a loaded machine.
-        "source": {
-            "kind": "kafka",
-            "bootstrap_servers": [bootstrap],
-            "topics": [topics["out"]],
-            "metadata_max_age_ms": 1000,
-        },
+        "source": {"kind": "kafka", "bootstrap_servers": [bootstrap], "topics": [topics["out"]]},
         "store": {"backend": "redis", "urls": [redis_url]},
         "publisher": {"enabled": False},
         "join": {
