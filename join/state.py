@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("kelp.join")
+
+_SHARED_KEYS_CHECK_S = 1.0
+"""How often :meth:`RedisWaitingStore.apply` checks the shared keys' types (only an operator changes them)."""
 
 _MAX_TTL_MS = 10 * 365 * 86_400_000
 """The longest expiry set (ten years): far inside what Redis accepts, far past any configured window."""
@@ -430,6 +434,7 @@ class RedisWaitingStore:
         self._wm = tag + ":wm"
         self._stats = tag + ":stats"
         self._corrupt: Counter[str] = Counter()
+        self._keys_checked_at = -math.inf
 
     def load(self, request_ids: list[str], tasks: list[str]) -> dict[str, Waiting]:
         if not request_ids:
@@ -526,9 +531,10 @@ class RedisWaitingStore:
         """Apply ``changes`` in one ``MULTI``.
 
         ``MULTI`` has no rollback: a command Redis refuses leaves the others applied. So every value
-        is checked first (:class:`StateValueError`, nothing sent) and then the types of the keys
-        whose commands could be refused (the deadline sets, the byte count), so that none is. If one
-        still is (a key changed type between the check and the ``MULTI``), the rest of the step
+        is checked first (:class:`StateValueError`, nothing sent) and, at most every
+        ``_SHARED_KEYS_CHECK_S``, the types of the keys whose commands could be refused (the
+        deadline sets, the byte count), so that none is: a round trip of its own, too dear for every
+        step. If one still is (a key changed type since the check), the rest of the step
         stays applied and this raises :class:`redis.ResponseError` naming the refusal: the process
         stops before committing the step's offsets, its records are read again, and the replayed
         step stages their impressions again, rewriting their state and deadlines.
@@ -536,7 +542,10 @@ class RedisWaitingStore:
         if not changes:
             return
         _check(changes)
-        reset_stats = self._check_shared_keys()
+        reset_stats = False
+        if time.monotonic() - self._keys_checked_at >= _SHARED_KEYS_CHECK_S:
+            reset_stats = self._check_shared_keys()
+            self._keys_checked_at = time.monotonic()
         pipe = self._r.pipeline(transaction=True)
         if reset_stats:
             pipe.delete(self._stats)
