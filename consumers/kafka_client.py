@@ -11,6 +11,7 @@ of its own.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +25,11 @@ __all__ = [
     "bootstrap_probe",
     "client_settings",
     "consumer_settings",
+    "keep_rejoin_going",
 ]
 
+
+log = logging.getLogger(__name__)
 
 RECORD_BATCH_BYTES = 1 << 20
 """Batch size of Kelp's producers: their records (columnar messages, labelled and logged requests
@@ -151,3 +155,23 @@ def _type_and_message(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     name = type(exc).__name__
     return text if text.startswith(name) else f"{name}: {text}"
+
+
+def keep_rejoin_going(consumer: Any) -> None:
+    """Ask again for a group rejoin that kafka-python 3 left pending (it would never finish by itself).
+
+    A rebalance that the group leader starts because the metadata changed (a topic
+    came back, was made again or grew, or its partitions became known just after
+    the group formed) does not set kafka-python's rejoin flag. If ``poll`` times out
+    while that join is in flight, the leader's own assignment meanwhile makes
+    kafka-python see no need to rejoin, so the next ``poll`` never completes the
+    join: heartbeats stay off, no partition is assigned, every commit is refused,
+    and the coordinator soon drops the member. A join still pending while no rejoin
+    is wanted is that state; asking for a rejoin lets the next ``poll`` finish it
+    (tests/consumers/test_rejoin_cut_short.py). Call it around each ``poll``; a
+    no-op between rebalances and on clients without these attributes.
+    """
+    coordinator = getattr(consumer, "_coordinator", None)
+    if getattr(coordinator, "_join_task", None) is not None and not coordinator.need_rejoin():
+        log.debug("a group join was left pending by kafka-python; requesting a rejoin")
+        coordinator.request_rejoin()

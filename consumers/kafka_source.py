@@ -77,7 +77,7 @@ from kelp.consumers.decode import Chunk
 from kelp.consumers.errors import SourceClosedError, translate_kafka_error
 from kelp.consumers.formats import expected_records, topic_decoders
 from kelp.consumers.initial_check import InitialCheck
-from kelp.consumers.kafka_client import client_settings, consumer_settings
+from kelp.consumers.kafka_client import client_settings, consumer_settings, keep_rejoin_going
 from kelp.consumers.metrics import ConsumerMetrics
 from kelp.consumers.offsets import OffsetTracker
 from kelp.consumers.topic_watch import TopicChange, TopicWatch, commit_metadata, committed_topic_id
@@ -330,7 +330,7 @@ class KafkaSource(Source):
     def _poll_once(self, timeout_s: float) -> None:
         self._apply_topic_changes()
         polled = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
-        self._resume_lost_join()
+        keep_rejoin_going(self._consumer)  # a join this poll's timeout cut short
         moved = self._seek_to_start() if self._start_pending else set()
         if self._unchecked:
             moved = moved | self._check_committed()
@@ -754,24 +754,6 @@ class KafkaSource(Source):
                 change.before,
                 change.partitions,
             )
-
-    def _resume_lost_join(self) -> None:
-        """Ask again for a rebalance that kafka-python dropped (3.0: it would never finish by itself).
-
-        A rebalance that the group leader starts because the metadata changed
-        (a topic came back, was made again or grew) does not set kafka-python's
-        rejoin flag. If ``poll`` times out while that join is in flight, the
-        leader's own assignment meanwhile makes kafka-python see no need to
-        rejoin, so the next ``poll`` never completes the join: the member
-        stays "rebalancing": every commit is refused and no partition is
-        assigned, with nothing to end it. A join still pending while no
-        rejoin is wanted is that state; asking for a rejoin lets the next
-        ``poll`` finish a rebalance.
-        """
-        coordinator = getattr(self._consumer, "_coordinator", None)
-        if getattr(coordinator, "_join_task", None) is not None and not coordinator.need_rejoin():
-            log.debug("a group join was left pending by kafka-python; requesting a rejoin")
-            coordinator.request_rejoin()
 
     def _new_epochs(self, keys: set[tuple[str, int]]) -> None:
         """Start ``keys`` over, still owned: forget what was read under the old epoch.

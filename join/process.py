@@ -32,7 +32,12 @@ from typing import Any
 
 from kelp.config import KafkaSourceConfig, KelpConfig
 from kelp.consumers.deadletter import RejectLog
-from kelp.consumers.kafka_client import RECORD_BATCH_BYTES, client_settings, consumer_settings
+from kelp.consumers.kafka_client import (
+    RECORD_BATCH_BYTES,
+    client_settings,
+    consumer_settings,
+    keep_rejoin_going,
+)
 from kelp.errors import StoreUnavailableError
 from kelp.join.joiner import InputRecord, Joiner, Output, Rejected, Step
 from kelp.join.metrics import JoinMetrics
@@ -238,6 +243,7 @@ class JoinProcess:
         started = time.perf_counter()
         timeout_ms = 0 if self._in_flight is not None else _POLL_MS
         polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=self.join.max_poll_records)
+        keep_rejoin_going(self._consumer)  # a join this poll's timeout cut short
         now = self.clock()
         records: list[InputRecord] = []
         last: dict[Any, int] = {}
