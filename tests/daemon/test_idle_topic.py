@@ -102,13 +102,16 @@ def test_after_a_burst_the_idle_trainer_publishes_checkpoints_records_and_export
             found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
             return found.group(1) if found else None
 
-        auc = wait_for(lambda: exported('kelp_trainer_auc{rank="0",window="window"}'), 60, "the AUC exported")
-        assert 0.0 < float(auc) < 1.0
         wait_for(
             lambda: exported('kelp_trainer_samples_per_second{rank="0"}') == "0.0",
             60,
             "the throughput gauge to say the trainer is idle",
         )
+        # Read once the trainer is idle: the gauge may still take the burst's last evaluation
+        # until then; after it, idle progress ticks must leave it as it is.
+        auc = wait_for(lambda: exported('kelp_trainer_auc{rank="0",window="window"}'), 60, "the AUC exported")
+        assert 0.0 < float(auc) < 1.0
+        time.sleep(3 * cfg.trainer.progress_every_s)
         assert exported('kelp_trainer_auc{rank="0",window="window"}') == auc  # the last AUC stays
         assert daemon.report.samples == CRITEO_ROWS and last.step == final  # the topic stayed idle
         assert daemon.readiness() == (True, "ready")
