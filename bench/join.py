@@ -48,6 +48,7 @@ from kelp.config import KelpConfig, parse_config
 from kelp.consumers.codec import encode_request_record
 from kelp.consumers.criteo import DENSE_NAMES, SPARSE_NAMES
 from kelp.harness import RedisServer, make_broker
+from kelp.harness.topic_reader import assign_from_beginning, read_topic
 from kelp.join import JoinProcess, RedisWaitingStore
 
 __all__ = ["run"]
@@ -167,8 +168,6 @@ def _raw_consume(bootstrap: str, topics: list[str], records: int) -> float:
     answers every fetch at once (below): a read is a fraction of a second here, and either
     pause inside it set the floor by itself, several times lower in some runs than in others.
     """
-    from kafka.structs import TopicPartition
-
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
@@ -183,11 +182,7 @@ def _raw_consume(bootstrap: str, topics: list[str], records: int) -> float:
     )
     got, start = 0, None
     try:
-        partitions = [
-            TopicPartition(topic, p) for topic in topics for p in sorted(consumer.partitions_for_topic(topic))
-        ]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
+        assign_from_beginning(consumer, topics)
         while got < records:
             polled = consumer.poll(timeout_ms=1000, max_records=2000)
             n = sum(len(v) for v in polled.values())
@@ -344,30 +339,21 @@ def _live_delay(service: Any, redis: RedisServer, quick: bool) -> dict[str, Any]
         stop.set()
         joiner.join(30)
     delays: dict[str, list[float]] = {"positive": [], "negative": []}
-    consumer = KafkaConsumer(
-        topics["out"],
-        bootstrap_servers=service.bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=3000,
-    )
-    try:
-        for message in consumer:
-            msg = msgpack.unpackb(message.value)
-            sent = message.timestamp / 1000.0
-            labels = np.frombuffer(msg["labels"]["label"], "<f4")
-            items = (
-                np.frombuffer(msg["sparse"][ITEM_FEATURE], "<u8")
-                if isinstance(msg["sparse"][ITEM_FEATURE], bytes)
-                else np.frombuffer(msg["sparse"][ITEM_FEATURE]["values"], "<u8")
-            )
-            rid = msg["request"]["id"]
-            for label, item in zip(labels, items, strict=True):
-                if label > 0:
-                    delays["positive"].append(sent - known[f"{rid}#{int(item)}"])
-                else:
-                    delays["negative"].append(sent - known[rid])
-    finally:
-        consumer.close()
+    for message in read_topic(service.bootstrap, topics["out"]):  # the joiner stopped: the topic is whole
+        msg = msgpack.unpackb(message.value)
+        sent = message.timestamp / 1000.0
+        labels = np.frombuffer(msg["labels"]["label"], "<f4")
+        items = (
+            np.frombuffer(msg["sparse"][ITEM_FEATURE], "<u8")
+            if isinstance(msg["sparse"][ITEM_FEATURE], bytes)
+            else np.frombuffer(msg["sparse"][ITEM_FEATURE]["values"], "<u8")
+        )
+        rid = msg["request"]["id"]
+        for label, item in zip(labels, items, strict=True):
+            if label > 0:
+                delays["positive"].append(sent - known[f"{rid}#{int(item)}"])
+            else:
+                delays["negative"].append(sent - known[rid])
     every = delays["positive"] + delays["negative"]
     out: dict[str, Any] = {"live_requests": i, "live_window_s": LIVE_WINDOW_S}
     out["label_delay_p50_s"] = round(float(np.percentile(every, 50)), 3) if every else float("nan")

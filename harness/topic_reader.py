@@ -11,7 +11,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["read_topic"]
+__all__ = ["assign_from_beginning", "read_topic"]
+
+
+def assign_from_beginning(consumer: Any, topics: list[str]) -> list[Any]:
+    """Assign ``consumer`` every partition of ``topics`` (no group) at its first offset; the partitions."""
+    from kafka.structs import TopicPartition
+
+    partitions = [
+        TopicPartition(topic, p)
+        for topic in topics
+        for p in sorted(consumer.partitions_for_topic(topic) or ())
+    ]
+    if partitions:
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+    return partitions
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0, **settings: Any) -> list[Any]:
@@ -22,17 +37,14 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0, **settings: 
     ``timeout_s`` raises ``TimeoutError`` naming the offsets.
     """
     from kafka import KafkaConsumer
-    from kafka.structs import TopicPartition
 
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, allow_auto_create_topics=False, **settings
     )
     try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        partitions = assign_from_beginning(consumer, [topic])
         if not partitions:
             return []
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
         ends = consumer.end_offsets(partitions)
         records: list[Any] = []
         deadline = time.monotonic() + timeout_s
